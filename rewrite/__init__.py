@@ -1,0 +1,1 @@
+"""Graph-rewriting optimizer for video and audio VAE decoders."""
