@@ -1,0 +1,57 @@
+"""Decode-time checks that send a call to the reference path instead of the captured graphs.
+
+Each check returns None when the captured graphs compute exactly what the reference would, else a reason
+for the log and the report. None of them looks at tensor values, only at the call's context.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _module_globals
+
+
+def autograd_reason(module: nn.Module, *inputs: torch.Tensor) -> str | None:
+    """Autograd would record the decode: graphs run without building a backward graph, so refuse."""
+    if not torch.is_grad_enabled():
+        return None
+    if any(t.requires_grad for t in inputs):
+        return "autograd enabled and the latents require grad (wrap the decode in torch.no_grad())"
+    if any(p.requires_grad for p in module.parameters()):
+        return "autograd enabled and the decoder parameters require grad (wrap the decode in torch.no_grad())"
+    return None
+
+
+def hook_reason(region: nn.Module, region_name: str, allowed_forward: object = None) -> str | None:
+    """Forward hooks or instance-level forward wrappers inside `region` (export would bake or drop them)."""
+    hooked = []
+    for name, mod in region.named_modules(prefix=region_name):
+        if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
+            hooked.append(f"{name} (hooks)")
+        instance_forward = mod.__dict__.get("forward")
+        if instance_forward is not None and instance_forward is not allowed_forward:
+            hooked.append(f"{name} (instance forward)")
+    if _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks:
+        hooked.append("global module hooks")
+    if not hooked:
+        return None
+    shown = ", ".join(hooked[:5]) + (f" and {len(hooked) - 5} more" if len(hooked) > 5 else "")
+    return f"hooks or forward wrappers inside the captured region: {shown}"
+
+
+def uniform_parameters_reason(module: nn.Module, x: torch.Tensor) -> str | None:
+    """Graphs are captured per (dtype, device): mixed parameters or mismatched input go to the reference."""
+    kinds = {(p.dtype, p.device) for p in module.parameters()}
+    if len(kinds) != 1:
+        return f"decoder parameters have mixed dtypes/devices {sorted(map(str, kinds))}"
+    dtype, device = kinds.pop()
+    if x.dtype != dtype or x.device != device:
+        return f"decoder input is {x.dtype} on {x.device}, parameters are {dtype} on {device}"
+    return None
+
+
+def capture_in_progress_reason(device: torch.device) -> str | None:
+    """Someone else is capturing a CUDA graph on this device: our own capture or sync would break it."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return "called inside another CUDA graph capture"
+    return None
