@@ -1,0 +1,69 @@
+"""`optimize(module, level)` and `report(module)`: the library's entry points.
+
+`optimize` returns the module it was given, with its decode running through captured and rewritten graphs
+(see `rewrite.runtime.wan` for what is installed on the instance). Calling it again re-configures the same
+object; `level="off"` removes everything `optimize` installed, leaving the module as diffusers made it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+from rewrite.levels import check_level
+from rewrite.pipeline import rewrite_graph
+from rewrite.report import Report
+
+logger = logging.getLogger("rewrite")
+
+
+def _is_wan(module: nn.Module) -> bool:
+    try:
+        from diffusers import AutoencoderKLWan
+    except ImportError:  # pragma: no cover - diffusers is a dependency
+        return False
+    return isinstance(module, AutoencoderKLWan)
+
+
+def _supported_names() -> str:
+    return "diffusers.AutoencoderKLWan (Wan 2.1 / 2.2)"
+
+
+def optimize(module: nn.Module, level: str = "lossless") -> nn.Module:
+    """Rewrite `module`'s decoder at `level` ("off", "lossless" (default), "channels_last").
+
+    Returns the same object. Parameters stay the same tensor objects and `state_dict()` is unchanged.
+    Raises TypeError for an unsupported module and ValueError for an unknown level.
+    """
+    check_level(level)
+    if not _is_wan(module):
+        raise TypeError(f"optimize() supports {_supported_names()}; got {type(module).__module__}.{type(module).__qualname__}")
+    from rewrite.runtime.wan import WanRunner
+
+    previous = module.__dict__.get("_rewrite_runner")
+    if previous is not None:
+        WanRunner.uninstall(module)
+        if previous.level == level:  # same level again: keep the graphs captured so far
+            previous.install(module)
+            return module
+    if level == "off":
+        return module
+    WanRunner(module, level, rewrite_graph).install(module)
+    logger.info("rewrite: %s optimized at level %r", type(module).__name__, level)
+    return module
+
+
+def report(module: nn.Module) -> Report:
+    """What `optimize` did to `module`: graphs (nodes, capture time, matches), fallbacks, the last path."""
+    runner = module.__dict__.get("_rewrite_runner")
+    if runner is None:
+        return Report(type(module).__name__, "off", [], {}, "reference", "not optimized")
+    return Report(
+        model=type(module).__name__,
+        level=runner.level,
+        graphs=runner.graph_reports(),
+        fallbacks=dict(runner.fallbacks.counts),
+        last_path=runner.fallbacks.last_path,
+        last_reason=runner.fallbacks.last_reason,
+    )
