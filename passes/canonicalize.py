@@ -6,7 +6,9 @@ Matches (each node is replaced by its input, never by anything computed):
     `aten.to.device` whose input already has the requested dtype, device and layout and that do not ask
     for a copy (ATen returns the input itself: an alias);
   * `aten.type_as` whose input already has the other tensor's dtype (also an alias);
-  * `aten.dropout` with `p == 0` or `train == False` (returns its input).
+  * `aten.dropout` with `p == 0` or `train == False` (returns its input);
+  * `aten.slice.Tensor` over a whole dim (start 0, end >= its size, step 1): a view with the input's own
+    sizes and strides, which is what `x[:, :, -2:]` leaves on every untouched dim.
 Exactness: exact (every removed node returns its input unchanged; aliases stay aliases).
 Preconditions: a graph from `torch.export` with `meta['val']` on every node. Ensures: the graph lints, no
 new nodes; the baked device names of removed `to` nodes are gone, everything else is as captured.
@@ -39,6 +41,17 @@ def _is_same_tensor_conversion(node: torch.fx.Node) -> bool:
     return src.dtype == out.dtype and src.device == out.device and src.layout == out.layout
 
 
+def _is_full_slice(node: torch.fx.Node) -> bool:
+    src, out = _val(node.args[0]), _val(node)
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    dim, start, end, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1:])[:4]
+    if start not in (0, None) or step != 1 or isinstance(end, torch.fx.Node):
+        return False
+    size = src.shape[dim]
+    return end is None or end >= 2**63 - 1 or (isinstance(size, int) and end >= size)
+
+
 def _removable_input(node: torch.fx.Node) -> torch.fx.Node | None:
     """The node this no-op can be replaced by, or None when it is not an exact no-op."""
     if node.op != "call_function":
@@ -51,6 +64,8 @@ def _removable_input(node: torch.fx.Node) -> torch.fx.Node | None:
         if isinstance(src, torch.Tensor) and isinstance(other, torch.Tensor) and src.dtype == other.dtype:
             return node.args[0]
         return None
+    if target is aten.slice.Tensor:
+        return node.args[0] if _is_full_slice(node) else None
     if target is aten.dropout.default:
         p, train = node.args[1], node.args[2]
         return node.args[0] if (p == 0 or not train) else None
