@@ -1,1 +1,28 @@
-"""patterns."""
+"""Fusion patterns, one module per family (installed as ``rewrite.patterns``).
+
+Each module listed in ``PATTERN_MODULES`` defines ``PATTERNS``: a tuple of ``rewrite.engine.pattern.Pattern``
+(usually from ``variants(...)``), with its replacement, guard, exactness class and minimum level in the
+module docstring. ``registry()`` collects them in the order listed; pattern names must be unique.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from rewrite.engine.pattern import Pattern
+
+# Module names (files in this package) whose PATTERNS the registry collects, in matching order.
+PATTERN_MODULES: tuple[str, ...] = ()
+
+
+def registry() -> tuple[Pattern, ...]:
+    """Every registered pattern, in ``PATTERN_MODULES`` order."""
+    patterns: list[Pattern] = []
+    for module_name in PATTERN_MODULES:
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        patterns.extend(module.PATTERNS)
+    names = [p.name for p in patterns]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate pattern names in the registry: {duplicates}")
+    return tuple(patterns)
