@@ -12,7 +12,9 @@ import importlib
 from rewrite.engine.pattern import Pattern
 
 # Module names (files in this package) whose PATTERNS the registry collects, in matching order.
-PATTERN_MODULES: tuple[str, ...] = ()
+PATTERN_MODULES: tuple[str, ...] = (
+    "rms_norm", "causal_conv_input", "conv_residual", "upsample_nearest", "temporal_interleave", "dup_up_add",
+)
 
 
 def registry() -> tuple[Pattern, ...]:

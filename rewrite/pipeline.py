@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from rewrite.capture.export import CapturedGraph
 from rewrite.passes.canonicalize import canonicalize
+from rewrite.passes.fuse_patterns import fuse_patterns
 from rewrite.passes.manager import PassContext, PassManager, PassSpec
 
 
 def pipeline_for(level: str) -> PassManager:
-    """canonicalize, then (once patterns exist for the level) fuse_patterns."""
-    specs = [PassSpec("canonicalize", canonicalize)]
+    """canonicalize, then fuse_patterns (which enables the patterns of `level`)."""
+    specs = [PassSpec("canonicalize", canonicalize), PassSpec("fuse_patterns", fuse_patterns, after=("canonicalize",))]
     return PassManager(specs)
 
 

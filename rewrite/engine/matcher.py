@@ -254,7 +254,13 @@ def _inplace_reason(match: Match) -> str | None:
 
 def find_matches(gm: fx.GraphModule, pattern: Pattern) -> MatchResult:
     """All disjoint, checked matches of ``pattern`` in ``gm`` (graph order), with the rejections."""
-    found = _LiteralPlaceholderMatcher(pattern.search_graph).match(gm.graph)
+    matcher = _LiteralPlaceholderMatcher(pattern.search_graph)
+    # SubgraphMatcher silently drops an anchor without candidates and then fails on a KeyError while
+    # assembling the returned nodes: a graph lacking any anchor's op cannot match at all.
+    if any(not any(matcher._nodes_are_equal(anchor, node) for node in gm.graph.nodes)
+           for anchor in matcher.pattern_anchors):
+        return MatchResult(pattern, gm, [], [])
+    found = matcher.match(gm.graph)
     matches: list[Match] = []
     rejected: list[Rejection] = []
     owner: dict[fx.Node, Match] = {}

@@ -1,0 +1,145 @@
+"""Custom ops for the Wan decoder's fusion families, in the `rewrite` torch.library namespace.
+
+Every op here is, today, its *reference implementation*: the same ATen ops, in the same order, that the
+subgraph it replaces runs, so a rewritten graph is `torch.equal` to the captured one on any device and
+dtype. Each op has a fake implementation for export/compile tracing. The Triton implementations (Wan
+lossless issue) plug in behind these signatures and must keep them bit-identical.
+
+Ops know nothing of graphs, patterns or the API.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+aten = torch.ops.aten
+END = 2**63 - 1  # what `x[:, :, -2:]` records as the slice end
+
+
+# ---- RMS norm (+ SiLU) -------------------------------------------------------------------------------
+def rms_norm_reference(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
+                       act: Optional[str]) -> Tensor:
+    """`normalize(x[.float()], dim=1)[.to(x.dtype)] * scale * gamma + bias`, then the activation."""
+    xf = aten.to.dtype(x, torch.float32) if upcast else x
+    y = aten.div.Tensor(xf, aten.expand_as.default(aten.clamp_min.default(
+        aten.linalg_vector_norm.default(xf, 2.0, [1], True), eps), xf))
+    if upcast:
+        y = aten.to.dtype(y, x.dtype)
+    y = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(y, scale), gamma), bias)
+    return aten.silu.default(y) if act == "silu" else y
+
+
+@torch.library.custom_op("rewrite::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
+             act: Optional[str]) -> Tensor:
+    """Wan's channel-first RMS norm with an optional fused activation ("silu" or None)."""
+    return rms_norm_reference(x, gamma, scale, bias, eps, upcast, act)
+
+
+@rms_norm.register_fake
+def _(x, gamma, scale, bias, eps, upcast, act):
+    return torch.empty_like(x)
+
+
+# ---- causal conv input assembly and the next cache ------------------------------------------------------
+CACHE_MODES = ("steady_t1", "steady", "chunk0")
+
+
+def causal_conv_input_reference(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[Tensor, Tensor]:
+    """(conv input, next cache) of a Wan causal conv.
+
+    steady_t1: input `pad(cat([cache, x], 2))`, next cache `cat([cache[:, :, -1:], x[:, :, -2:]], 2)` (x has 1 frame)
+    steady:    input `pad(cat([cache, x], 2))`, next cache `x[:, :, -2:].clone()` (x has >= 2 frames)
+    chunk0:    input `pad(x)`, next cache `cat([zeros, x[:, :, -2:]], 2)` (steady form of a 1-frame cache)
+    """
+    tail = aten.clone.default(aten.slice.Tensor(x, 2, -2, END))
+    if mode == "chunk0":
+        return aten.pad.default(x, pad), aten.cat.default([aten.zeros_like.default(tail), tail], 2)
+    if cache is None:
+        raise ValueError(f"causal_conv_input: mode {mode!r} needs a cache tensor")
+    if mode == "steady_t1":
+        next_cache = aten.cat.default([aten.unsqueeze.default(aten.select.int(cache, 2, -1), 2), tail], 2)
+    elif mode == "steady":
+        next_cache = tail
+    else:
+        raise ValueError(f"causal_conv_input: unknown mode {mode!r}; expected one of {CACHE_MODES}")
+    return aten.pad.default(aten.cat.default([cache, x], 2), pad), next_cache
+
+
+@torch.library.custom_op("rewrite::causal_conv_input", mutates_args=())
+def causal_conv_input(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[Tensor, Tensor]:
+    """Cache concatenation + zero pad of a causal conv's input, and the cache for the next chunk, in one op."""
+    return causal_conv_input_reference(x, cache, pad, mode)
+
+
+@causal_conv_input.register_fake
+def _(x, cache, pad, mode):
+    b, c, t, h, w = x.shape
+    frames = t + (0 if cache is None else cache.shape[2]) + pad[4] + pad[5]
+    padded = x.new_empty((b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1]))
+    cache_frames = 2 if mode != "steady" else min(t, 2)
+    return padded, x.new_empty((b, c, cache_frames, h, w))
+
+
+# ---- conv3d (bias included) + residual add -------------------------------------------------------------
+@torch.library.custom_op("rewrite::conv3d_residual", mutates_args=())
+def conv3d_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Tensor) -> Tensor:
+    """`conv3d(x, weight, bias) + residual` (unit stride, no padding: causal convs pad explicitly)."""
+    return aten.add.Tensor(aten.conv3d.default(x, weight, bias), residual)
+
+
+@conv3d_residual.register_fake
+def _(x, weight, bias, residual):
+    return torch.empty_like(residual)
+
+
+# ---- nearest-exact 2x spatial upsample -----------------------------------------------------------------
+@torch.library.custom_op("rewrite::upsample_nearest2x", mutates_args=())
+def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
+    """`interpolate(x[.float()], scale_factor=2, mode="nearest-exact")[.to(x.dtype)]` on [N, C, H, W]."""
+    xf = aten.to.dtype(x, torch.float32) if upcast else x
+    y = aten._upsample_nearest_exact2d.vec(xf, None, [2.0, 2.0])
+    return aten.type_as.default(y, x) if upcast else y
+
+
+@upsample_nearest2x.register_fake
+def _(x, upcast):
+    n, c, h, w = x.shape
+    return x.new_empty((n, c, 2 * h, 2 * w))
+
+
+# ---- temporal interleave after time_conv ----------------------------------------------------------------
+@torch.library.custom_op("rewrite::temporal_interleave", mutates_args=())
+def temporal_interleave(y: Tensor) -> Tensor:
+    """[b, 2c, t, h, w] -> [b, c, 2t, h, w]: channel halves become interleaved frames (Wan's upsample3d)."""
+    b, c2, t, h, w = y.shape
+    r = aten.reshape.default(y, [b, 2, c2 // 2, t, h, w])
+    s = aten.stack.default([aten.select.int(r, 1, 0), aten.select.int(r, 1, 1)], 3)
+    return aten.reshape.default(s, [b, c2 // 2, t * 2, h, w])
+
+
+@temporal_interleave.register_fake
+def _(y):
+    b, c2, t, h, w = y.shape
+    return y.new_empty((b, c2 // 2, 2 * t, h, w))
+
+
+# ---- Wan 2.2 DupUp3D shortcut + add ---------------------------------------------------------------------
+@torch.library.custom_op("rewrite::dup_up_add", mutates_args=())
+def dup_up_add(main: Tensor, x: Tensor, repeats: int, unfold_shape: list[int], fold_shape: list[int],
+               first_frame: int) -> Tensor:
+    """`main + DupUp3D(x)`: repeat channels, unfold into (t, h, w) factors, [drop the first frames,] add."""
+    d = aten.repeat_interleave.self_int(x, repeats, 1)
+    d = aten.view.default(aten.contiguous.default(aten.permute.default(
+        aten.view.default(d, unfold_shape), [0, 1, 5, 2, 6, 3, 7, 4])), fold_shape)
+    if first_frame > 0:
+        d = aten.slice.Tensor(d, 2, first_frame, END)
+    return aten.add.Tensor(main, d)
+
+
+@dup_up_add.register_fake
+def _(main, x, repeats, unfold_shape, fold_shape, first_frame):
+    return torch.empty_like(main)
