@@ -1,6 +1,6 @@
 """Causal conv input assembly (cache concatenation + zero pad) together with the next chunk's cache.
 
-Matches (x: the conv's input chunk, cache: its 2-frame cache input, pad: the conv's pad list):
+Matches: (x: the conv's input chunk, cache: its 2-frame cache input, pad: the conv's pad list)
   mode=steady_t1  pad(cat([cache, x], 2)) and cat([cache[:, :, -1:], x[:, :, -2:].clone()], 2)   (x has 1 frame)
   mode=steady     pad(cat([cache, x], 2)) and x[:, :, -2:].clone()                               (x has >= 2 frames)
   mode=chunk0     pad(x)                  and cat([zeros_like(t), t], 2), t = x[:, :, -2:].clone()
