@@ -1,9 +1,10 @@
 """Custom ops for the Wan decoder's fusion families, in the `rewrite` torch.library namespace.
 
-Every op here is, today, its *reference implementation*: the same ATen ops, in the same order, that the
-subgraph it replaces runs, so a rewritten graph is `torch.equal` to the captured one on any device and
-dtype. Each op has a fake implementation for export/compile tracing. The Triton implementations (Wan
-lossless issue) plug in behind these signatures and must keep them bit-identical.
+Each op has a *reference implementation* (the same ATen ops, in the same order, as the subgraph it
+replaces: a rewritten graph running it is `torch.equal` to the captured one on any device and dtype), a
+fake implementation for export/compile tracing, and, where it pays, a Triton kernel
+(`rewrite.ops.triton_wan`) that keeps every rounding of the reference and is used only where
+`rewrite.ops.dispatch.use_kernel` allows it (CUDA, supported dtype, no autograd, not compiling).
 
 Ops know nothing of graphs, patterns or the API.
 """
@@ -15,7 +16,17 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from rewrite.ops import selftest
+from rewrite.ops.dispatch import use_kernel
+
 aten = torch.ops.aten
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _kernels():
+    from rewrite.ops import triton_wan
+
+    return triton_wan
 END = 2**63 - 1  # what `x[:, :, -2:]` records as the slice end
 
 
@@ -36,6 +47,9 @@ def rms_norm_reference(x: Tensor, gamma: Tensor, scale: float, bias: float, eps:
 def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
              act: Optional[str]) -> Tensor:
     """Wan's channel-first RMS norm with an optional fused activation ("silu" or None)."""
+    if x.dim() in (4, 5) and gamma.numel() == x.shape[1] and use_kernel("rms_norm", (x, gamma), FLOAT_DTYPES):
+        fused_silu = act == "silu" and selftest.silu_is_exact(x.device, x.dtype)
+        return _kernels().rms_norm(x, gamma, scale, bias, eps, upcast, act, fused_silu=fused_silu)
     return rms_norm_reference(x, gamma, scale, bias, eps, upcast, act)
 
 
@@ -48,6 +62,20 @@ def _(x, gamma, scale, bias, eps, upcast, act):
 CACHE_MODES = ("steady_t1", "steady", "chunk0")
 
 
+def next_cache_reference(x: Tensor, cache: Optional[Tensor], mode: str) -> Tensor:
+    """The cache the next chunk's causal conv reads (see `causal_conv_input_reference`)."""
+    tail = aten.clone.default(aten.slice.Tensor(x, 2, -2, END))
+    if mode == "chunk0":
+        return aten.cat.default([aten.zeros_like.default(tail), tail], 2)
+    if mode == "steady":
+        return tail
+    if mode != "steady_t1":
+        raise ValueError(f"causal_conv_input: unknown mode {mode!r}; expected one of {CACHE_MODES}")
+    if cache is None:
+        raise ValueError(f"causal_conv_input: mode {mode!r} needs a cache tensor")
+    return aten.cat.default([aten.unsqueeze.default(aten.select.int(cache, 2, -1), 2), tail], 2)
+
+
 def causal_conv_input_reference(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[Tensor, Tensor]:
     """(conv input, next cache) of a Wan causal conv.
 
@@ -55,23 +83,18 @@ def causal_conv_input_reference(x: Tensor, cache: Optional[Tensor], pad: list[in
     steady:    input `pad(cat([cache, x], 2))`, next cache `x[:, :, -2:].clone()` (x has >= 2 frames)
     chunk0:    input `pad(x)`, next cache `cat([zeros, x[:, :, -2:]], 2)` (steady form of a 1-frame cache)
     """
-    tail = aten.clone.default(aten.slice.Tensor(x, 2, -2, END))
+    next_cache = next_cache_reference(x, cache, mode)
     if mode == "chunk0":
-        return aten.pad.default(x, pad), aten.cat.default([aten.zeros_like.default(tail), tail], 2)
-    if cache is None:
-        raise ValueError(f"causal_conv_input: mode {mode!r} needs a cache tensor")
-    if mode == "steady_t1":
-        next_cache = aten.cat.default([aten.unsqueeze.default(aten.select.int(cache, 2, -1), 2), tail], 2)
-    elif mode == "steady":
-        next_cache = tail
-    else:
-        raise ValueError(f"causal_conv_input: unknown mode {mode!r}; expected one of {CACHE_MODES}")
+        return aten.pad.default(x, pad), next_cache
     return aten.pad.default(aten.cat.default([cache, x], 2), pad), next_cache
 
 
 @torch.library.custom_op("rewrite::causal_conv_input", mutates_args=())
 def causal_conv_input(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[Tensor, Tensor]:
     """Cache concatenation + zero pad of a causal conv's input, and the cache for the next chunk, in one op."""
+    tensors = (x,) if cache is None else (x, cache)
+    if x.dim() == 5 and len(pad) == 6 and min(pad) >= 0 and use_kernel("causal_conv_input", tensors, FLOAT_DTYPES):
+        return _kernels().causal_pad(x, cache if mode != "chunk0" else None, pad), next_cache_reference(x, cache, mode)
     return causal_conv_input_reference(x, cache, pad, mode)
 
 
@@ -87,7 +110,14 @@ def _(x, cache, pad, mode):
 # ---- conv3d (bias included) + residual add -------------------------------------------------------------
 @torch.library.custom_op("rewrite::conv3d_residual", mutates_args=())
 def conv3d_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Tensor) -> Tensor:
-    """`conv3d(x, weight, bias) + residual` (unit stride, no padding: causal convs pad explicitly)."""
+    """`conv3d(x, weight, bias) + residual` (unit stride, no padding: causal convs pad explicitly).
+
+    The kernel path runs the conv without its bias and adds bias and residual in one pass: ATen's CUDA
+    conv adds the bias in a separate `add_` after cuDNN, so the two roundings are the same.
+    """
+    tensors = (x, weight, residual) if bias is None else (x, weight, bias, residual)
+    if x.is_cuda and use_kernel("conv3d_residual", tensors, FLOAT_DTYPES):
+        return _kernels().bias_residual(aten.conv3d.default(x, weight, None), bias, residual)
     return aten.add.Tensor(aten.conv3d.default(x, weight, bias), residual)
 
 
@@ -100,6 +130,8 @@ def _(x, weight, bias, residual):
 @torch.library.custom_op("rewrite::upsample_nearest2x", mutates_args=())
 def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
     """`interpolate(x[.float()], scale_factor=2, mode="nearest-exact")[.to(x.dtype)]` on [N, C, H, W]."""
+    if x.dim() == 4 and x.is_contiguous() and use_kernel("upsample_nearest2x", (x,), FLOAT_DTYPES):
+        return _kernels().upsample_nearest2x(x)  # exactly 2x nearest-exact duplicates pixels
     xf = aten.to.dtype(x, torch.float32) if upcast else x
     y = aten._upsample_nearest_exact2d.vec(xf, None, [2.0, 2.0])
     return aten.type_as.default(y, x) if upcast else y
@@ -132,6 +164,9 @@ def _(y):
 def dup_up_add(main: Tensor, x: Tensor, repeats: int, unfold_shape: list[int], fold_shape: list[int],
                first_frame: int) -> Tensor:
     """`main + DupUp3D(x)`: repeat channels, unfold into (t, h, w) factors, [drop the first frames,] add."""
+    if (x.dim() == 5 and len(unfold_shape) == 8 and main.dtype == x.dtype
+            and use_kernel("dup_up_add", (main, x), FLOAT_DTYPES)):
+        return _kernels().dup_up_add(main, x, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame)
     d = aten.repeat_interleave.self_int(x, repeats, 1)
     d = aten.view.default(aten.contiguous.default(aten.permute.default(
         aten.view.default(d, unfold_shape), [0, 1, 5, 2, 6, 3, 7, 4])), fold_shape)

@@ -1,0 +1,85 @@
+"""When a custom op may run its Triton kernel, and a process-wide switch to force either implementation.
+
+A kernel serves a call only for CUDA tensors (or CPU tensors while `TRITON_INTERPRET=1` and the backend
+is forced to "triton": kernel tests; an "auto" CPU run never takes the slow interpreter), a
+supported dtype, no autograd (grad mode on and an input requiring grad) and outside `torch.compile`
+tracing. Anything else runs the op's reference implementation (the same ATen ops as the subgraph it
+replaced), so an unsupported case is slower, never different.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+
+try:  # triton is a Linux-only dependency
+    import triton  # noqa: F401
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+
+BACKENDS = ("auto", "reference", "triton")
+_backend = "auto"
+
+
+def _interpreter_on() -> bool:
+    knobs = getattr(triton, "knobs", None) if triton is not None else None
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+INTERPRETING = triton is not None and _interpreter_on()  # fixed at import, as triton.jit decides
+
+
+def get_backend() -> str:
+    return _backend
+
+
+def set_backend(name: str) -> str:
+    """"auto" (kernel where supported), "reference" (never the kernel) or "triton" (the kernel or an error)."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
+    previous, _backend = _backend, name
+    return previous
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    previous = set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+def kernel_unsupported_reason(op: str, tensors: tuple[Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> Optional[str]:
+    """None when a Triton kernel may serve `op` for these tensors, else the reason."""
+    if triton is None:
+        return "triton is not importable"
+    first = tensors[0]
+    if not (first.is_cuda or (INTERPRETING and _backend == "triton" and first.device.type == "cpu")):
+        return f"tensors are on {first.device} (kernels need CUDA, or CPU under TRITON_INTERPRET=1 when forced)"
+    if any(t.device != first.device for t in tensors):
+        return "tensors are on different devices"
+    if first.dtype not in dtypes:
+        return f"dtype {first.dtype} is not one of {dtypes}"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "autograd is needed (grad mode on and an input requires grad)"
+    if torch.compiler.is_compiling():
+        return "torch.compile is tracing"
+    return None
+
+
+def use_kernel(op: str, tensors: tuple[Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Whether `op` runs its kernel now; raises when the "triton" backend is forced but unsupported."""
+    if _backend == "reference":
+        return False
+    reason = kernel_unsupported_reason(op, tensors, dtypes)
+    if reason is not None and _backend == "triton":
+        raise ValueError(f"{op}: backend 'triton' forced but unsupported: {reason}")
+    return reason is None

@@ -1,0 +1,250 @@
+"""Triton kernels behind the Wan custom ops, bit-identical to the ATen subgraphs they replace.
+
+Rounding rules kept (DESIGN section 4): every value ATen materializes in the activation dtype is rounded
+to that dtype here too (fp32 math in between, as ATen's opmath), divisions are IEEE (`div_rn`), no FMA
+contraction (`enable_fp_fusion=False` on every launch), `+ 0.0` is kept (it turns -0 into +0), scalars are
+rounded to fp32 as ATen's CUDA kernels do, and exp is libdevice's `expf` (what ATen's CUDA SiLU calls).
+Reductions are not done here: the RMS-norm denominator stays ATen's `linalg_vector_norm`.
+
+All kernels index 5-D tensors by logical position and per-tensor strides, so they accept the layouts the
+captured graphs produce (contiguous and frame-major permuted views); outputs get the layout ATen would
+give them (`reference_layout`). Under `TRITON_INTERPRET=1` the kernels run on CPU tensors (tests); there
+exp is numpy's, so math kernels are then only close, not equal, to ATen's CPU kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from rewrite.ops.dispatch import INTERPRETING, triton
+
+BLOCK = 1024
+
+if triton is not None:
+    import triton.language as tl
+
+    try:
+        from triton.language.extra import libdevice
+    except ImportError:  # pragma: no cover - older triton layouts
+        from triton.language.extra.cuda import libdevice
+
+    _INTERPRET = tl.constexpr(INTERPRETING)
+
+    @triton.jit
+    def _exp(x):
+        if _INTERPRET:
+            return tl.exp(x)
+        else:
+            return libdevice.exp(x)
+
+    @triton.jit
+    def _round(y, dtype: tl.constexpr):
+        """fp32 -> `dtype` rounded to nearest even, as ATen does. The interpreter truncates to bf16, so
+        there the rounding is done on the bits first (NaN/inf inputs are not expected in tests)."""
+        if _INTERPRET and dtype == tl.bfloat16:
+            bits = y.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            y = bits.to(tl.float32, bitcast=True)
+        return y.to(dtype)
+
+    @triton.jit
+    def _position(i, C, T, H, W):
+        """Logical (b, c, t, h, w) of flat index i in a [B, C, T, H, W] row-major enumeration."""
+        w = i % W
+        r = i // W
+        h = r % H
+        r = r // H
+        t = r % T
+        r = r // T
+        return r // C, r % C, t, h, w
+
+    @triton.jit
+    def _rms_norm_epilogue_kernel(x_ptr, norm_ptr, gamma_ptr, out_ptr, numel, C, T, H, W,
+                                  sx0, sx1, sx2, sx3, sx4, so0, so1, so2, so3, so4,
+                                  scale, bias, eps,
+                                  UPCAST: tl.constexpr, SILU: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < numel
+        b, c, t, h, w = _position(i, C, T, H, W)
+        x = tl.load(x_ptr + b * sx0 + c * sx1 + t * sx2 + h * sx3 + w * sx4, mask=mask, other=0.0)
+        dtype = x.dtype
+        norm = tl.load(norm_ptr + ((b * T + t) * H + h) * W + w, mask=mask, other=1.0)
+        norm = tl.where(norm < eps, eps, norm)  # clamp_min: NaN stays NaN
+        y = tl.math.div_rn(x.to(tl.float32), norm)
+        if UPCAST:
+            y = _round(y, dtype).to(tl.float32)  # .to(x.dtype) after the fp32 normalize
+        y = _round(y * scale, dtype).to(tl.float32)
+        gamma = tl.load(gamma_ptr + c, mask=mask, other=0.0).to(tl.float32)
+        y = _round(y * gamma, dtype).to(tl.float32)
+        y = _round(y + bias, dtype).to(tl.float32)
+        if SILU:
+            y = tl.math.div_rn(y, 1.0 + _exp(-y))
+        tl.store(out_ptr + b * so0 + c * so1 + t * so2 + h * so3 + w * so4, _round(y, dtype), mask=mask)
+
+    @triton.jit
+    def _silu_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < numel
+        x = tl.load(x_ptr + i, mask=mask, other=0.0)
+        y = x.to(tl.float32)
+        tl.store(out_ptr + i, _round(tl.math.div_rn(y, 1.0 + _exp(-y)), x.dtype), mask=mask)
+
+    @triton.jit
+    def _causal_pad_kernel(x_ptr, cache_ptr, out_ptr, numel, C, TO, HO, WO, TC, TX, H, W, PT, PH, PW,
+                           sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
+                           HAS_CACHE: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < numel
+        b, c, t, h, w = _position(i, C, TO, HO, WO)
+        ts = t - PT
+        hs = h - PH
+        ws = w - PW
+        inside = mask & (hs >= 0) & (hs < H) & (ws >= 0) & (ws < W) & (ts >= 0) & (ts < TC + TX)
+        from_x = ts >= TC
+        spatial = hs * sx3 + ws * sx4
+        value = tl.load(x_ptr + b * sx0 + c * sx1 + (ts - TC) * sx2 + spatial, mask=inside & from_x, other=0.0)
+        if HAS_CACHE:
+            cached = tl.load(cache_ptr + b * sc0 + c * sc1 + ts * sc2 + hs * sc3 + ws * sc4,
+                             mask=inside & (ts < TC), other=0.0)
+            value = tl.where(from_x, value, cached)
+        tl.store(out_ptr + i, value, mask=mask)
+
+    @triton.jit
+    def _bias_residual_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, numel, C, T, H, W,
+                              sy0, sy1, sy2, sy3, sy4, sr0, sr1, sr2, sr3, sr4, so0, so1, so2, so3, so4,
+                              HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < numel
+        b, c, t, h, w = _position(i, C, T, H, W)
+        y = tl.load(y_ptr + b * sy0 + c * sy1 + t * sy2 + h * sy3 + w * sy4, mask=mask, other=0.0)
+        dtype = y.dtype
+        acc = y.to(tl.float32)
+        if HAS_BIAS:  # ATen's conv adds the bias with a separate add_: one rounding
+            acc = _round(acc + tl.load(bias_ptr + c, mask=mask, other=0.0).to(tl.float32), dtype).to(tl.float32)
+        r = tl.load(res_ptr + b * sr0 + c * sr1 + t * sr2 + h * sr3 + w * sr4, mask=mask, other=0.0)
+        out = _round(acc + r.to(tl.float32), dtype)
+        tl.store(out_ptr + b * so0 + c * so1 + t * so2 + h * so3 + w * so4, out, mask=mask)
+
+    @triton.jit
+    def _upsample2x_kernel(x_ptr, out_ptr, numel, C, HO, WO, sx0, sx1, sx2, sx3, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < numel
+        n, c, _, h, w = _position(i, C, 1, HO, WO)
+        value = tl.load(x_ptr + n * sx0 + c * sx1 + (h // 2) * sx2 + (w // 2) * sx3, mask=mask, other=0.0)
+        tl.store(out_ptr + i, value, mask=mask)
+
+    @triton.jit
+    def _dup_up_add_kernel(main_ptr, x_ptr, out_ptr, numel, C, T, H, W, REPEATS, FT, FS, FIRST,
+                           sm0, sm1, sm2, sm3, sm4, sx0, sx1, sx2, sx3, sx4, so0, so1, so2, so3, so4,
+                           BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < numel
+        b, c, t, h, w = _position(i, C, T, H, W)
+        tf = t + FIRST
+        channel = ((c * FT + tf % FT) * FS + h % FS) * FS + w % FS
+        src = x_ptr + b * sx0 + (channel // REPEATS) * sx1 + (tf // FT) * sx2 + (h // FS) * sx3 + (w // FS) * sx4
+        d = tl.load(src, mask=mask, other=0.0)
+        m = tl.load(main_ptr + b * sm0 + c * sm1 + t * sm2 + h * sm3 + w * sm4, mask=mask, other=0.0)
+        out = _round(m.to(tl.float32) + d.to(tl.float32), m.dtype)
+        tl.store(out_ptr + b * so0 + c * so1 + t * so2 + h * so3 + w * so4, out, mask=mask)
+
+
+def _grid(numel: int) -> tuple[int]:
+    return (triton.cdiv(numel, BLOCK),)
+
+
+def _launch(kernel, numel: int, *args, **constexprs) -> None:
+    if numel:
+        kernel[_grid(numel)](*args, BLOCK=BLOCK, enable_fp_fusion=False, **constexprs)
+
+
+def _as5d(t: Tensor) -> Tensor:
+    return t.unsqueeze(2) if t.dim() == 4 else t
+
+
+_LAYOUTS: dict[tuple, tuple[int, ...]] = {}
+
+
+def reference_layout(key: tuple, fn: Callable, *tensors: Tensor) -> tuple[int, ...]:
+    """The strides ATen gives `fn(*tensors)`'s output, computed once per `key` and layout on meta tensors.
+
+    `key` names what `fn` computes (its non-tensor arguments included): `fn` itself may be a new lambda
+    on every call.
+    """
+    signature = key + tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors)
+    strides = _LAYOUTS.get(signature)
+    if strides is None:
+        metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
+        strides = _LAYOUTS[signature] = tuple(fn(*metas).stride())
+    return strides
+
+
+def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
+             act: str | None, fused_silu: bool = True) -> Tensor:
+    """The Wan RMS norm: ATen's fp32 reduction, then one fused epilogue kernel (+ SiLU when `fused_silu`)."""
+    from rewrite.ops.wan import rms_norm_reference
+
+    xf = x.float() if upcast else x
+    norm = torch.linalg.vector_norm(xf, 2, [1], True).contiguous()
+    strides = reference_layout(("rms_norm", upcast, act),
+                               lambda a, g: rms_norm_reference(a, g, 1.0, 0.0, 1e-12, upcast, act), x, gamma)
+    out = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
+    x5, o5, n5 = _as5d(x), _as5d(out), _as5d(norm)
+    b, c, t, h, w = x5.shape
+    silu_here = act == "silu" and fused_silu
+    _launch(_rms_norm_epilogue_kernel, out.numel(), x5, n5, gamma, o5, out.numel(), c, t, h, w,
+            *x5.stride(), *o5.stride(), float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu_here)
+    if act == "silu" and not fused_silu:
+        out = torch.nn.functional.silu(out)
+    return out
+
+
+def silu(x: Tensor) -> Tensor:
+    """SiLU of a contiguous tensor with the norm kernel's formula (for the exhaustive self-test)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _launch(_silu_kernel, x.numel(), x, out, x.numel())
+    return out
+
+
+def causal_pad(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
+    """`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`) as one contiguous tensor written once."""
+    wl, wr, hl, hr, tl_, tr = pad
+    b, c, tx, h, w = x.shape
+    tc = 0 if cache is None else cache.shape[2]
+    out = x.new_empty((b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr))
+    source = x if cache is None else cache
+    _launch(_causal_pad_kernel, out.numel(), x, source, out, out.numel(), c, *out.shape[2:], tc, tx, h, w,
+            tl_, hl, wl, *x.stride(), *source.stride(), HAS_CACHE=cache is not None)
+    return out
+
+
+def bias_residual(y: Tensor, bias: Tensor | None, residual: Tensor) -> Tensor:
+    """`y.add_(bias) + residual` with ATen's two roundings (y is a conv output without its bias)."""
+    strides = reference_layout(("add",), torch.add, y, residual)
+    out = torch.empty_strided(y.shape, strides, dtype=y.dtype, device=y.device)
+    b, c, t, h, w = y.shape
+    _launch(_bias_residual_kernel, out.numel(), y, y if bias is None else bias, residual, out, out.numel(),
+            c, t, h, w, *y.stride(), *residual.stride(), *out.stride(), HAS_BIAS=bias is not None)
+    return out
+
+
+def upsample_nearest2x(x: Tensor) -> Tensor:
+    """Nearest-exact 2x of [N, C, H, W] (pixel duplication), contiguous output."""
+    n, c, h, w = x.shape
+    out = x.new_empty((n, c, 2 * h, 2 * w))
+    _launch(_upsample2x_kernel, out.numel(), x, out, out.numel(), c, 2 * h, 2 * w, *x.stride())
+    return out
+
+
+def dup_up_add(main: Tensor, x: Tensor, repeats: int, factor_t: int, factor_s: int, first_frame: int) -> Tensor:
+    """`main + DupUp3D(x)[:, :, first_frame:]` gathered in one pass."""
+    strides = reference_layout(("add_contiguous",), lambda a: a + torch.empty_like(a, memory_format=torch.contiguous_format), main)
+    out = torch.empty_strided(main.shape, strides, dtype=main.dtype, device=main.device)
+    b, c, t, h, w = main.shape
+    _launch(_dup_up_add_kernel, out.numel(), main, x, out, out.numel(), c, t, h, w, repeats, factor_t, factor_s,
+            first_frame, *main.stride(), *x.stride(), *out.stride())
+    return out
