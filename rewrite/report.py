@@ -55,6 +55,12 @@ class FallbackLog:
     def took_graphs(self) -> None:
         self.last_path, self.last_reason = "graphs", None
 
+    def note(self, reason: str) -> None:
+        """A degradation that still computes the exact result (e.g. graphs run without CUDA graphs)."""
+        first = reason not in self.counts
+        self.counts[reason] += 1
+        (logger.warning if first else logger.debug)("rewrite: %s", reason)
+
     def took_reference(self, reason: str) -> None:
         first = reason not in self.counts
         self.counts[reason] += 1

@@ -21,6 +21,7 @@ from rewrite.capture.export import CapturedGraph
 from rewrite.capture.wan import capture_wan_decoder, reference_forward
 from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
+from rewrite.runtime.graphs import GraphCache, StaticStep
 
 
 class WanRunner:
@@ -36,6 +37,8 @@ class WanRunner:
         self.fallbacks = FallbackLog()
         self.z_dim = vae.config.z_dim
         self.temporal_factor = 2 ** sum(bool(t) for t in vae.decoder.temperal_upsample)
+        self.cuda_graphs = GraphCache(max_entries=4)  # per (batch, latent h, w, dtype, device)
+        self.use_cuda_graphs = True
         self._reference_decode = type(vae)._decode.__get__(vae)
 
     # ---- installation -------------------------------------------------------------------------------
@@ -99,6 +102,13 @@ class WanRunner:
         """All latent frames of `x` (after post_quant_conv) through the graphs, into one preallocated video."""
         chunk0, steady = self.graphs_for(decoder, x.dtype, x.device)
         weights0, weights = chunk0.weights(decoder), steady.weights(decoder)
+        if x.is_cuda and self.use_cuda_graphs:
+            try:
+                return self._decode_frames_replayed(chunk0, steady, weights0, weights, x)
+            except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
+                self.use_cuda_graphs = False
+                self.cuda_graphs.clear()
+                self.fallbacks.note(f"CUDA graph capture failed, running the graphs eagerly: {type(error).__name__}: {error}")
         frames = x.shape[2]
         y, *caches = chunk0(weights0, x[:, :, 0:1])
         video = y.new_empty((y.shape[0], y.shape[1], 1 + (frames - 1) * self.temporal_factor, *y.shape[3:]))
@@ -108,6 +118,59 @@ class WanRunner:
             start = 1 + (i - 1) * self.temporal_factor
             video[:, :, start : start + y.shape[2]] = y
         return video
+
+    def _decode_frames_replayed(self, chunk0, steady, weights0, weights, x: torch.Tensor) -> torch.Tensor:
+        """`decode_frames` from two CUDA graphs per (batch, h, w, dtype): chunk 0 and steady."""
+        b, _, frames, h, w = x.shape
+        key = (b, h, w, x.dtype, x.device)
+        graphs = self.cuda_graphs.get(key, weights0 + weights,
+                                      lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1]))
+        y = graphs.first(x[:, :, 0:1])
+        video = y.new_empty((b, y.shape[1], 1 + (frames - 1) * self.temporal_factor, *y.shape[3:]))
+        video[:, :, 0:1] = y
+        for i in range(1, frames):
+            y = graphs.next(x[:, :, i : i + 1])
+            start = 1 + (i - 1) * self.temporal_factor
+            video[:, :, start : start + y.shape[2]] = y
+        return video
+
+
+class _WanCudaGraphs:
+    """The chunk-0 and steady graphs of one shape, over a static latent buffer and static caches.
+
+    Each captured step ends by copying its new caches into the static cache buffers (after every read of
+    the old ones: a T=1 stage's new cache holds its old last frame), so consecutive replays advance the
+    decode exactly as the uncaptured loop does. Both graphs share one memory pool (they never overlap).
+    """
+
+    def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor):
+        self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
+        _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
+        self.caches = [c.clone() for c in caches]
+
+        def first(x):
+            y, *new = chunk0(weights0, x)
+            for static, value in zip(self.caches, new):
+                static.copy_(value)
+            return [y]
+
+        def following(x, *caches):
+            y, *new = steady(weights, x, *caches)
+            for static, value in zip(caches, new):
+                static.copy_(value)
+            return [y]
+
+        pool = torch.cuda.graph_pool_handle()
+        self._first = StaticStep(first, [self.x], pool=pool)
+        self._next = StaticStep(following, [self.x, *self.caches], pool=pool)
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        self.x.copy_(x)
+        return self._first.replay()[0]
+
+    def next(self, x: torch.Tensor) -> torch.Tensor:
+        self.x.copy_(x)
+        return self._next.replay()[0]
 
 
 def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True):
