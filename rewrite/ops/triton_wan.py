@@ -22,6 +22,7 @@ from torch import Tensor
 from rewrite.ops.dispatch import INTERPRETING, triton
 
 BLOCK = 1024
+ROW_BLOCK = 256  # columns per program of the row-wise kernels
 
 if triton is not None:
     import triton.language as tl
@@ -93,24 +94,33 @@ if triton is not None:
         tl.store(out_ptr + i, _round(tl.math.div_rn(y, 1.0 + _exp(-y)), x.dtype), mask=mask)
 
     @triton.jit
-    def _causal_pad_kernel(x_ptr, cache_ptr, out_ptr, numel, C, TO, HO, WO, TC, TX, H, W, PT, PH, PW,
+    def _causal_pad_kernel(x_ptr, cache_ptr, out_ptr, C, TO, HO, WO, TC, TX, H, W, PT, PH, PW,
                            sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
                            HAS_CACHE: tl.constexpr, BLOCK: tl.constexpr):
-        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = i < numel
-        b, c, t, h, w = _position(i, C, TO, HO, WO)
+        """One output row (b, c, t, h) per program along axis 0, BLOCK columns along axis 1: the row's
+        source is one row of x, of the cache, or zeros, so the loads are contiguous."""
+        row = tl.program_id(0)
+        h = row % HO
+        r = row // HO
+        t = r % TO
+        r = r // TO
+        c = r % C
+        b = r // C
+        w = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        out_mask = w < WO
         ts = t - PT
         hs = h - PH
         ws = w - PW
-        inside = mask & (hs >= 0) & (hs < H) & (ws >= 0) & (ws < W) & (ts >= 0) & (ts < TC + TX)
-        from_x = ts >= TC
-        spatial = hs * sx3 + ws * sx4
-        value = tl.load(x_ptr + b * sx0 + c * sx1 + (ts - TC) * sx2 + spatial, mask=inside & from_x, other=0.0)
-        if HAS_CACHE:
-            cached = tl.load(cache_ptr + b * sc0 + c * sc1 + ts * sc2 + hs * sc3 + ws * sc4,
-                             mask=inside & (ts < TC), other=0.0)
-            value = tl.where(from_x, value, cached)
-        tl.store(out_ptr + i, value, mask=mask)
+        columns = out_mask & (ws >= 0) & (ws < W)
+        value = tl.zeros([BLOCK], dtype=out_ptr.dtype.element_ty)  # the zero pad
+        if (hs >= 0) & (hs < H) & (ts >= 0) & (ts < TC + TX):
+            if ts >= TC:
+                base = b.to(tl.int64) * sx0 + c.to(tl.int64) * sx1 + (ts - TC).to(tl.int64) * sx2 + hs.to(tl.int64) * sx3
+                value = tl.load(x_ptr + base + ws * sx4, mask=columns, other=0.0)
+            elif HAS_CACHE:
+                base = b.to(tl.int64) * sc0 + c.to(tl.int64) * sc1 + ts.to(tl.int64) * sc2 + hs.to(tl.int64) * sc3
+                value = tl.load(cache_ptr + base + ws * sc4, mask=columns, other=0.0)
+        tl.store(out_ptr + row.to(tl.int64) * WO + w, value, mask=out_mask)
 
     @triton.jit
     def _bias_residual_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, numel, C, T, H, W,
@@ -217,8 +227,11 @@ def causal_pad(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
     tc = 0 if cache is None else cache.shape[2]
     out = x.new_empty((b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr))
     source = x if cache is None else cache
-    _launch(_causal_pad_kernel, out.numel(), x, source, out, out.numel(), c, *out.shape[2:], tc, tx, h, w,
-            tl_, hl, wl, *x.stride(), *source.stride(), HAS_CACHE=cache is not None)
+    rows = out.numel() // out.shape[-1]
+    if rows:
+        grid = (rows, triton.cdiv(out.shape[-1], ROW_BLOCK))
+        _causal_pad_kernel[grid](x, source, out, c, *out.shape[2:], tc, tx, h, w, tl_, hl, wl,
+                                 *x.stride(), *source.stride(), HAS_CACHE=cache is not None, BLOCK=ROW_BLOCK)
     return out
 
 
