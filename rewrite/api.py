@@ -1,7 +1,7 @@
 """`optimize(module, level)` and `report(module)`: the library's entry points.
 
 `optimize` returns the module it was given, with its decode running through captured and rewritten graphs
-(see `rewrite.runtime.wan` for what is installed on the instance). Calling it again re-configures the same
+(see `rewrite.runtime.wan` and `rewrite.runtime.auk` for what is installed on the instance). Calling it again re-configures the same
 object; `level="off"` removes everything `optimize` installed, leaving the module as diffusers made it.
 """
 
@@ -26,8 +26,27 @@ def _is_wan(module: nn.Module) -> bool:
     return isinstance(module, AutoencoderKLWan)
 
 
+def _is_auk(module: nn.Module) -> bool:
+    from rewrite.capture.auk import is_auk
+
+    return is_auk(module)
+
+
 def _supported_names() -> str:
-    return "diffusers.AutoencoderKLWan (Wan 2.1 / 2.2)"
+    return "diffusers.AutoencoderKLWan (Wan 2.1 / 2.2), rewrite.models.auk.AuKVAE"
+
+
+def _runner_class(module: nn.Module):
+    """The runner that drives `module`'s decode (TypeError for an unsupported module)."""
+    if _is_wan(module):
+        from rewrite.runtime.wan import WanRunner
+
+        return WanRunner
+    if _is_auk(module):
+        from rewrite.runtime.auk import AuKRunner
+
+        return AuKRunner
+    raise TypeError(f"optimize() supports {_supported_names()}; got {type(module).__module__}.{type(module).__qualname__}")
 
 
 def optimize(module: nn.Module, level: str = "lossless") -> nn.Module:
@@ -37,19 +56,16 @@ def optimize(module: nn.Module, level: str = "lossless") -> nn.Module:
     Raises TypeError for an unsupported module and ValueError for an unknown level.
     """
     check_level(level)
-    if not _is_wan(module):
-        raise TypeError(f"optimize() supports {_supported_names()}; got {type(module).__module__}.{type(module).__qualname__}")
-    from rewrite.runtime.wan import WanRunner
-
+    runner_class = _runner_class(module)
     previous = module.__dict__.get("_rewrite_runner")
     if previous is not None:
-        WanRunner.uninstall(module)
+        runner_class.uninstall(module)
         if previous.level == level:  # same level again: keep the graphs captured so far
             previous.install(module)
             return module
     if level == "off":
         return module
-    WanRunner(module, level, rewrite_graph).install(module)
+    runner_class(module, level, rewrite_graph).install(module)
     logger.info("rewrite: %s optimized at level %r", type(module).__name__, level)
     return module
 

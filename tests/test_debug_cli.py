@@ -173,6 +173,48 @@ def test_level_decides_the_rows(test_patterns, capsys):
     assert list(report["graphs"][0]["matches"]) == [p.name for p in TEST_PATTERNS]
 
 
+# --------------------------------------------------------------------------------------------- AuK
+
+AUK_LOSSLESS = {"alias_free_activation[exact]": 109, "causal_conv1d[residual]": 54, "causal_conv1d": 54,
+                "causal_conv1d[bias=None]": 1, "causal_conv_transpose1d": 6, "amp_average": 6}
+
+
+def test_auk_table_has_one_decode_graph_and_every_enabled_pattern(capsys):
+    assert debug.main(["auk"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("auk (tiny, float32) at level lossless")
+    header = next(line for line in out.splitlines() if line.startswith("pattern"))
+    assert header.split()[1:] == ["decode"]
+    table = [line.split() for line in out.splitlines() if len(line.split()) == 2]  # pattern, count
+    rows = {name: count for name, count in table if name.startswith(("alias_free", "amp_"))}
+    assert rows == {"alias_free_activation[exact]": "109", "amp_average": "6"}
+    for name in lossless_names():
+        assert any(line.startswith(name + " ") for line in out.splitlines()), name
+    assert "alias_free_activation[exact] #109 in decode: decoder.activation_post" in out
+
+
+def test_auk_json_counts_and_subgraphs(capsys):
+    report = run_json(capsys, "auk")
+    assert {k: report[k] for k in ("model", "config", "level", "dtype")} == {
+        "model": "auk", "config": "tiny", "level": "lossless", "dtype": "float32"}
+    [graph] = report["graphs"]
+    assert graph["name"] == "decode" and list(graph["matches"]) == lossless_names()
+    assert {k: v for k, v in graph["matches"].items() if v} == AUK_LOSSLESS
+    assert len(graph["subgraphs"]) == sum(AUK_LOSSLESS.values())
+    first = next(s for s in graph["subgraphs"] if s["pattern"] == "alias_free_activation[exact]")
+    assert first["module"] == "decoder.resblocks.0.activations.0" and first["cross_check"]
+    assert first["module_type"].endswith("AliasFreeSnakeBeta") and first["scalars"] == {"channels": 64}
+    assert [n["op"] for n in first["nodes"]][:2] == ["aten.pad.default", "aten.expand.default"]
+
+
+def test_auk_full_config_at_channels_last(capsys):
+    report = run_json(capsys, "auk", "--config", "full", "--level", "channels_last", "--pattern", "alias_free_activation")
+    [graph] = report["graphs"]
+    assert graph["matches"] == {"alias_free_activation[fused]": 109, "alias_free_activation[exact]": 0}
+    first = graph["subgraphs"][0]
+    assert first["scalars"] == {"channels": 768} and first["module"] == "decoder.resblocks.0.activations.0"
+
+
 # --------------------------------------------------------------------------------------------- filters
 
 
@@ -247,7 +289,7 @@ def test_graphml_reads_back_with_pattern_attributes(test_patterns, tmp_path, cap
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["auk"], "invalid choice"),
+    (["sd3"], "invalid choice"),
     (["wan2.1", "--level", "fast"], "invalid choice"),
     (["wan2.1", "--dtype", "float64"], "invalid choice"),
     (["wan2.1", "--config", "huge"], "invalid choice"),

@@ -15,10 +15,10 @@ columns: the graphs), then every matched subgraph; ``--near-misses`` adds why pa
 ``GRAPH.PATTERN.K.dot`` per match (its nodes, and the nodes it reads dashed); ``--graphml FILE`` writes the
 same whole graphs with ``pattern`` and ``match`` attributes on matched nodes.
 
-Usage: ``rewrite-debug wan2.1 [--config full] [--pattern rms_norm --near-misses] [--json]``.
+Usage: ``rewrite-debug wan2.1 [--config full] [--pattern rms_norm --near-misses] [--json]``,
+``rewrite-debug auk [--config full] [--level channels_last]`` (one graph, ``decode``).
 
-Models are adapters in ``MODELS``: name -> ``(config, dtype) -> list[CapturedGraph]``; adding one (AuK)
-is one more entry.
+Models are adapters in ``MODELS``: name -> ``(config, dtype) -> list[CapturedGraph]``.
 """
 
 from __future__ import annotations
@@ -77,7 +77,21 @@ def wan_adapter(version: str) -> ModelAdapter:
     return capture
 
 
-MODELS: dict[str, ModelAdapter] = {"wan2.1": wan_adapter("wan2.1"), "wan2.2": wan_adapter("wan2.2")}
+def auk_adapter(config: str, dtype: torch.dtype) -> list[CapturedGraph]:
+    """Capture the AuK decode graph: tiny on the CPU (random init), full on the meta device (no weights:
+    export runs on fake tensors, so the 114.5 M-parameter decoder is never allocated)."""
+    from rewrite.capture.auk import capture_auk_decode
+    from rewrite.models.auk import AuKConfig, AuKVAE
+
+    device = torch.device("meta" if config == "full" else "cpu")
+    with device:
+        vae = AuKVAE(AuKConfig() if config == "full" else AuKConfig.tiny())
+    return [capture_auk_decode(vae.to(dtype), dtype, device)]
+
+
+MODELS: dict[str, ModelAdapter] = {
+    "wan2.1": wan_adapter("wan2.1"), "wan2.2": wan_adapter("wan2.2"), "auk": auk_adapter,
+}
 
 
 # --------------------------------------------------------------------------------------------- records
