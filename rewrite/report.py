@@ -35,7 +35,7 @@ class Report:
         if self.graphs:
             lines.append(f"  {'graph':<8} {'dtype':<15} {'device':<8} {'nodes':>6} {'capture s':>9}  matches")
             for g in self.graphs:
-                matches = ", ".join(f"{k}={v}" for k, v in sorted(g.matches.items())) or "-"
+                matches = ", ".join(f"{k}={v}" for k, v in sorted(g.matches.items()) if v) or "-"
                 lines.append(f"  {g.name:<8} {g.dtype:<15} {g.device:<8} {g.nodes:>6} {g.capture_seconds:>9.2f}  {matches}")
         else:
             lines.append("  no graphs captured yet")
