@@ -19,6 +19,12 @@ class GraphReport:
     matches: dict[str, int]
     passes: list[str]
 
+    @classmethod
+    def of(cls, graph) -> "GraphReport":
+        """The report row of a `CapturedGraph`."""
+        return cls(graph.name, str(graph.dtype), str(graph.device), graph.node_count, graph.capture_seconds,
+                   dict(graph.matches), list(graph.passes))
+
 
 @dataclasses.dataclass
 class Report:

@@ -29,6 +29,7 @@ from rewrite.capture.auk import capture_auk_decode, reference_decode
 from rewrite.capture.export import CapturedGraph
 from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
+from rewrite.runtime.captures import CaptureCache
 
 
 def uniform_tensors_reason(vae: nn.Module, z: torch.Tensor) -> str | None:
@@ -52,8 +53,7 @@ class AuKRunner:
     def __init__(self, vae: nn.Module, level: str, rewrite_graph) -> None:
         self.level = level
         self.rewrite_graph = rewrite_graph  # fn(CapturedGraph, level) applying the level's passes in place
-        self.graphs: dict[tuple[torch.dtype, torch.device], CapturedGraph] = {}
-        self.capture_errors: dict[tuple[torch.dtype, torch.device], str] = {}
+        self.graphs: CaptureCache[CapturedGraph] = CaptureCache()  # per (dtype, device)
         self.fallbacks = FallbackLog()
         # A plain reference (a cycle through vae._rewrite_runner, which the GC collects): copy.deepcopy of
         # the VAE then gives the copy a runner bound to the copy, as for the Wan runner's bound methods.
@@ -73,21 +73,15 @@ class AuKRunner:
     # ---- capture ------------------------------------------------------------------------------------
     def graph_for(self, dtype: torch.dtype, device: torch.device) -> CapturedGraph | None:
         """The rewritten decode graph for this dtype/device, captured on first use; None if capture failed."""
-        key = (dtype, device)
-        if key not in self.graphs and key not in self.capture_errors:
-            try:
-                graph = capture_auk_decode(self.vae, dtype, device)
-                self.rewrite_graph(graph, self.level)
-                self.graphs[key] = graph
-            except Exception as error:  # capture must never turn into a wrong answer: reference from now on
-                self.capture_errors[key] = f"capture failed for {dtype} on {device}: {type(error).__name__}: {error}"
-        return self.graphs.get(key)
+        def capture():
+            graph = capture_auk_decode(self.vae, dtype, device)
+            self.rewrite_graph(graph, self.level)
+            return graph
+
+        return self.graphs.get((dtype, device), capture, f"{dtype} on {device}")
 
     def graph_reports(self) -> list[GraphReport]:
-        return [
-            GraphReport(g.name, str(g.dtype), str(g.device), g.node_count, g.capture_seconds, dict(g.matches), list(g.passes))
-            for g in self.graphs.values()
-        ]
+        return [GraphReport.of(g) for g in self.graphs.values.values()]
 
     # ---- decode -------------------------------------------------------------------------------------
     def fallback_reason(self, z: torch.Tensor) -> str | None:
@@ -100,7 +94,7 @@ class AuKRunner:
             or guards.capture_in_progress_reason(z.device)
         )
         if reason is None and self.graph_for(z.dtype, z.device) is None:
-            reason = self.capture_errors[(z.dtype, z.device)]
+            reason = self.graphs.errors[(z.dtype, z.device)]
         return reason
 
     def run_window(self, z: torch.Tensor) -> torch.Tensor:

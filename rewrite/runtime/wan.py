@@ -21,6 +21,7 @@ from rewrite.capture.export import CapturedGraph
 from rewrite.capture.wan import capture_wan_decoder, reference_forward
 from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
+from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.graphs import GraphCache, StaticStep
 
 
@@ -32,8 +33,7 @@ class WanRunner:
     def __init__(self, vae: nn.Module, level: str, rewrite_graph) -> None:
         self.level = level
         self.rewrite_graph = rewrite_graph  # fn(CapturedGraph, level) applying the level's passes in place
-        self.graphs: dict[tuple[torch.dtype, torch.device], tuple[CapturedGraph, CapturedGraph]] = {}
-        self.capture_errors: dict[tuple[torch.dtype, torch.device], str] = {}
+        self.graphs: CaptureCache[tuple[CapturedGraph, CapturedGraph]] = CaptureCache()  # per (dtype, device)
         self.fallbacks = FallbackLog()
         self.z_dim = vae.config.z_dim
         self.temporal_factor = 2 ** sum(bool(t) for t in vae.decoder.temperal_upsample)
@@ -58,23 +58,16 @@ class WanRunner:
     # ---- capture ------------------------------------------------------------------------------------
     def graphs_for(self, decoder: nn.Module, dtype: torch.dtype, device: torch.device):
         """The (chunk0, steady) graphs for this dtype/device, captured and rewritten on first use."""
-        key = (dtype, device)
-        if key not in self.graphs and key not in self.capture_errors:
-            try:
-                pair = capture_wan_decoder(decoder, dtype, device)
-                for graph in pair:
-                    self.rewrite_graph(graph, self.level)
-                self.graphs[key] = pair
-            except Exception as error:  # capture must never turn into a wrong answer: reference from now on
-                self.capture_errors[key] = f"capture failed for {dtype} on {device}: {type(error).__name__}: {error}"
-        return self.graphs.get(key)
+        def capture():
+            pair = capture_wan_decoder(decoder, dtype, device)
+            for graph in pair:
+                self.rewrite_graph(graph, self.level)
+            return pair
+
+        return self.graphs.get((dtype, device), capture, f"{dtype} on {device}")
 
     def graph_reports(self) -> list[GraphReport]:
-        return [
-            GraphReport(g.name, str(g.dtype), str(g.device), g.node_count, g.capture_seconds, dict(g.matches), list(g.passes))
-            for pair in self.graphs.values()
-            for g in pair
-        ]
+        return [GraphReport.of(g) for pair in self.graphs.values.values() for g in pair]
 
     # ---- decode-time routing ------------------------------------------------------------------------
     def fallback_reason(self, decoder: nn.Module, x: torch.Tensor) -> str | None:
@@ -86,7 +79,7 @@ class WanRunner:
             or guards.capture_in_progress_reason(x.device)
         )
         if reason is None and self.graphs_for(decoder, x.dtype, x.device) is None:
-            reason = self.capture_errors[(x.dtype, x.device)]
+            reason = self.graphs.errors[(x.dtype, x.device)]
         return reason
 
     def check_latents(self, z: torch.Tensor) -> None:

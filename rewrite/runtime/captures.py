@@ -1,0 +1,29 @@
+"""Captured graphs per (dtype, device), captured and rewritten on first use; a failed capture is remembered.
+
+Shared by the model runners. A capture that raises is never retried for its key: the runner reports the
+stored reason and takes the reference path from then on (a failed capture must never become a wrong answer).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Hashable, TypeVar
+
+T = TypeVar("T")
+
+
+class CaptureCache(Generic[T]):
+    def __init__(self) -> None:
+        self.values: dict[Hashable, T] = {}
+        self.errors: dict[Hashable, str] = {}
+
+    def get(self, key: Hashable, capture: Callable[[], T], what: str) -> T | None:
+        """The value for `key`, from `capture()` on first use; None when that capture failed (`errors[key]`)."""
+        if key not in self.values and key not in self.errors:
+            try:
+                self.values[key] = capture()
+            except Exception as error:  # recorded, reported, and the reference path runs instead
+                self.errors[key] = f"capture failed for {what}: {type(error).__name__}: {error}"
+        return self.values.get(key)
+
+    def __getitem__(self, key: Hashable) -> T:
+        return self.values[key]
