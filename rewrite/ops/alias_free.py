@@ -76,7 +76,6 @@ from rewrite.ops.dispatch import INTERPRETING, get_backend, set_backend, use_bac
 try:  # Triton is optional: without it every call takes the reference path.
     import triton
     import triton.language as tl
-    from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - triton ships with the Linux torch wheels
     triton = None
 
@@ -243,23 +242,9 @@ def alias_free_snake(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logsc
 
 
 if triton is not None:
-    _INTERPRET = tl.constexpr(INTERPRETING)
-
-    @triton.jit
-    def _sin(x):
-        """libdevice's sinf (what ATen's CUDA sin calls); numpy's under the interpreter."""
-        if _INTERPRET:
-            return tl.sin(x)
-        else:
-            return libdevice.sin(x)
-
-    @triton.jit
-    def _exp(x):
-        """libdevice's expf (what ATen's CUDA exp calls); numpy's under the interpreter."""
-        if _INTERPRET:
-            return tl.exp(x)
-        else:
-            return libdevice.exp(x)
+    # libdevice's sinf/expf (what ATen's CUDA kernels call); numpy's under the interpreter
+    from rewrite.ops.triton_math import exp as _exp
+    from rewrite.ops.triton_math import sin as _sin
 
     @triton.jit
     def _snake_params(alpha_ptr, beta_ptr, channel, row_mask, LOGSCALE: tl.constexpr):

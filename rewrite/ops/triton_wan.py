@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from rewrite.ops.dispatch import INTERPRETING, triton
+from rewrite.ops.dispatch import triton
 
 BLOCK = 1024
 ROW_BLOCK = 256  # columns per program of the row-wise kernels
@@ -27,29 +27,8 @@ ROW_BLOCK = 256  # columns per program of the row-wise kernels
 if triton is not None:
     import triton.language as tl
 
-    try:
-        from triton.language.extra import libdevice
-    except ImportError:  # pragma: no cover - older triton layouts
-        from triton.language.extra.cuda import libdevice
-
-    _INTERPRET = tl.constexpr(INTERPRETING)
-
-    @triton.jit
-    def _exp(x):
-        if _INTERPRET:
-            return tl.exp(x)
-        else:
-            return libdevice.exp(x)
-
-    @triton.jit
-    def _round(y, dtype: tl.constexpr):
-        """fp32 -> `dtype` rounded to nearest even, as ATen does. The interpreter truncates to bf16, so
-        there the rounding is done on the bits first (NaN/inf inputs are not expected in tests)."""
-        if _INTERPRET and dtype == tl.bfloat16:
-            bits = y.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            y = bits.to(tl.float32, bitcast=True)
-        return y.to(dtype)
+    from rewrite.ops.triton_math import exp as _exp
+    from rewrite.ops.triton_math import round_to as _round
 
     @triton.jit
     def _position(i, C, T, H, W):
