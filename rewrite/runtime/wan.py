@@ -92,40 +92,50 @@ class WanRunner:
             raise ValueError(f"Wan latents must have at least one batch item, frame, row and column; got {tuple(z.shape)}")
 
     def decode_frames(self, decoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """All latent frames of `x` (after post_quant_conv) through the graphs, into one preallocated video."""
+        """All latent frames of `x` (after post_quant_conv) through the graphs, into one preallocated video.
+
+        On CUDA the steps replay CUDA graphs per (batch, h, w, dtype); elsewhere, or once a capture has
+        failed, the graph modules run eagerly with the caches passed from step to step.
+        """
         chunk0, steady = self.graphs_for(decoder, x.dtype, x.device)
         weights0, weights = chunk0.weights(decoder), steady.weights(decoder)
+        steps = None
         if x.is_cuda and self.use_cuda_graphs:
+            b, _, _, h, w = x.shape
             try:
-                return self._decode_frames_replayed(chunk0, steady, weights0, weights, x)
+                steps = self.cuda_graphs.get((b, h, w, x.dtype, x.device), weights0 + weights,
+                                             lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1]))
             except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
                 self.use_cuda_graphs = False
                 self.cuda_graphs.clear()
                 self.fallbacks.note(f"CUDA graph capture failed, running the graphs eagerly: {type(error).__name__}: {error}")
+        if steps is None:
+            steps = _WanEagerSteps(chunk0, steady, weights0, weights)
         frames = x.shape[2]
-        y, *caches = chunk0(weights0, x[:, :, 0:1])
+        y = steps.first(x[:, :, 0:1])
         video = y.new_empty((y.shape[0], y.shape[1], 1 + (frames - 1) * self.temporal_factor, *y.shape[3:]))
         video[:, :, 0:1] = y
         for i in range(1, frames):
-            y, *caches = steady(weights, x[:, :, i : i + 1], *caches)
+            y = steps.next(x[:, :, i : i + 1])
             start = 1 + (i - 1) * self.temporal_factor
             video[:, :, start : start + y.shape[2]] = y
         return video
 
-    def _decode_frames_replayed(self, chunk0, steady, weights0, weights, x: torch.Tensor) -> torch.Tensor:
-        """`decode_frames` from two CUDA graphs per (batch, h, w, dtype): chunk 0 and steady."""
-        b, _, frames, h, w = x.shape
-        key = (b, h, w, x.dtype, x.device)
-        graphs = self.cuda_graphs.get(key, weights0 + weights,
-                                      lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1]))
-        y = graphs.first(x[:, :, 0:1])
-        video = y.new_empty((b, y.shape[1], 1 + (frames - 1) * self.temporal_factor, *y.shape[3:]))
-        video[:, :, 0:1] = y
-        for i in range(1, frames):
-            y = graphs.next(x[:, :, i : i + 1])
-            start = 1 + (i - 1) * self.temporal_factor
-            video[:, :, start : start + y.shape[2]] = y
-        return video
+
+class _WanEagerSteps:
+    """The chunk-0 and steady graph modules run eagerly, the caches handed from one step to the next."""
+
+    def __init__(self, chunk0, steady, weights0, weights):
+        self.chunk0, self.steady, self.weights0, self.weights = chunk0, steady, weights0, weights
+        self.caches: list[torch.Tensor] = []
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        y, *self.caches = self.chunk0(self.weights0, x)
+        return y
+
+    def next(self, x: torch.Tensor) -> torch.Tensor:
+        y, *self.caches = self.steady(self.weights, x, *self.caches)
+        return y
 
 
 class _WanCudaGraphs:
