@@ -9,6 +9,7 @@ Requires: canonicalize ran (patterns are written against the canonical form) and
 ``meta['rewrite_pattern']``.
 Stats: ``matches`` (pattern -> replaced), ``rejected`` (pattern -> [{node, reason}]), ``provenance``
 (pattern -> [{node, module, type, cross_check}]), ``nodes_added``, ``nodes_erased``.
+Observable: ``ctx.match_observer(pattern, match_result)`` runs before each pattern's matches are replaced.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def fuse_patterns(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     stats: dict = {"matches": {}, "rejected": {}, "provenance": {}, "nodes_added": 0, "nodes_erased": 0}
     for pattern in enabled:
         result = find_matches(gm, pattern)
+        if ctx.match_observer is not None:
+            ctx.match_observer(pattern, result)
         stats["provenance"][pattern.name] = [
             {"node": m.anchor.name, "module": m.module_path, "type": m.module_type, "cross_check": m.cross_check()}
             for m in result.matches]

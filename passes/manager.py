@@ -37,6 +37,8 @@ class PassContext:
     device: torch.device | str | None = None
     log: list[str] = dataclasses.field(default_factory=list)
     report: dict[str, Any] = dataclasses.field(default_factory=dict)  # pass name -> its stats
+    # called by fuse_patterns with (pattern, MatchResult) before the matches are replaced (rewrite-debug)
+    match_observer: Callable[[Any, Any], None] | None = None
 
     def __post_init__(self) -> None:
         check_level(self.level)

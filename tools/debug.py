@@ -1,12 +1,10 @@
 """`rewrite-debug`: which patterns match where in a decoder's captured graphs, and why the others do not.
 
 Builds the model with random weights (nothing is downloaded), captures its step graphs on the CPU (export
-runs on fake tensors, so the full-size configs take seconds too) and runs the level's passes on each graph,
-with ``fuse_patterns`` replaced by ``fuse_and_record``: the same loop of engine calls (for each pattern the
-level enables, in registry order: ``find_matches`` on the graph as the earlier patterns left it, then
-``replace_matches``) that also records each match before it is replaced (nodes, ops, shapes, dtypes, source
-module) and, when asked, the near misses. Every pattern runs, whatever ``--pattern`` selects, so the counts
-are the pipeline's; the filters only choose what is shown.
+runs on fake tensors, so the full-size configs take seconds too) and runs the level's own pipeline on each
+graph, observing ``fuse_patterns`` (``PassContext.match_observer``): each match is recorded before it is
+replaced (nodes, ops, shapes, dtypes, source module) and, when asked, the near misses. Every pattern runs,
+whatever ``--pattern`` selects, so the counts are the pipeline's; the filters only choose what is shown.
 
 Output: a pattern x graph table of match counts (rows: the patterns the level enables, zeros included;
 columns: the graphs), then every matched subgraph; ``--near-misses`` adds why patterns did not match;
@@ -37,15 +35,13 @@ from typing import Any
 
 import networkx as nx
 import torch
-import torch.fx as fx
 
 from rewrite.capture.export import CapturedGraph
 from rewrite.engine.export_graph import describe_value, graph_to_networkx, to_dot
-from rewrite.engine.matcher import Match, describe_target, find_matches
+from rewrite.engine.matcher import Match, describe_target
 from rewrite.engine.pattern import Pattern
-from rewrite.engine.rewriter import replace_matches
 from rewrite.levels import LEVELS, level_enables
-from rewrite.passes.manager import PassContext, PassError, PassManager, PassResult, PassSpec
+from rewrite.passes.manager import PassContext, PassError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CONFIGS = ("full", "tiny")
@@ -163,51 +159,26 @@ def record_match(graph_name: str, match: Match) -> SubgraphRecord:
 NearMissWanted = Callable[[Pattern, int], bool]  # (pattern, match count) -> compute its near misses?
 
 
-def fuse_and_record(patterns: Sequence[Pattern], report: GraphReport, near_miss_wanted: NearMissWanted):
-    """A pass that does what ``fuse_patterns`` does with ``patterns`` and records it in ``report``."""
-
-    def fuse_patterns_recorded(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        """fuse_patterns, recording each pattern's matches (and near misses) before replacing them.
-
-        Requires and ensures what fuse_patterns does; matches are recorded on the graph as it is when
-        the pattern runs, so the records name nodes that the replacement then erases.
-        """
-        report.snapshot = graph_to_networkx(gm.graph)
-        for pattern in patterns:
-            result = find_matches(gm, pattern)
-            report.subgraphs.extend(record_match(report.name, m) for m in result.matches)
-            if near_miss_wanted(pattern, len(result.matches)):
-                report.near_misses[pattern.name] = [miss.reason for miss in result.near_misses()]
-            report.matches[pattern.name] = replace_matches(gm, result.matches).total
-        return PassResult(gm, any(report.matches.values()), {"matches": dict(report.matches)})
-
-    return fuse_patterns_recorded
-
-
-def recording_pipeline(level: str, fuse_pass: Callable[..., PassResult]) -> PassManager:
-    """The level's pipeline (``pipeline_for``) with its fuse_patterns pass replaced by ``fuse_pass``.
-
-    A pipeline without fuse_patterns gets it after canonicalize (with a note on stderr), so that the
-    patterns can be debugged before the pass is wired in.
-    """
+def debug_graph(graph: CapturedGraph, level: str, near_miss_wanted: NearMissWanted) -> GraphReport:
+    """Run the level's pipeline on ``graph`` (in place), recording what ``fuse_patterns`` matches."""
     from rewrite.pipeline import pipeline_for
 
-    specs = list(pipeline_for(level).specs)
-    if any(spec.name == FUSE_PASS for spec in specs):
-        specs = [dataclasses.replace(spec, fn=fuse_pass) if spec.name == FUSE_PASS else spec for spec in specs]
-    else:
-        progress(f"note: the {level!r} pipeline does not run {FUSE_PASS}; rewrite-debug runs it after canonicalize")
-        specs.append(PassSpec(FUSE_PASS, fuse_pass, after=("canonicalize",)))
-    return PassManager(specs)
-
-
-def debug_graph(graph: CapturedGraph, level: str, patterns: Sequence[Pattern],
-                near_miss_wanted: NearMissWanted) -> GraphReport:
-    """Run the level's passes on ``graph`` (in place), recording the matches of ``patterns``."""
     report = GraphReport(graph.name, nodes=graph.node_count)
-    manager = recording_pipeline(level, fuse_and_record(patterns, report, near_miss_wanted))
-    ctx = PassContext(level=level, dtype=graph.dtype, device=graph.device)
-    results = manager.run(graph.graph_module, ctx)
+    snapshot_taken = False
+
+    def observe(pattern: Pattern, result) -> None:
+        nonlocal snapshot_taken
+        if not snapshot_taken:  # the graph as fuse_patterns received it
+            report.snapshot, snapshot_taken = graph_to_networkx(result.gm.graph), True
+        report.subgraphs.extend(record_match(report.name, m) for m in result.matches)
+        if near_miss_wanted(pattern, len(result.matches)):
+            report.near_misses[pattern.name] = [miss.reason for miss in result.near_misses()]
+
+    ctx = PassContext(level=level, dtype=graph.dtype, device=graph.device, match_observer=observe)
+    results = pipeline_for(level).run(graph.graph_module, ctx)
+    report.matches = dict(ctx.report.get(FUSE_PASS, {}).get("matches", {}))
+    if not snapshot_taken:  # no pattern ran: the graph is as fuse_patterns saw it
+        report.snapshot = graph_to_networkx(graph.graph_module.graph)
     report.nodes_after = len(results[-1][1].gm.graph.nodes) if results else graph.node_count
     return report
 
@@ -465,14 +436,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     patterns, error = select_patterns(args.pattern, args.level)
     if error:
         parser.error(error)
-    all_enabled = enabled_patterns(args.level)
     wanted = near_miss_policy(args.near_misses, patterns, patterns_named=bool(args.pattern))
     with contextlib.redirect_stdout(sys.stderr):  # whatever the libraries print stays off the report
         graphs, error = select_graphs(capture(args), args.graph)
         if error:
             parser.error(error)
         try:
-            reports = [debug_graph(graph, args.level, all_enabled, wanted) for graph in graphs]
+            reports = [debug_graph(graph, args.level, wanted) for graph in graphs]
         except PassError as failure:
             traceback.print_exception(failure.__cause__ or failure, file=sys.stderr)
             progress(str(failure))
