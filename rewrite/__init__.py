@@ -4,7 +4,7 @@
     vae = optimize(vae, level="lossless")   # "off" | "lossless" (default) | "channels_last"
 """
 
-from rewrite.api import optimize, report
+from rewrite.api import optimize, report, warmup
 from rewrite.levels import LEVELS
 
-__all__ = ["optimize", "report", "LEVELS"]
+__all__ = ["optimize", "report", "warmup", "LEVELS"]

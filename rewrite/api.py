@@ -49,25 +49,43 @@ def _runner_class(module: nn.Module):
     raise TypeError(f"optimize() supports {_supported_names()}; got {type(module).__module__}.{type(module).__qualname__}")
 
 
-def optimize(module: nn.Module, level: str = "lossless") -> nn.Module:
+def optimize(module: nn.Module, level: str = "lossless", **options) -> nn.Module:
     """Rewrite `module`'s decoder at `level` ("off", "lossless" (default), "channels_last").
 
     Returns the same object. Parameters stay the same tensor objects and `state_dict()` is unchanged.
-    Raises TypeError for an unsupported module and ValueError for an unknown level.
+    `options` go to the model's runner: for `AuKVAE`, `compile_shapes` (buckets in latent frames, default
+    (160, 320, 640)), `tile_frames` (default the largest bucket) and `max_graphs` (exact-length CUDA graphs
+    kept before the generation is retired, default 8); Wan takes none.
+    Raises TypeError for an unsupported module or an option the model does not take, ValueError for an
+    unknown level or a bad option value.
     """
     check_level(level)
     runner_class = _runner_class(module)
     previous = module.__dict__.get("_rewrite_runner")
     if previous is not None:
         runner_class.uninstall(module)
-        if previous.level == level:  # same level again: keep the graphs captured so far
+        same_options = all(getattr(previous, "options", {}).get(k) == v for k, v in options.items())
+        if previous.level == level and same_options:  # same configuration: keep the graphs captured so far
             previous.install(module)
             return module
     if level == "off":
         return module
-    runner_class(module, level, rewrite_graph).install(module)
+    runner_class(module, level, rewrite_graph, **options).install(module)
     logger.info("rewrite: %s optimized at level %r", type(module).__name__, level)
     return module
+
+
+def warmup(module: nn.Module, device=None, dtype=None, batch: int = 1, **shapes) -> None:
+    """Capture ahead of time the graphs `optimize(module, ...)` would capture on first use.
+
+    `device`/`dtype` default to the parameters'. AuK: `frames=` exact lengths (default: every bucket at
+    `channels_last`, nothing more at `lossless`). Wan: `shapes=[(latent_h, latent_w), ...]`.
+    Raises RuntimeError when the module is not optimized or the graphs cannot serve that dtype/device.
+    """
+    runner = module.__dict__.get("_rewrite_runner")
+    if runner is None:
+        raise RuntimeError(f"warmup: {type(module).__name__} is not optimized (call rewrite.optimize first)")
+    runner.warmup(device=device, dtype=dtype, batch=batch, **shapes)
 
 
 def report(module: nn.Module) -> Report:
@@ -82,4 +100,6 @@ def report(module: nn.Module) -> Report:
         fallbacks=dict(runner.fallbacks.counts),
         last_path=runner.fallbacks.last_path,
         last_reason=runner.fallbacks.last_reason,
+        last_detail=runner.fallbacks.last_detail,
+        cuda_graphs=runner.cuda_graph_counts() if hasattr(runner, "cuda_graph_counts") else {},
     )

@@ -34,10 +34,13 @@ class Report:
     fallbacks: dict[str, int]  # reason -> how many calls took the reference path for it
     last_path: str  # "graphs", "reference" or "none" (not called yet)
     last_reason: str | None
+    last_detail: str | None = None  # how the graphs served the last call (e.g. "CUDA graph, bucket 320")
+    cuda_graphs: dict[str, int] = dataclasses.field(default_factory=dict)  # runner's CUDA graph counts
 
     def __str__(self) -> str:
         lines = [f"{self.model} at level {self.level!r}; last call: {self.last_path}"
-                 + (f" ({self.last_reason})" if self.last_reason else "")]
+                 + (f" ({self.last_reason})" if self.last_reason else "")
+                 + (f": {self.last_detail}" if self.last_detail else "")]
         if self.graphs:
             lines.append(f"  {'graph':<8} {'dtype':<15} {'device':<8} {'nodes':>6} {'capture s':>9}  matches")
             for g in self.graphs:
@@ -45,6 +48,8 @@ class Report:
                 lines.append(f"  {g.name:<8} {g.dtype:<15} {g.device:<8} {g.nodes:>6} {g.capture_seconds:>9.2f}  {matches}")
         else:
             lines.append("  no graphs captured yet")
+        if self.cuda_graphs:
+            lines.append("  " + ", ".join(f"{k}: {v}" for k, v in self.cuda_graphs.items()))
         for reason, count in self.fallbacks.items():
             lines.append(f"  fallback x{count}: {reason}")
         return "\n".join(lines)
@@ -57,9 +62,10 @@ class FallbackLog:
         self.counts: collections.Counter[str] = collections.Counter()
         self.last_path = "none"
         self.last_reason: str | None = None
+        self.last_detail: str | None = None
 
-    def took_graphs(self) -> None:
-        self.last_path, self.last_reason = "graphs", None
+    def took_graphs(self, detail: str | None = None) -> None:
+        self.last_path, self.last_reason, self.last_detail = "graphs", None, detail
 
     def note(self, reason: str) -> None:
         """A degradation that still computes the exact result (e.g. graphs run without CUDA graphs)."""
@@ -70,5 +76,5 @@ class FallbackLog:
     def took_reference(self, reason: str) -> None:
         first = reason not in self.counts
         self.counts[reason] += 1
-        self.last_path, self.last_reason = "reference", reason
+        self.last_path, self.last_reason, self.last_detail = "reference", reason, None
         (logger.warning if first else logger.debug)("rewrite: reference path taken: %s", reason)

@@ -198,7 +198,7 @@ def test_optimize_returns_the_same_object_and_keeps_the_state_dict():
     assert optimize(vae) is vae
     assert list(vae.state_dict()) == keys
     assert all(p is params[name] for name, p in vae.named_parameters())
-    assert set(vae.__dict__) - set(make_vae().__dict__) == {"decode", "_rewrite_runner"}
+    assert set(vae.__dict__) - set(make_vae().__dict__) == {"decode", "decode_tiles", "_rewrite_runner"}
 
 
 def test_optimize_twice_keeps_the_graph(pair):

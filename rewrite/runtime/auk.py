@@ -1,35 +1,57 @@
-"""Decode driver for an optimized `AuKVAE`: one captured decode graph per (dtype, device).
+"""Decode driver for an optimized `AuKVAE`: the captured decode graph, replayed from CUDA graphs.
 
-`AuKRunner.install(vae)` sets two instance attributes and nothing else (no parameter, buffer or submodule
+`AuKRunner.install(vae)` sets instance attributes and nothing else (no parameter, buffer or submodule
 changes, so `state_dict()` is untouched):
-  * `vae.decode`: the model's own latent check (its ValueError), the guards, then `run_window(z)`;
+  * `vae.decode`: the model's own latent check (its ValueError), the guards, then the route below;
     `AuKVAE.forward` calls `self.decode`, so `vae(z)` takes the same route;
-  * `vae._rewrite_runner`: this runner (read by `report`).
-`AuKRunner.uninstall(vae)` removes both. When a guard objects (autograd, hooks or instance `forward`
+  * `vae.decode_tiles`: a generator of `(emit_start_frame, waveform)` pieces as they finish (streaming);
+  * `vae._rewrite_runner`: this runner (read by `report` and `warmup`).
+`AuKRunner.uninstall(vae)` removes them. When a guard objects (autograd, hooks or instance `forward`
 wrappers inside the decoder, global module hooks, mixed parameter/buffer dtypes or devices, latents unlike
-the parameters, another CUDA graph capture in progress, a failed capture), the call runs the class's own
+the parameters, another CUDA graph capture in progress, a failed export), the call runs the class's own
 `AuKVAE.decode` and the reason is logged once and counted in the report.
 
-Seam for the windowed / CUDA-graph runtime (`rewrite/runtime/graphs.py`, next issue): `run_window(z)` is
-the whole eager graph path for one window of normalised latents `[B, frames, latent_dim]` (batch and
-frames are dynamic in the captured graph: any window length works, e.g. a bucket padded with
-`vae.pad_latent()`), and `graph_for(dtype, device)` returns the captured graph itself, whose
-`weights(vae)` are the parameter and buffer tensors to keep static. A driver calls `fallback_reason(z)`
-once per decode, then `run_window` per window (or its own replay of the same graph).
+Routes (the captured graph is one decode of normalised latents, batch and frames dynamic):
+  * no CUDA (CPU tensors): the graph runs eagerly on the whole clip;
+  * ``lossless``: one CUDA graph per exact (batch, frames, dtype, device), nothing padded or tiled, so the
+    output is bit-identical to eager (a replay runs the kernels the eager call runs, on the same shapes);
+  * ``channels_last``: a clip of at most ``tile_frames`` latent frames is right-padded with
+    `AuKVAE.pad_latent()` to the smallest bucket of ``compile_shapes`` that holds it and replayed from that
+    bucket's graph; a longer clip is decoded in the overlapping windows of `plan_tiles` (halo from
+    `decode_context_frames()`, the last window shrunk to a bucket), equal-width windows stacked along the
+    batch and replayed together in chunks of a power of two (at most ``MAX_TILE_BATCH`` windows), so the
+    set of graph shapes stays small. Padding changes only the last samples of the clip (the activations'
+    replicate padding sees decoded pad frames instead of the clip end) and tiling only the rounding.
+Graph memory: every bucket-sized graph lives in one shared private pool (captured largest first by
+`warmup`); exact-length graphs (lossless, or a width no bucket serves) live in another pool that is retired
+as a whole generation when it holds ``max_graphs`` graphs (never one graph at a time, see
+`rewrite.runtime.graphs.GraphPool`). Outputs are copied out of the graph before the next replay. A failed
+CUDA graph capture is logged, shown in the report, and that shape then runs the graph eagerly. Replacing
+weight tensors (``load_state_dict(assign=True)``, ``.to()``) retires every CUDA graph; in-place updates are
+seen by the replays.
 """
 
 from __future__ import annotations
 
 import types
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
 
 from rewrite.capture.auk import capture_auk_decode, reference_decode
 from rewrite.capture.export import CapturedGraph
+from rewrite.levels import level_enables
 from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
+from rewrite.runtime.graphs import CudaGraphBackend, GraphPool
+from rewrite.runtime.tiles import Window, plan_tiles
+
+DEFAULT_COMPILE_SHAPES = (160, 320, 640)
+DEFAULT_MAX_GRAPHS = 8
+#: most windows of one width replayed as one batched graph (chunks are powers of two up to this)
+MAX_TILE_BATCH = 8
 
 
 def uniform_tensors_reason(vae: nn.Module, z: torch.Tensor) -> str | None:
@@ -45,16 +67,49 @@ def uniform_tensors_reason(vae: nn.Module, z: torch.Tensor) -> str | None:
     return None
 
 
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def power_of_two_chunks(count: int, largest: int = MAX_TILE_BATCH) -> list[int]:
+    """`count` split into descending powers of two, none above `largest` (e.g. 13 -> [8, 4, 1])."""
+    chunks = []
+    while count:
+        size = min(largest, 1 << (count.bit_length() - 1))
+        chunks.append(size)
+        count -= size
+    return chunks
+
+
 class AuKRunner:
-    """The captured decode graph per (dtype, device) of one `AuKVAE`, and the code that runs it."""
+    """The captured decode graph of one `AuKVAE`, its CUDA graphs, and the code that routes a decode."""
 
     model_name = "auk"
 
-    def __init__(self, vae: nn.Module, level: str, rewrite_graph) -> None:
+    def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, compile_shapes: Sequence[int] = DEFAULT_COMPILE_SHAPES,
+                 tile_frames: int | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS, graph_backend=None) -> None:
+        if isinstance(compile_shapes, (str, bytes)) or not compile_shapes:
+            raise ValueError(f"compile_shapes must be a non-empty sequence of latent frame counts, got {compile_shapes!r}")
+        self.compile_shapes = tuple(sorted({_positive_int("compile_shapes entry", s) for s in compile_shapes}))
+        self.tile_frames = _positive_int("tile_frames", self.compile_shapes[-1] if tile_frames is None else tile_frames)
+        self.max_graphs = _positive_int("max_graphs", max_graphs)
+        self.context = vae.decode_context_frames()
+        if self.tile_frames <= sum(self.context):
+            raise ValueError(f"tile_frames must exceed the decode context left + right = {sum(self.context)} "
+                             f"latent frames {self.context}, got {self.tile_frames}")
+        self.options = {"compile_shapes": self.compile_shapes, "tile_frames": self.tile_frames, "max_graphs": self.max_graphs}
         self.level = level
+        self.bucketed = level_enables(level, "channels_last")  # padding and tiling change the last bits
         self.rewrite_graph = rewrite_graph  # fn(CapturedGraph, level) applying the level's passes in place
         self.graphs: CaptureCache[CapturedGraph] = CaptureCache()  # per (dtype, device)
         self.fallbacks = FallbackLog()
+        self.backend = graph_backend if graph_backend is not None else CudaGraphBackend()
+        self.bucket_graphs = GraphPool(self.backend)  # (batch, bucket, dtype, device), one shared pool
+        self.exact_graphs = GraphPool(self.backend, max_entries=self.max_graphs)  # (batch, frames, dtype, device)
+        self.capture_failures: dict[tuple, str] = {}
+        self._weight_pointers: dict[tuple, tuple[int, ...]] = {}
         # A plain reference (a cycle through vae._rewrite_runner, which the GC collects): copy.deepcopy of
         # the VAE then gives the copy a runner bound to the copy, as for the Wan runner's bound methods.
         self.vae = vae
@@ -64,10 +119,11 @@ class AuKRunner:
         self.vae = vae
         vae._rewrite_runner = self
         vae.decode = types.MethodType(_optimized_decode, vae)
+        vae.decode_tiles = types.MethodType(_optimized_decode_tiles, vae)
 
     @staticmethod
     def uninstall(vae: nn.Module) -> None:
-        for name in ("decode", "_rewrite_runner"):
+        for name in ("decode", "decode_tiles", "_rewrite_runner"):
             vae.__dict__.pop(name, None)
 
     # ---- capture ------------------------------------------------------------------------------------
@@ -83,9 +139,40 @@ class AuKRunner:
     def graph_reports(self) -> list[GraphReport]:
         return [GraphReport.of(g) for g in self.graphs.values.values()]
 
-    # ---- decode -------------------------------------------------------------------------------------
+    def cuda_graph_counts(self) -> dict[str, int]:
+        return {"bucket graphs": len(self.bucket_graphs), "exact-length graphs": len(self.exact_graphs),
+                "exact-length generations retired": self.exact_graphs.generation,
+                "capture failures": len(self.capture_failures)}
+
+    def warmup(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None, batch: int = 1,
+               frames: Sequence[int] | None = None) -> None:
+        """Capture ahead of time what a decode of `batch` clips would capture on first use.
+
+        Exports and rewrites the decode graph for (dtype, device) (default: the parameters'), then captures
+        the CUDA graphs for `frames` latent frames, largest first: at ``channels_last`` by default every
+        bucket of ``compile_shapes`` (one shared pool, so the smaller graphs reuse the largest one's memory);
+        at ``lossless`` only the exact lengths given in `frames`. Raises what a capture failure raised.
+        """
+        parameter = next(self.vae.parameters())
+        device = torch.device(device) if device is not None else parameter.device
+        dtype = dtype if dtype is not None else parameter.dtype
+        z = torch.zeros(_positive_int("batch", batch), 1, self.vae.config.latent_dim, dtype=dtype, device=device)
+        reason = self.fallback_reason(z)
+        if reason is not None:
+            raise RuntimeError(f"warmup: the graphs cannot serve {dtype} on {device}: {reason}")
+        if not self.backend.can_capture(device):
+            return
+        if frames is None:
+            frames = self.compile_shapes if self.bucketed else ()
+        self._check_weights(z)
+        pad = self.vae.pad_latent().to(dtype)
+        for width in sorted({_positive_int("frames entry", f) for f in frames}, reverse=True):
+            pool, key = self._pool_for(batch, width, dtype, device)
+            pool.get(key, self._step_fn(dtype, device), lambda: [pad.expand(batch, width, -1).clone()])
+
+    # ---- guards -------------------------------------------------------------------------------------
     def fallback_reason(self, z: torch.Tensor) -> str | None:
-        """Why this call cannot run through the graph, or None (captures on first use)."""
+        """Why this call cannot run through the graph, or None (exports the graph on first use)."""
         vae = self.vae
         reason = (
             guards.autograd_reason(vae, z)
@@ -97,28 +184,159 @@ class AuKRunner:
             reason = self.graphs.errors[(z.dtype, z.device)]
         return reason
 
-    def run_window(self, z: torch.Tensor) -> torch.Tensor:
-        """Normalised latents `[B, frames, latent_dim]` -> waveform `[B, frames * hop]` through the graph.
+    def _check_weights(self, z: torch.Tensor) -> None:
+        """Retire every CUDA graph when a weight tensor was replaced since the graphs were captured."""
+        key = (z.dtype, z.device)
+        pointers = tuple(0 if w is None else w.data_ptr() for w in self.graphs[key].weights(self.vae))
+        previous = self._weight_pointers.get(key)
+        if previous is not None and previous != pointers:
+            self.bucket_graphs.retire()
+            self.exact_graphs.retire()
+            self.capture_failures.clear()
+        self._weight_pointers[key] = pointers
 
-        No checks: the caller has validated the latents and `fallback_reason(z)` returned None.
-        """
+    # ---- graph execution ----------------------------------------------------------------------------
+    def run_window(self, z: torch.Tensor) -> torch.Tensor:
+        """Normalised latents `[B, frames, latent_dim]` -> waveform `[B, frames * hop]`, the graph run eagerly."""
         graph = self.graphs[(z.dtype, z.device)]
         (wave,) = graph(graph.weights(self.vae), z)
         return wave
 
+    def _step_fn(self, dtype: torch.dtype, device: torch.device):
+        graph = self.graphs[(dtype, device)]
+        weights = graph.weights(self.vae)
+
+        def step(z: torch.Tensor) -> list[torch.Tensor]:
+            return graph(weights, z)
+
+        return step
+
+    def _pool_for(self, batch: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple[GraphPool, tuple]:
+        bucket = self.bucketed and width in self.compile_shapes
+        return (self.bucket_graphs if bucket else self.exact_graphs), (batch, width, dtype, device)
+
+    def _replay(self, z: torch.Tensor, width: int, pad: torch.Tensor | None) -> torch.Tensor:
+        """Decode `z` `[B, F, D]` (F <= width, right-padded with `pad` to `width`) from the graph of that shape.
+
+        Returns the graph's own output `[B, width * hop]` (overwritten by the next replay: copy what you
+        keep), or an eager result when the CUDA graph of this shape could not be captured.
+        """
+        batch, frames, _ = z.shape
+        pool, key = self._pool_for(batch, width, z.dtype, z.device)
+        step = None
+        if key not in self.capture_failures:
+            try:
+                step = pool.get(key, self._step_fn(z.dtype, z.device), lambda: [torch.empty(batch, width, z.shape[2], dtype=z.dtype, device=z.device)])
+            except Exception as error:  # logged, reported; this shape runs eagerly from now on
+                self.capture_failures[key] = f"CUDA graph capture failed for {batch}x{width} frames: {type(error).__name__}: {error}"
+                self.fallbacks.note(self.capture_failures[key])
+        if step is None:
+            window = z if frames == width else torch.cat([z, pad.expand(batch, width - frames, -1)], dim=1)
+            return self.run_window(window)
+        (static,) = step.inputs
+        static[:, :frames].copy_(z)
+        if frames < width:
+            static[:, frames:].copy_(pad.expand(batch, width - frames, -1))
+        return step.replay()[0]
+
+    # ---- decode -------------------------------------------------------------------------------------
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        """`AuKVAE.decode` through the graph, or through the reference when a guard objects."""
+        """`AuKVAE.decode` through the graphs, or through the reference when a guard objects."""
         vae = self.vae
         vae._check_latents(z)  # the model's own ValueError for bad latents
         reason = self.fallback_reason(z)
         if reason is not None:
             self.fallbacks.took_reference(reason)
             return reference_decode(vae, z)
-        wave = self.run_window(z)
-        self.fallbacks.took_graphs()
+        if not self.backend.can_capture(z.device):
+            self.fallbacks.took_graphs(f"graph run eagerly (no CUDA graphs on {z.device.type})")
+            return self.run_window(z)
+        self._check_weights(z)
+        batch, frames, _ = z.shape
+        hop = vae.config.hop_length
+        if not self.bucketed:
+            wave = self._replay(z, frames, None).clone()
+            self._took(f"CUDA graph, exact length {frames}", (batch, frames, z.dtype, z.device))
+            return wave
+        pad = vae.pad_latent()
+        if frames <= self.tile_frames:
+            width = next((b for b in self.compile_shapes if b >= frames), frames)
+            wave = self._replay(z, width, pad)[:, : frames * hop].clone()
+            what = f"bucket {width}" + (f" ({frames} frames padded)" if width > frames else "") if width in self.compile_shapes else f"exact length {frames}"
+            self._took(f"CUDA graph, {what}", (batch, width, z.dtype, z.device))
+            return wave
+        windows = self.plan(frames)
+        wave = torch.empty(batch, frames * hop, dtype=z.dtype, device=z.device)
+        for group in _equal_width_groups(windows):
+            for chunk in _chunks(group, power_of_two_chunks(len(group))):
+                width = chunk[0].window_frames
+                stacked = torch.cat([z[:, w.window_start : w.window_start + width] for w in chunk]) if len(chunk) > 1 \
+                    else z[:, chunk[0].window_start : chunk[0].window_start + width]
+                out = self._replay(stacked, width, pad)
+                for i, w in enumerate(chunk):
+                    offset = w.emit_start - w.window_start
+                    wave[:, w.emit_start * hop : w.emit_end * hop] = \
+                        out[i * batch : (i + 1) * batch, offset * hop : (offset + w.emit_end - w.emit_start) * hop]
+        widths = sorted({w.window_frames for w in windows}, reverse=True)
+        self._took(f"CUDA graphs, {len(windows)} tiled windows of {'/'.join(map(str, widths))} frames", None)
         return wave
+
+    def plan(self, frames: int) -> list[Window]:
+        """The decode windows of a clip of `frames` latent frames (one window when it needs no tiling)."""
+        left, right = self.context
+        return plan_tiles(frames, self.tile_frames, left, right, sizes=self.compile_shapes)
+
+    def decode_tiles(self, z: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield `(emit_start_frame, waveform [B, n * hop])` pieces in order as windows finish.
+
+        Only ``channels_last`` tiles; otherwise (and for a clip that fits one window) the whole decode is
+        one piece starting at frame 0. The pieces concatenated are what `decode` returns.
+        """
+        vae = self.vae
+        vae._check_latents(z)
+        batch, frames, _ = z.shape
+        if (not self.bucketed or frames <= self.tile_frames or self.fallback_reason(z) is not None
+                or not self.backend.can_capture(z.device)):
+            yield 0, self.decode(z)
+            return
+        self._check_weights(z)
+        hop, pad = vae.config.hop_length, vae.pad_latent()
+        windows = self.plan(frames)
+        for w in windows:
+            out = self._replay(z[:, w.window_start : w.window_start + w.window_frames], w.window_frames, pad)
+            offset = w.emit_start - w.window_start
+            piece = out[:, offset * hop : (offset + w.emit_end - w.emit_start) * hop].clone()
+            self._took(f"CUDA graphs, streaming {len(windows)} tiled windows", None)
+            yield w.emit_start, piece
+
+    def _took(self, detail: str, key: tuple | None) -> None:
+        if key is not None and key in self.capture_failures:
+            detail = detail.replace("CUDA graph", "graph run eagerly (capture failed)")
+        self.fallbacks.took_graphs(detail)
+
+
+def _equal_width_groups(windows: list[Window]) -> list[list[Window]]:
+    groups: dict[int, list[Window]] = {}
+    for w in windows:
+        groups.setdefault(w.window_frames, []).append(w)
+    return list(groups.values())
+
+
+def _chunks(items: list, sizes: list[int]) -> Iterator[list]:
+    start = 0
+    for size in sizes:
+        yield items[start : start + size]
+        start += size
 
 
 def _optimized_decode(vae: nn.Module, z: torch.Tensor) -> torch.Tensor:
     """Replacement for `AuKVAE.decode` (bound to the instance by `AuKRunner.install`)."""
     return vae._rewrite_runner.decode(z)
+
+
+def _optimized_decode_tiles(vae: nn.Module, z: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    """`vae.decode_tiles(z)`: streaming decode (installed by `AuKRunner.install`)."""
+    return vae._rewrite_runner.decode_tiles(z)
+
+
+__all__ = ["AuKRunner", "DEFAULT_COMPILE_SHAPES", "DEFAULT_MAX_GRAPHS", "MAX_TILE_BATCH", "power_of_two_chunks"]

@@ -70,3 +70,65 @@ class GraphCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class CudaGraphBackend:
+    """Captures `StaticStep`s into CUDA graph memory pools (the production backend of `GraphPool`)."""
+
+    @staticmethod
+    def can_capture(device: torch.device) -> bool:
+        return device.type == "cuda"
+
+    @staticmethod
+    def new_pool():
+        return torch.cuda.graph_pool_handle()
+
+    @staticmethod
+    def capture(fn: Callable[..., Sequence[Tensor]], inputs: Sequence[Tensor], pool) -> StaticStep:
+        return StaticStep(fn, inputs, pool=pool)
+
+
+class GraphPool:
+    """Captured steps keyed by shape that share one private memory pool, dropped together.
+
+    Graphs captured into one pool may reuse each other's freed intermediates, so they must never run
+    concurrently (they replay one at a time on the current stream) and a single graph must never be
+    released while others of the pool stay alive (it would leave survivors pointing at memory, such as a
+    cuBLAS workspace, that the pool can hand out again). Hence no per-entry eviction: `retire()` drops
+    every graph and the pool with them, and the next capture starts a new generation. With `max_entries`,
+    capturing one more graph when the pool is full retires the whole generation first.
+    """
+
+    def __init__(self, backend=None, max_entries: int | None = None):
+        self.backend = backend if backend is not None else CudaGraphBackend()
+        self.max_entries = max_entries
+        self.steps: dict[Hashable, object] = {}
+        self._pool = None
+        self.generation = 0
+        self.captures = 0
+
+    def get(self, key: Hashable, fn: Callable[..., Sequence[Tensor]], inputs: Callable[[], Sequence[Tensor]]):
+        """The step for `key`, captured from `fn(*inputs())` when absent (retiring a full generation first)."""
+        step = self.steps.get(key)
+        if step is None:
+            if self.max_entries is not None and len(self.steps) >= self.max_entries:
+                self.retire()
+            if self._pool is None:
+                self._pool = self.backend.new_pool()
+            step = self.backend.capture(fn, inputs(), self._pool)
+            self.steps[key] = step
+            self.captures += 1
+        return step
+
+    def retire(self) -> None:
+        """Drop every graph of this generation and its pool."""
+        if self.steps or self._pool is not None:
+            self.generation += 1
+        self.steps = {}
+        self._pool = None
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.steps
+
+    def __len__(self) -> int:
+        return len(self.steps)

@@ -40,9 +40,11 @@ class WanRunner:
         self.cuda_graphs = GraphCache(max_entries=4)  # per (batch, latent h, w, dtype, device)
         self.use_cuda_graphs = True
         self._reference_decode = type(vae)._decode.__get__(vae)
+        self.vae = vae
 
     # ---- installation -------------------------------------------------------------------------------
     def install(self, vae: nn.Module) -> None:
+        self.vae = vae
         vae._rewrite_runner = self
         vae._decode = types.MethodType(_optimized_decode, vae)
         vae.decoder.forward = types.MethodType(_routed_decoder_forward, vae.decoder)
@@ -68,6 +70,24 @@ class WanRunner:
 
     def graph_reports(self) -> list[GraphReport]:
         return [GraphReport.of(g) for pair in self.graphs.values.values() for g in pair]
+
+    def warmup(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None, batch: int = 1,
+               shapes=()) -> None:
+        """Capture the graphs, and on CUDA the chunk-0/steady CUDA graphs, for latent sizes `shapes`.
+
+        `shapes` lists `(latent_height, latent_width)` pairs; each is served by decoding a two-frame zero
+        latent (chunk 0 and one steady step) of that size. `device`/`dtype` default to the parameters'.
+        """
+        parameter = next(self.vae.parameters())
+        device = torch.device(device) if device is not None else parameter.device
+        dtype = dtype if dtype is not None else parameter.dtype
+        for height, width in shapes:
+            z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
+            with torch.no_grad():
+                self.vae._decode(z)
+            if self.fallbacks.last_path != "graphs":
+                raise RuntimeError(f"warmup: the graphs cannot serve {tuple(z.shape)} {dtype} on {device}: "
+                                   f"{self.fallbacks.last_reason}")
 
     # ---- decode-time routing ------------------------------------------------------------------------
     def fallback_reason(self, decoder: nn.Module, x: torch.Tensor) -> str | None:

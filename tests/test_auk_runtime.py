@@ -1,0 +1,262 @@
+"""AuK runtime on CPU: routing, buckets, tiling, streaming and CUDA-graph pool management.
+
+CUDA graphs cannot be captured on CPU, so the runner gets a fake graph backend (`FakeGraphs`): a "capture"
+records its shape and pool, and a "replay" runs the captured graph eagerly and copies the result into a
+persistent output buffer, the way a real replay overwrites its static outputs (so a runner that forgot to
+copy an output out would see it change under it). Everything else (the exported graph, the rewrite passes,
+padding, window planning, stitching) is the production code.
+
+A micro decoder (two upsample stages, hop 4, one residual kernel) keeps the decodes fast: its decode context
+is (41, 10) latent frames, so windows of 64 frames leave 13 emitted frames each.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from rewrite import optimize, report, warmup
+from rewrite.capture.auk import reference_decode
+from rewrite.models.auk import AuKConfig, AuKVAE
+from rewrite.runtime.auk import power_of_two_chunks
+from rewrite.runtime.tiles import plan_tiles
+
+MICRO = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,
+                  resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3),))
+HOP = MICRO.hop_length
+
+
+class FakeStep:
+    def __init__(self, fn, inputs):
+        self.fn, self.inputs, self.outputs = fn, list(inputs), None
+
+    def replay(self):
+        results = self.fn(*self.inputs)
+        if self.outputs is None:
+            self.outputs = [r.clone() for r in results]
+        else:
+            for static, value in zip(self.outputs, results):
+                static.copy_(value)
+        return self.outputs
+
+
+class FakeGraphs:
+    """A graph backend that captures nothing: records (input shape, pool) per capture."""
+
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+        self.pools = 0
+        self.captured: list[tuple[tuple[int, ...], int]] = []
+
+    def can_capture(self, device):
+        return True
+
+    def new_pool(self):
+        self.pools += 1
+        return self.pools
+
+    def capture(self, fn, inputs, pool):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.captured.append((tuple(inputs[0].shape), pool))
+        return FakeStep(fn, inputs)
+
+
+@pytest.fixture(scope="module")
+def micro_vae():
+    torch.manual_seed(0)
+    return AuKVAE(MICRO).eval()
+
+
+def latents(batch, frames, seed=1):
+    return torch.randn(batch, frames, MICRO.latent_dim, generator=torch.Generator().manual_seed(seed))
+
+
+def optimized(vae, level="channels_last", **options):
+    backend = options.pop("graph_backend", None) or FakeGraphs()
+    return optimize(copy.deepcopy(vae), level, graph_backend=backend, **options), backend
+
+
+def test_power_of_two_chunks():
+    assert power_of_two_chunks(13) == [8, 4, 1]
+    assert power_of_two_chunks(1) == [1]
+    assert power_of_two_chunks(20, largest=8) == [8, 8, 4]
+    assert power_of_two_chunks(0) == []
+
+
+@torch.no_grad()
+def test_lossless_exact_length_graphs_are_bit_identical_and_retired_as_a_generation(micro_vae):
+    vae, backend = optimized(micro_vae, "lossless", max_graphs=2)
+    for frames in (10, 11, 12, 11):
+        z = latents(1, frames, seed=frames)
+        assert torch.equal(vae.decode(z), reference_decode(micro_vae, z))
+        assert report(vae).last_detail == f"CUDA graph, exact length {frames}"
+    runner = vae._rewrite_runner
+    # 10 and 11 filled the first pool; 12 retired that whole generation; 11 came back into the second pool.
+    assert [shape[1] for shape, _ in backend.captured] == [10, 11, 12, 11]
+    assert [pool for _, pool in backend.captured] == [1, 1, 2, 2]
+    assert runner.exact_graphs.generation == 1 and len(runner.exact_graphs) == 2
+    assert len(runner.bucket_graphs) == 0  # lossless never pads
+
+
+@torch.no_grad()
+def test_lossless_never_pads_or_tiles_a_long_clip(micro_vae):
+    vae, backend = optimized(micro_vae, "lossless", compile_shapes=(64,))
+    z = latents(1, 150)
+    assert torch.equal(vae.decode(z), reference_decode(micro_vae, z))
+    assert backend.captured == [((1, 150, MICRO.latent_dim), 1)]
+    assert [start for start, _ in vae.decode_tiles(z)] == [0]
+
+
+@torch.no_grad()
+def test_channels_last_pads_to_the_smallest_bucket(micro_vae):
+    vae, backend = optimized(micro_vae, compile_shapes=(96, 64))
+    z = latents(2, 50)
+    out = vae.decode(z)
+    assert report(vae).last_detail == "CUDA graph, bucket 64 (50 frames padded)"
+    assert backend.captured == [((2, 64, MICRO.latent_dim), 1)]
+    # Exactly the eager decode of the padded latents, cut to the clip ...
+    padded = torch.cat([z, micro_vae.pad_latent().expand(2, 14, -1)], dim=1)
+    assert torch.equal(out, reference_decode(micro_vae, padded)[:, : 50 * HOP])
+    # ... which differs from the unpadded decode only in the last samples, where the activations'
+    # replicate padding sees decoded pad frames instead of the clip end (the decode context reaches 10
+    # frames right; measured differences stay within the last 2 frames and below 1e-3).
+    reference = reference_decode(micro_vae, z)
+    assert torch.equal(out[:, : 40 * HOP], reference[:, : 40 * HOP])
+    assert (out - reference).abs().max() < 1e-3
+    # A clip of exactly a bucket's length is not padded; one above every bucket (tile_frames larger
+    # than the buckets) gets an exact-length graph.
+    vae.decode(latents(2, 96))
+    assert report(vae).last_detail == "CUDA graph, bucket 96"
+
+
+@torch.no_grad()
+def test_channels_last_exact_length_when_no_bucket_serves(micro_vae):
+    vae, backend = optimized(micro_vae, compile_shapes=(64,), tile_frames=100)
+    z = latents(1, 80)
+    assert torch.equal(vae.decode(z), reference_decode(micro_vae, z))
+    assert report(vae).last_detail == "CUDA graph, exact length 80"
+    assert len(vae._rewrite_runner.exact_graphs) == 1 and len(vae._rewrite_runner.bucket_graphs) == 0
+
+
+@torch.no_grad()
+def test_tiled_decode_stitches_windows_exactly(micro_vae):
+    vae, backend = optimized(micro_vae, compile_shapes=(64, 96), tile_frames=96)
+    z = latents(2, 240)
+    out = vae.decode(z)
+    windows = plan_tiles(240, 96, *micro_vae.decode_context_frames(), sizes=(64, 96))
+    assert len(windows) > 3 and windows[-1].window_frames == 64
+    # Each emitted range is exactly what an eager decode of its window emits there.
+    for w in windows:
+        window_wave = reference_decode(micro_vae, z[:, w.window_start : w.window_start + w.window_frames])
+        offset = w.emit_start - w.window_start
+        expected = window_wave[:, offset * HOP : (offset + w.emit_end - w.emit_start) * HOP]
+        assert torch.equal(out[:, w.emit_start * HOP : w.emit_end * HOP], expected), w
+    # And the halo is the decode context, so the stitched clip is the whole decode (CPU: same rounding).
+    assert torch.equal(out, reference_decode(micro_vae, z))
+    # Equal-width windows ran batched, in power-of-two chunks, all in the one bucket pool.
+    full = sum(w.window_frames == 96 for w in windows)
+    batches = sorted(shape[0] for shape, _ in backend.captured if shape[1] == 96)
+    assert sorted(batches) == sorted(2 * n for n in power_of_two_chunks(full))
+    assert {pool for _, pool in backend.captured} == {1}
+    assert report(vae).last_detail == f"CUDA graphs, {len(windows)} tiled windows of 96/64 frames"
+
+
+@torch.no_grad()
+def test_decode_tiles_streams_every_frame_once_in_order(micro_vae):
+    vae, _ = optimized(micro_vae, compile_shapes=(64,))
+    z = latents(1, 200)
+    whole = vae.decode(z)
+    pieces = list(vae.decode_tiles(z))
+    starts = [start for start, _ in pieces]
+    assert starts[0] == 0 and starts == sorted(starts) and len(pieces) > 2
+    ends = starts[1:] + [200]
+    assert all(p.shape == (1, (end - start) * HOP) for (start, p), end in zip(pieces, ends))
+    # Streaming replays one window at a time where `decode` batches equal-width windows; the batch size
+    # may change the convolution algorithm and so the last bits (fp32: a few ulp of |y| <= 1).
+    torch.testing.assert_close(torch.cat([p for _, p in pieces], dim=1), whole, rtol=0, atol=1e-5)
+    # A short clip is one piece.
+    assert [start for start, _ in vae.decode_tiles(latents(1, 30))] == [0]
+
+
+@torch.no_grad()
+def test_outputs_survive_later_replays(micro_vae):
+    vae, _ = optimized(micro_vae, compile_shapes=(64,))
+    first = vae.decode(latents(1, 60, seed=3))
+    kept = first.clone()
+    vae.decode(latents(1, 60, seed=4))  # same graph, replayed with other latents
+    assert torch.equal(first, kept)
+
+
+@torch.no_grad()
+def test_warmup_captures_buckets_largest_first_into_one_pool(micro_vae):
+    vae, backend = optimized(micro_vae, compile_shapes=(64, 128, 96))
+    warmup(vae, batch=2)
+    assert backend.captured == [((2, width, MICRO.latent_dim), 1) for width in (128, 96, 64)]
+    vae.decode(latents(2, 70))  # served by the warmed bucket: nothing new captured
+    assert len(backend.captured) == 3 and report(vae).last_detail == "CUDA graph, bucket 96 (70 frames padded)"
+    lossless, lossless_backend = optimized(micro_vae, "lossless")
+    warmup(lossless, frames=(20, 30))
+    assert [shape for shape, _ in lossless_backend.captured] == [(1, 30, 8), (1, 20, 8)]
+
+
+@torch.no_grad()
+def test_capture_failure_runs_the_graph_eagerly_and_is_reported(micro_vae, caplog):
+    vae, _ = optimized(micro_vae, "lossless", graph_backend=FakeGraphs(fail=True))
+    z = latents(1, 20)
+    with caplog.at_level(logging.WARNING, logger="rewrite"):
+        assert torch.equal(vae.decode(z), reference_decode(micro_vae, z))
+    summary = report(vae)
+    assert summary.last_path == "graphs" and summary.last_detail.startswith("graph run eagerly (capture failed)")
+    assert any("CUDA graph capture failed for 1x20 frames" in reason for reason in summary.fallbacks)
+    assert "CUDA graph capture failed" in caplog.text
+    assert torch.equal(vae.decode(z), reference_decode(micro_vae, z))  # not retried, still right
+
+
+@torch.no_grad()
+def test_replaced_weights_retire_the_graphs(micro_vae):
+    vae, backend = optimized(micro_vae, "lossless")
+    z = latents(1, 20)
+    vae.decode(z)
+    state = {k: v.clone() * 0.5 for k, v in vae.state_dict().items()}
+    vae.load_state_dict(state, assign=True)
+    expected = reference_decode(vae, z)
+    assert torch.equal(vae.decode(z), expected)
+    assert len(backend.captured) == 2 and vae._rewrite_runner.exact_graphs.generation == 1
+
+
+@torch.no_grad()
+def test_without_cuda_the_graph_runs_eagerly(micro_vae):
+    vae = optimize(copy.deepcopy(micro_vae), "channels_last")  # the real CUDA-graph backend, CPU tensors
+    z = latents(1, 30)
+    vae.decode(z)
+    assert report(vae).last_detail == "graph run eagerly (no CUDA graphs on cpu)"
+    warmup(vae)  # exports the graph, captures nothing on CPU
+
+
+def test_option_errors(micro_vae):
+    with pytest.raises(ValueError, match="tile_frames must exceed the decode context"):
+        optimize(copy.deepcopy(micro_vae), "channels_last", tile_frames=51)
+    with pytest.raises(ValueError, match="compile_shapes"):
+        optimize(copy.deepcopy(micro_vae), "channels_last", compile_shapes=())
+    with pytest.raises(ValueError, match="max_graphs"):
+        optimize(copy.deepcopy(micro_vae), "lossless", max_graphs=0)
+    with pytest.raises(TypeError, match="bucket_frames"):
+        optimize(copy.deepcopy(micro_vae), "lossless", bucket_frames=3)
+    with pytest.raises(RuntimeError, match="not optimized"):
+        warmup(copy.deepcopy(micro_vae))
+
+
+@torch.no_grad()
+def test_reoptimizing_with_other_options_builds_a_new_runner(micro_vae):
+    vae, _ = optimized(micro_vae, compile_shapes=(64,))
+    runner = vae._rewrite_runner
+    optimize(vae, "channels_last", compile_shapes=(64,))
+    assert vae._rewrite_runner is runner
+    optimize(vae, "channels_last", compile_shapes=(64, 96))
+    assert vae._rewrite_runner is not runner and vae._rewrite_runner.compile_shapes == (64, 96)
+    optimize(vae, "off")
+    assert "decode_tiles" not in vae.__dict__ and "decode" not in vae.__dict__
