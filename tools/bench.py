@@ -1,8 +1,14 @@
 """`rewrite-bench`: decode seeded latents with a random-init full-size decoder at several levels, side by side.
 
-For each level (one model, one set of weights, levels switched with `optimize`): the first call (capture
-included), then best of N timed calls after warm-up, peak memory, and the output against level `off`
-(`torch.equal`, max-abs, PSNR over the [-1, 1] output range). Ratios are computed within this one run.
+For each input (Wan: one video shape; AuK: one latent clip per `--seconds` value) and each level (one model,
+one set of weights, levels switched with `optimize`): the time of `rewrite.warmup` right after `optimize`
+(levels other than `off`, when the API has it), the first call (capture included unless the warm-up did it),
+then best of N timed calls after untimed warm-up calls, peak memory, and the output against the first
+level (`torch.equal`, max-abs, and PSNR over Wan's [-1, 1] video range or SNR of the AuK waveform).
+Ratios are computed within this one run.
+
+A model adapter (`WanBench`, `AuKBench`) builds the model, checks its own arguments, makes the inputs and
+says how to decode and compare; `bench_levels` is the one timing loop both share.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -23,27 +30,190 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class LevelResult:
     level: str
     first_call_s: float
+    warmup_s: float | None  # `rewrite.warmup` after `optimize`; None at `off` or when the API lacks it
     best_s: float
     times_s: list[float]
     peak_gib: float
     bit_identical: bool | None = None
     max_abs: float | None = None
-    psnr_db: float | None = None
+    quality_db: float | None = None  # written as the adapter's `quality_key` (psnr_db, snr_db)
     path: str = ""
     speedup: float | None = None
+
+    def to_json(self, quality_key: str) -> dict:
+        return {quality_key if k == "quality_db" else k: v for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclasses.dataclass
+class Case:
+    """One input of the benchmark: the latents and what the summary says about them."""
+
+    z: torch.Tensor
+    info: dict
+
+
+# ------------------------------------------------------------------------------------------- comparisons
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, float]:
+    """torch.equal, max-abs difference and PSNR (peak-to-peak 2: outputs are clamped to [-1, 1])."""
+    diff = out.float() - ref.float()
+    mse = diff.pow(2).mean().item()
+    psnr = math.inf if mse == 0 else 10 * math.log10(4.0 / mse)
+    return torch.equal(out, ref), diff.abs().max().item(), psnr
+
+
+def compare_audio(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, float]:
+    """torch.equal, max-abs difference and SNR dB = 10 log10(sum ref^2 / sum (out - ref)^2), inf when equal."""
+    ref64, diff = ref.double(), out.double() - ref.double()
+    noise, signal = diff.pow(2).sum().item(), ref64.pow(2).sum().item()
+    if noise == 0:
+        snr = math.inf
+    else:
+        snr = -math.inf if signal == 0 else 10 * math.log10(signal / noise)
+    return torch.equal(out, ref), diff.abs().max().item(), snr
+
+
+def _seeded_latents(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------- adapters
+
+
+class WanBench:
+    """Wan 2.1 / 2.2 video decoder: one latent video of `--frames` x `--size`; output `decode(z).sample`."""
+
+    models = ("wan2.1", "wan2.2")
+    default_dtype = "bfloat16"
+    quality_key, quality_title = "psnr_db", "PSNR dB"
+    best_title, best_scale = "best s", 1.0
+
+    @staticmethod
+    def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if args.seconds is not None:
+            parser.error(f"--seconds is for --model auk only (use --frames for {args.model})")
+        args.size = "480x832" if args.size is None else args.size
+        args.frames = 81 if args.frames is None else args.frames
+        try:
+            args.height, args.width = (int(v) for v in args.size.lower().split("x"))
+        except ValueError:
+            parser.error(f"--size must look like 480x832, got {args.size!r}")
+        if args.frames < 1 or (args.frames - 1) % 4:
+            parser.error(f"--frames must be 1 + 4k (Wan's temporal factor), got {args.frames}")
+
+    def __init__(self, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
+        from rewrite.models.wan import build_wan
+
+        self.args, self.device, self.dtype = args, device, dtype
+        self.vae = build_wan(args.model, args.config).to(device=device, dtype=dtype)
+        ratio = self.vae.spatial_compression_ratio
+        if args.height % ratio or args.width % ratio:
+            raise SystemExit(f"rewrite-bench: --size must be a multiple of {ratio} for {args.model}")
+
+    def cases(self) -> list[Case]:
+        args, ratio = self.args, self.vae.spatial_compression_ratio
+        shape = (args.batch, self.vae.config.z_dim, 1 + (args.frames - 1) // 4, args.height // ratio, args.width // ratio)
+        return [Case(_seeded_latents(shape, self.device, self.dtype), {"latents": list(shape)})]
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.vae.decode(z).sample
+
+    compare = staticmethod(compare)
+
+    def summary(self, head: dict, cases: list[dict]) -> dict:
+        """The flat layout of one video shape (the layout this tool has always written for Wan)."""
+        (case,) = cases
+        args = self.args
+        return {"model": args.model, "config": args.config, "size": f"{args.height}x{args.width}",
+                "frames": args.frames, "batch": args.batch, "dtype": args.dtype, **head, **case}
+
+
+class AuKBench:
+    """AuK audio decoder: latents `[batch, frames, latent_dim]` at 50 frames/s, one clip per `--seconds` value.
+
+    `decode(z)` returns the waveform `[batch, frames * 480]` itself.
+    """
+
+    models = ("auk",)
+    default_dtype = "float32"
+    quality_key, quality_title = "snr_db", "SNR dB"
+    best_title, best_scale = "best ms", 1e3
+
+    @staticmethod
+    def config(name: str):
+        from rewrite.models.auk import AuKConfig
+
+        return AuKConfig.tiny() if name == "tiny" else AuKConfig()
+
+    @classmethod
+    def check_args(cls, parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        for flag, value in (("--size", args.size), ("--frames", args.frames)):
+            if value is not None:
+                parser.error(f"{flag} is for the Wan models only (use --seconds for auk)")
+        config = cls.config(args.config)
+        frame_rate = config.sample_rate / config.hop_length
+        text = "5" if args.seconds is None else args.seconds
+        try:
+            seconds = [float(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            parser.error(f"--seconds must be comma-separated numbers like 3,5,12,60, got {text!r}")
+        if not seconds:
+            parser.error("--seconds names no clip length")
+        for value in seconds:
+            if not (math.isfinite(value) and value > 0):
+                parser.error(f"--seconds must be > 0, got {value:g}")
+            if round(value * frame_rate) < 1:
+                parser.error(f"--seconds {value:g} is shorter than one latent frame (1/{frame_rate:g} s)")
+        args.seconds = seconds
+        args.clip_frames = [round(value * frame_rate) for value in seconds]
+
+    def __init__(self, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
+        from rewrite.models.auk import AuKVAE
+
+        self.args, self.device, self.dtype = args, device, dtype
+        self.vae = AuKVAE(self.config(args.config)).eval().to(device=device, dtype=dtype)
+
+    def cases(self) -> list[Case]:
+        cfg = self.vae.config
+        cases = []
+        for seconds, frames in zip(self.args.seconds, self.args.clip_frames):
+            shape = (self.args.batch, frames, cfg.latent_dim)
+            info = {"seconds": seconds, "frames": frames, "samples": frames * cfg.hop_length, "latents": list(shape)}
+            cases.append(Case(_seeded_latents(shape, self.device, self.dtype), info))
+        return cases
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.vae.decode(z)
+
+    compare = staticmethod(compare_audio)
+
+    def summary(self, head: dict, cases: list[dict]) -> dict:
+        args = self.args
+        return {"model": args.model, "config": args.config, "seconds": args.seconds, "batch": args.batch,
+                "dtype": args.dtype, **head, "clips": cases}
+
+
+ADAPTERS = {model: adapter for adapter in (WanBench, AuKBench) for model in adapter.models}
+
+
+# ---------------------------------------------------------------------------------------------- arguments
 
 
 def parse_args(argv):
     from rewrite.levels import LEVELS
-    from rewrite.models.wan import SIZES, WAN_VERSIONS
+    from rewrite.models.wan import SIZES
 
     parser = argparse.ArgumentParser(prog="rewrite-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=WAN_VERSIONS, default="wan2.1")
+    parser.add_argument("--model", choices=tuple(ADAPTERS), default="wan2.1")
     parser.add_argument("--config", choices=SIZES, default="full")
-    parser.add_argument("--size", default="480x832", help="output HxW in pixels (default 480x832)")
-    parser.add_argument("--frames", type=int, default=81, help="output frames, 1 + 4k (default 81)")
+    parser.add_argument("--size", default=None, help="Wan: output HxW in pixels (default 480x832)")
+    parser.add_argument("--frames", type=int, default=None, help="Wan: output frames, 1 + 4k (default 81)")
+    parser.add_argument("--seconds", default=None,
+                        help="AuK: comma-separated clip lengths in seconds (default 5); frames = round(seconds * 50)")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="default: bfloat16 for Wan, float32 for AuK")
     parser.add_argument("--levels", default="off,lossless", help=f"comma-separated, from {', '.join(LEVELS)}")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls per level (best is reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls after the first call")
@@ -55,15 +225,15 @@ def parse_args(argv):
     for level in args.levels:
         if level not in LEVELS:
             parser.error(f"unknown level {level!r} in --levels; expected from {', '.join(LEVELS)}")
-    try:
-        args.height, args.width = (int(v) for v in args.size.lower().split("x"))
-    except ValueError:
-        parser.error(f"--size must look like 480x832, got {args.size!r}")
-    if args.frames < 1 or (args.frames - 1) % 4:
-        parser.error(f"--frames must be 1 + 4k (Wan's temporal factor), got {args.frames}")
+    adapter = ADAPTERS[args.model]
+    args.dtype = adapter.default_dtype if args.dtype is None else args.dtype
+    adapter.check_args(parser, args)
     if args.repeat < 1 or args.warmup < 0 or args.batch < 1:
         parser.error("--repeat and --batch must be >= 1, --warmup >= 0")
     return args
+
+
+# ------------------------------------------------------------------------------------------------ timing
 
 
 def _sync(device: torch.device) -> None:
@@ -77,14 +247,6 @@ def _timed(fn, device):
     out = fn()
     _sync(device)
     return out, time.perf_counter() - start
-
-
-def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, float]:
-    """torch.equal, max-abs difference and PSNR (peak-to-peak 2: outputs are clamped to [-1, 1])."""
-    diff = out.float() - ref.float()
-    mse = diff.pow(2).mean().item()
-    psnr = math.inf if mse == 0 else 10 * math.log10(4.0 / mse)
-    return torch.equal(out, ref), diff.abs().max().item(), psnr
 
 
 def profile_table(fn, device, rows: int = 15) -> str:
@@ -108,55 +270,70 @@ def profile_table(fn, device, rows: int = 15) -> str:
     return f"{table}\nconvolution share of {'device' if use_device else 'CPU'} self time: {100 * conv / total:.1f}%"
 
 
+def bench_levels(bench, case: Case, args, device: torch.device, dtype: torch.dtype, progress) -> dict:
+    """Every level of `args.levels` on one input: warm-up, first call, best of N, comparison with the first level.
+
+    Returns the input's summary entry: `case.info`, `levels` (LevelResult JSON) and `profiles` (level -> table).
+    `rewrite.warmup` gets the contract's arguments only (device, dtype, batch), not the input's shape.
+    """
+    import rewrite
+    from rewrite import optimize, report
+
+    warmup: Callable | None = getattr(rewrite, "warmup", None)  # tolerated missing: the API may not have it yet
+    vae = bench.vae
+    results, reference, profiles = [], None, {}
+    decode = lambda: bench.decode(case.z)  # noqa: E731
+    optimize(vae, level="off")  # every input starts unoptimized: each level's first call captures afresh
+    for level in args.levels:
+        optimize(vae, level=level)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        warmup_s = None
+        if level != "off" and warmup is not None:
+            _, warmup_s = _timed(lambda: warmup(vae, device=device, dtype=dtype, batch=args.batch), device)
+        out, first = _timed(decode, device)
+        progress.update()
+        for _ in range(args.warmup):
+            _timed(decode, device)
+            progress.update()
+        times = []
+        for _ in range(args.repeat):
+            out, seconds = _timed(decode, device)
+            times.append(seconds)
+            progress.update()
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        result = LevelResult(level, first, warmup_s, min(times), times, peak, path=_path_of(report(vae)))
+        if reference is None:
+            reference = out.clone()
+        else:
+            result.bit_identical, result.max_abs, result.quality_db = bench.compare(out, reference)
+        result.speedup = results[0].best_s / result.best_s if results else 1.0
+        results.append(result)
+        if args.profile:
+            profiles[level] = profile_table(decode, device)
+    return {**case.info, "levels": [r.to_json(bench.quality_key) for r in results], "profiles": profiles}
+
+
 def run(args) -> dict:
     from tqdm.auto import tqdm
 
-    from rewrite import optimize, report
-    from rewrite.models.wan import build_wan
-
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    vae = build_wan(args.model, args.config).to(device=device, dtype=dtype)
-    ratio = vae.spatial_compression_ratio
-    if args.height % ratio or args.width % ratio:
-        raise SystemExit(f"rewrite-bench: --size must be a multiple of {ratio} for {args.model}")
-    shape = (args.batch, vae.config.z_dim, 1 + (args.frames - 1) // 4, args.height // ratio, args.width // ratio)
-    z = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
-    results, reference, profiles = [], None, {}
-    progress = tqdm(total=len(args.levels) * (1 + args.warmup + args.repeat), desc="decodes", file=sys.stderr)
+    bench = ADAPTERS[args.model](args, device, dtype)  # one model, one set of weights, for every input
+    inputs = bench.cases()
+    total = len(inputs) * len(args.levels) * (1 + args.warmup + args.repeat)
+    progress = tqdm(total=total, desc="decodes", file=sys.stderr)
     with torch.no_grad():
-        for level in args.levels:
-            optimize(vae, level=level)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(device)
-            decode = lambda: vae.decode(z).sample  # noqa: E731
-            out, first = _timed(decode, device)
-            progress.update()
-            for _ in range(args.warmup):
-                _timed(decode, device)
-                progress.update()
-            times = []
-            for _ in range(args.repeat):
-                out, seconds = _timed(decode, device)
-                times.append(seconds)
-                progress.update()
-            peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-            result = LevelResult(level, first, min(times), times, peak, path=report(vae).last_path)
-            if reference is None:
-                reference = out.clone()
-            else:
-                result.bit_identical, result.max_abs, result.psnr_db = compare(out, reference)
-            result.speedup = results[0].best_s / result.best_s if results else 1.0
-            results.append(result)
-            if args.profile:
-                profiles[level] = profile_table(decode, device)
+        cases = [bench_levels(bench, case, args, device, dtype, progress) for case in inputs]
     progress.close()
-    return {
-        "model": args.model, "config": args.config, "size": f"{args.height}x{args.width}", "frames": args.frames,
-        "batch": args.batch, "dtype": args.dtype, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "triton": _triton_version(), "latents": list(shape),
-        "levels": [dataclasses.asdict(r) for r in results], "profiles": profiles,
-    }
+    head = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": _triton_version()}
+    return bench.summary(head, cases)
+
+
+def _path_of(summary) -> str:
+    """The report's path of the last call, with how the graphs served it when the runner says."""
+    return f"{summary.last_path}: {summary.last_detail}" if summary.last_detail else summary.last_path
 
 
 def _triton_version() -> str | None:
@@ -167,18 +344,40 @@ def _triton_version() -> str | None:
     return triton.__version__
 
 
+# ------------------------------------------------------------------------------------------------ output
+
+
+def _level_row(r: dict, bench) -> str:
+    equal = "ref" if r["bit_identical"] is None else str(r["bit_identical"])
+    max_abs = "" if r["max_abs"] is None else f"{r['max_abs']:.3g}"
+    quality = r[bench.quality_key]
+    quality = "" if quality is None else ("inf" if math.isinf(quality) and quality > 0 else f"{quality:.1f}")
+    warmup = "" if r["warmup_s"] is None else f"{r['warmup_s']:.3f}"
+    return (f"{r['level']:<14}{r['first_call_s']:>9.3f}{warmup:>10}{r['best_s'] * bench.best_scale:>9.3f}"
+            f"{r['speedup']:>8.2f}x{r['peak_gib']:>10.2f}{equal:>7}{max_abs:>10}{quality:>9}  {r['path']}")
+
+
+def _level_header(bench) -> str:
+    return (f"{'level':<14}{'first s':>9}{'warm-up s':>10}{bench.best_title:>9}{'speedup':>9}{'peak GiB':>10}"
+            f"{'equal':>7}{'max abs':>10}{bench.quality_title:>9}  path")
+
+
 def format_table(summary: dict) -> str:
-    head = (f"{summary['model']} {summary['config']} {summary['size']}x{summary['frames']} {summary['dtype']} "
-            f"on {summary['device']} (torch {summary['torch']}, triton {summary['triton']})")
-    lines = [head, f"{'level':<14}{'first s':>9}{'best s':>9}{'speedup':>9}{'peak GiB':>10}{'equal':>7}{'max abs':>10}{'PSNR dB':>9}  path"]
-    for r in summary["levels"]:
-        equal = "ref" if r["bit_identical"] is None else str(r["bit_identical"])
-        max_abs = "" if r["max_abs"] is None else f"{r['max_abs']:.3g}"
-        psnr = "" if r["psnr_db"] is None else ("inf" if math.isinf(r["psnr_db"]) else f"{r['psnr_db']:.1f}")
-        lines.append(f"{r['level']:<14}{r['first_call_s']:>9.3f}{r['best_s']:>9.3f}{r['speedup']:>8.2f}x"
-                     f"{r['peak_gib']:>10.2f}{equal:>7}{max_abs:>10}{psnr:>9}  {r['path']}")
-    for level, table in summary["profiles"].items():
-        lines += ["", f"profile at level {level}:", table]
+    bench = ADAPTERS[summary["model"]]
+    on = f"on {summary['device']} (torch {summary['torch']}, triton {summary['triton']})"
+    if "clips" not in summary:  # Wan: one video shape
+        head = f"{summary['model']} {summary['config']} {summary['size']}x{summary['frames']} {summary['dtype']} {on}"
+        lines = [head, _level_header(bench)] + [_level_row(r, bench) for r in summary["levels"]]
+        for level, table in summary["profiles"].items():
+            lines += ["", f"profile at level {level}:", table]
+        return "\n".join(lines)
+    head = f"{summary['model']} {summary['config']} batch {summary['batch']} {summary['dtype']} {on}"
+    lines = [head, f"{'clip s':>7}{'frames':>8}  {_level_header(bench)}"]
+    for clip in summary["clips"]:
+        lines += [f"{clip['seconds']:>7g}{clip['frames']:>8}  {_level_row(r, bench)}" for r in clip["levels"]]
+    for clip in summary["clips"]:
+        for level, table in clip["profiles"].items():
+            lines += ["", f"profile at level {level}, clip {clip['seconds']:g} s ({clip['frames']} frames):", table]
     return "\n".join(lines)
 
 

@@ -1,0 +1,156 @@
+"""`rewrite-bench`: argument checks, the AuK and Wan runs on tiny models (JSON layout, exactness columns), SNR.
+
+`main([...])` runs in-process. Each model runs once per module (a tiny config, one timed call per level, no
+untimed calls); the tests read the JSON it printed. Argument errors stop in `parse_args`, before any model
+is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+
+import pytest
+import torch
+
+import rewrite
+from rewrite.tools import bench
+
+AUK_ARGS = ["--model", "auk", "--config", "tiny", "--seconds", "0.2,0.5", "--levels", "off,lossless",
+            "--repeat", "1", "--warmup", "0", "--json", "-"]
+WAN_ARGS = ["--model", "wan2.1", "--config", "tiny", "--size", "32x32", "--frames", "5", "--dtype", "float32",
+            "--levels", "off,lossless", "--repeat", "1", "--warmup", "0", "--json", "-"]
+LEVEL_KEYS = ["level", "first_call_s", "warmup_s", "best_s", "times_s", "peak_gib", "bit_identical", "max_abs"]
+
+
+def run_main(argv: list[str]) -> tuple[str, dict]:
+    """The table `main` printed and the JSON that followed it (`--json -`)."""
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), torch.no_grad():
+        assert bench.main(argv) == 0
+    text = stdout.getvalue()
+    start = text.index("\n{") + 1
+    return text[:start], json.loads(text[start:])
+
+
+@pytest.fixture(scope="module")
+def auk_run():
+    return run_main(AUK_ARGS)
+
+
+@pytest.fixture(scope="module")
+def wan_run():
+    return run_main(WAN_ARGS)
+
+
+def check_levels(levels: list[dict], quality_key: str) -> None:
+    """Common to both models: off is the reference, lossless is bit-identical, times and warm-up are sane."""
+    assert [r["level"] for r in levels] == ["off", "lossless"]
+    for r in levels:
+        assert list(r)[: len(LEVEL_KEYS)] == LEVEL_KEYS and quality_key in r
+        assert len(r["times_s"]) == 1 and r["best_s"] == min(r["times_s"]) and r["first_call_s"] > 0
+    off, lossless = levels
+    assert off["warmup_s"] is None and off["bit_identical"] is None and off[quality_key] is None
+    assert off["path"] == "reference" and off["speedup"] == 1.0
+    assert lossless["bit_identical"] is True and lossless["max_abs"] == 0.0
+    assert lossless[quality_key] == math.inf and lossless["path"].startswith("graphs")
+    if hasattr(rewrite, "warmup"):
+        assert isinstance(lossless["warmup_s"], float) and lossless["warmup_s"] >= 0
+    else:
+        assert lossless["warmup_s"] is None
+
+
+# ---------------------------------------------------------------------------------------------------- AuK
+
+
+def test_auk_json_layout(auk_run):
+    _, summary = auk_run
+    assert summary["model"] == "auk" and summary["config"] == "tiny" and summary["dtype"] == "float32"
+    assert summary["seconds"] == [0.2, 0.5] and summary["batch"] == 1
+    assert [c["frames"] for c in summary["clips"]] == [10, 25]  # 50 latent frames per second
+    for clip in summary["clips"]:
+        assert clip["latents"] == [1, clip["frames"], 8] and clip["samples"] == clip["frames"] * 480
+        assert clip["profiles"] == {}
+        check_levels(clip["levels"], "snr_db")
+        assert "psnr_db" not in clip["levels"][0]
+
+
+def test_auk_table(auk_run):
+    table, summary = auk_run
+    lines = table.splitlines()
+    assert lines[0].startswith("auk tiny batch 1 float32 on cpu")
+    assert all(word in lines[1] for word in ("clip s", "frames", "warm-up s", "best ms", "SNR dB", "path"))
+    rows = [line.split() for line in lines[2:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("0.2", "10", "off"), ("0.2", "10", "lossless"),
+                                                   ("0.5", "25", "off"), ("0.5", "25", "lossless")]
+    equal_at = rows[1].index("True")
+    assert rows[1][equal_at : equal_at + 4] == ["True", "0", "inf", "graphs:"]
+    assert lines[3].endswith("graphs: graph run eagerly (no CUDA graphs on cpu)")
+    assert rows[0][-2:] == ["ref", "reference"]
+    best_ms = float(rows[0][4])  # clip, frames, level, first s, (no warm-up at off) best ms
+    assert best_ms == pytest.approx(summary["clips"][0]["levels"][0]["best_s"] * 1e3, abs=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------- Wan
+
+
+def test_wan_json_layout_and_table(wan_run):
+    table, summary = wan_run
+    assert list(summary) == ["model", "config", "size", "frames", "batch", "dtype", "device", "torch", "triton",
+                             "latents", "levels", "profiles"]
+    assert summary["size"] == "32x32" and summary["frames"] == 5 and summary["latents"] == [1, 4, 2, 4, 4]
+    check_levels(summary["levels"], "psnr_db")
+    lines = table.splitlines()
+    assert lines[0].startswith("wan2.1 tiny 32x32x5 float32 on cpu")
+    assert all(word in lines[1] for word in ("first s", "warm-up s", "best s", "PSNR dB"))
+    assert lines[3].split()[-4:] == ["True", "0", "inf", "graphs"]
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "auk", "--levels", "off,fast"], "unknown level 'fast'"),
+        (["--levels", "lossless,bogus"], "unknown level 'bogus'"),
+        (["--model", "auk", "--seconds", "0"], "--seconds must be > 0"),
+        (["--model", "auk", "--seconds", "3,-1"], "--seconds must be > 0"),
+        (["--model", "auk", "--seconds", "nan"], "--seconds must be > 0"),
+        (["--model", "auk", "--seconds", "0.001"], "shorter than one latent frame"),
+        (["--model", "auk", "--seconds", "3s"], "comma-separated numbers"),
+        (["--model", "auk", "--seconds", ","], "no clip length"),
+        (["--model", "auk", "--frames", "81"], "--frames is for the Wan models only"),
+        (["--model", "auk", "--size", "480x832"], "--size is for the Wan models only"),
+        (["--model", "wan2.1", "--seconds", "5"], "--seconds is for --model auk only"),
+        (["--model", "wan2.1", "--frames", "80"], "--frames must be 1 + 4k"),
+        (["--model", "auk", "--repeat", "0"], "--repeat and --batch must be >= 1"),
+        (["--model", "mp3"], "invalid choice: 'mp3'"),
+    ],
+)
+def test_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_defaults_per_model():
+    auk = bench.parse_args(["--model", "auk", "--seconds", "3,5,12,60"])
+    assert auk.dtype == "float32" and auk.seconds == [3.0, 5.0, 12.0, 60.0]
+    assert auk.clip_frames == [150, 250, 600, 3000]
+    assert bench.parse_args(["--model", "auk"]).clip_frames == [250]
+    wan = bench.parse_args(["--model", "wan2.2"])
+    assert (wan.dtype, wan.height, wan.width, wan.frames) == ("bfloat16", 480, 832, 81)
+    assert bench.parse_args(["--model", "auk", "--dtype", "bfloat16"]).dtype == "bfloat16"
+
+
+def test_compare_audio_snr():
+    ref = torch.tensor([[0.5, -0.5, 0.25, 0.0]])
+    assert bench.compare_audio(ref.clone(), ref) == (True, 0.0, math.inf)
+    out = ref + torch.tensor([[0.0, 0.05, 0.0, 0.0]])
+    equal, max_abs, snr = bench.compare_audio(out, ref)
+    expected = 10 * math.log10((0.25 + 0.25 + 0.0625) / 0.05**2)
+    assert not equal and max_abs == pytest.approx(0.05) and snr == pytest.approx(expected, rel=1e-6)
