@@ -33,13 +33,27 @@ class CapturedGraph:
     capture_seconds: float
     matches: dict[str, int] = dataclasses.field(default_factory=dict)
     passes: list[str] = dataclasses.field(default_factory=list)
+    _binding: "_WeightBinding | None" = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def node_count(self) -> int:
         return len(self.graph_module.graph.nodes)
 
     def weights(self, root: torch.nn.Module) -> list[torch.Tensor | None]:
-        """The non-user placeholders' values, read from `root` now (by fully qualified name)."""
+        """The non-user placeholders' values, read from `root` now (by fully qualified name).
+
+        The owning submodule of every name is resolved once per `root` and reused while the module tree
+        along those names is unchanged (checked on every call, a dict lookup per edge), so a decode does
+        not pay `get_parameter`'s path walk for each of hundreds of tensors.
+        """
+        binding = self._binding
+        if binding is None or binding.root is not root or not binding.tree_unchanged():
+            binding = self._binding = _WeightBinding.resolve(root, self.input_kinds)
+        values = binding.read(self.constants)
+        return values if values is not None else self._weights_by_name(root)
+
+    def _weights_by_name(self, root: torch.nn.Module) -> list[torch.Tensor | None]:
+        """`weights` the slow way: raises `get_parameter`'s error for a name that no longer resolves."""
         values: list[torch.Tensor | None] = []
         for kind, target in self.input_kinds:
             if kind == "param":
@@ -59,6 +73,58 @@ class CapturedGraph:
         for value, (kind, _) in zip(weights, self.input_kinds):
             args.append(next(user) if kind == "user" else value)
         return list(self.graph_module(*args))
+
+
+@dataclasses.dataclass
+class _WeightBinding:
+    """Where each placeholder's tensor lives in one module tree: (owner, "_parameters"|"_buffers", name)."""
+
+    root: torch.nn.Module
+    edges: list[tuple[torch.nn.Module, str, torch.nn.Module]]  # parent, child name, child
+    slots: list[tuple[str, Any]]  # ("param"|"buffer", (owner, attr)), ("constant", target) or ("user", None)
+
+    @classmethod
+    def resolve(cls, root: torch.nn.Module, input_kinds) -> "_WeightBinding":
+        edges: dict[tuple[int, str], tuple[torch.nn.Module, str, torch.nn.Module]] = {}
+        slots: list[tuple[str, Any]] = []
+        for kind, target in input_kinds:
+            if kind not in ("param", "buffer"):
+                slots.append((kind, target))
+                continue
+            *path, attr = target.split(".")
+            owner = root
+            for name in path:
+                child = owner._modules.get(name)
+                if child is None:  # not a plain submodule path: let the slow path raise or resolve
+                    return cls(root, [], [("missing", target)])
+                edges[(id(owner), name)] = (owner, name, child)
+                owner = child
+            slots.append((kind, (owner, attr)))
+        return cls(root, list(edges.values()), slots)
+
+    def tree_unchanged(self) -> bool:
+        return all(parent._modules.get(name) is child for parent, name, child in self.edges)
+
+    def read(self, constants: dict[str, Any]) -> list[torch.Tensor | None] | None:
+        """The tensors now, or None when one is no longer where it was (a replaced or deleted attribute)."""
+        values: list[torch.Tensor | None] = []
+        try:
+            for kind, where in self.slots:
+                if kind == "param":
+                    values.append(where[0]._parameters[where[1]])
+                elif kind == "buffer":
+                    values.append(where[0]._buffers[where[1]])
+                elif kind == "constant":
+                    values.append(constants[where])
+                elif kind == "user":
+                    values.append(None)
+                else:
+                    return None
+        except KeyError:
+            return None
+        if any(v is None for v, (kind, _) in zip(values, self.slots) if kind in ("param", "buffer")):
+            return None
+        return values
 
 
 _KINDS = {

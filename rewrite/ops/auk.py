@@ -1,11 +1,22 @@
 """Custom ops for the AuK decoder's fusion families, in the `rewrite` torch.library namespace.
 
-Every op here is its *reference implementation*: the ATen calls, in the order and with the arguments, that
+Every op here has a *reference implementation*: the ATen calls, in the order and with the arguments, that
 the eager `rewrite.models.auk` modules make (and that the captured subgraph it replaces holds), so a
 rewritten graph is ``torch.equal`` to the captured one on any device and dtype. Each op has a fake
-implementation for export/compile tracing. Faster kernels plug in behind these signatures and must keep
-them bit-identical (the *tolerance* alias-free kernel is a separate op, ``rewrite::alias_free_snake`` in
+implementation for export/compile tracing. Faster kernels plug in behind these signatures and keep them
+bit-identical (the *tolerance* alias-free kernel is a separate op, ``rewrite::alias_free_snake`` in
 `rewrite.ops.alias_free`).
+
+``alias_free_snake_exact`` (exactness: exact, level ``lossless``) has such a kernel path
+(`rewrite.ops.triton_auk`): Triton replicate pad -> ATen ``conv_transpose1d`` (the reference's call) ->
+one Triton kernel for ``* 2``, the crop, SnakeBeta and the (11, 0) replicate pad, rounding to the
+activation dtype after every ATen op it replaces -> ATen ``conv1d`` (the reference's call). The per-channel
+``exp(alpha)`` and ``1 / (exp(beta) + 1e-9)`` are computed with the reference's ATen calls. It runs when
+`exact_kernel_unsupported_reason` returns None and the `rewrite.ops.dispatch` switch is not "reference":
+CUDA tensors (or CPU under ``TRITON_INTERPRET=1`` with the backend forced to "triton"), fp32/fp16/bf16, a
+contiguous ``[B, C, T]`` x with ``T >= 1`` and ``B * C >= 1``, alpha/beta of ``C`` values and 12 taps, all
+of x's dtype, no autograd, not compiling; otherwise the reference runs. (A `custom_op` body runs with grad
+mode off, so inside the op the autograd condition never fires; the op registers no backward either way.)
 
 Ops:
   alias_free_snake_exact(x, alpha, beta, taps, logscale)   the alias-free SnakeBeta (`AliasFreeSnakeBeta`)
@@ -23,6 +34,8 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+
+from rewrite.ops import dispatch
 
 aten = torch.ops.aten
 
@@ -57,9 +70,72 @@ def alias_free_snake_exact_reference(x: Tensor, alpha: Tensor, beta: Tensor, tap
                                aten.expand.default(taps, [channels, -1, -1]), None, [RATIO], [0], [1], channels)
 
 
+EXACT_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def exact_kernel_unsupported_reason(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor) -> Optional[str]:
+    """None when the Triton path of ``alias_free_snake_exact`` may serve this call, else why not.
+
+    `rewrite.ops.dispatch.kernel_unsupported_reason` (device, dtype, autograd, compiling), plus the shapes,
+    dtypes and layout the kernels assume.
+    """
+    reason = dispatch.kernel_unsupported_reason("alias_free_snake_exact", (x, alpha, beta, taps), EXACT_KERNEL_DTYPES)
+    if reason is not None:
+        return reason
+    if x.dim() != 3 or x.shape[0] * x.shape[1] == 0 or x.shape[2] < 1:
+        return f"x {tuple(x.shape)} is not a non-empty [B, C, T]"
+    if not x.is_contiguous():
+        return f"x is not contiguous (strides {x.stride()})"
+    for name, t, count in (("alpha", alpha, x.shape[1]), ("beta", beta, x.shape[1]), ("taps", taps, NUM_TAPS)):
+        if t.numel() != count or t.dtype != x.dtype:
+            return f"{name} {tuple(t.shape)} {t.dtype} is not {count} values of {x.dtype}"
+    return None
+
+
+def choose_exact_implementation(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor) -> tuple[str, Optional[str]]:
+    """``("triton", None)`` or ``("reference", reason)``: what ``alias_free_snake_exact`` runs for these inputs.
+
+    Raises ValueError when the backend is forced to "triton" and the kernels cannot serve the call.
+    """
+    if dispatch.get_backend() == "reference":
+        return "reference", "backend switch set to 'reference'"
+    reason = exact_kernel_unsupported_reason(x, alpha, beta, taps)
+    if reason is None:
+        return "triton", None
+    if dispatch.get_backend() == "triton":
+        raise ValueError(f"alias_free_snake_exact: backend 'triton' forced but unsupported: {reason}")
+    return "reference", reason
+
+
+def alias_free_snake_exact_kernels(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool) -> Tensor:
+    """The reference with its pads and elementwise chain run by `rewrite.ops.triton_auk` (bit-identical).
+
+    The convolutions and the per-channel parameters are the reference's ATen calls, with its arguments.
+    """
+    from rewrite.ops import triton_auk
+
+    channels = x.shape[1]
+    padded = triton_auk.replicate_pad1d(x, UP_PAD, UP_PAD)
+    up = aten.conv_transpose1d.default(padded, aten.expand.default(taps, [channels, -1, -1]), None,
+                                       [RATIO], [0], [0], channels)
+    a = aten.view.default(alpha, [1, -1, 1])
+    b = aten.view.default(beta, [1, -1, 1])
+    if logscale:
+        a, b = aten.exp.default(a), aten.exp.default(b)
+    inv_b = aten.mul.Tensor(aten.reciprocal.default(aten.add.Tensor(b, SNAKE_EPS)), 1.0)
+    vpad = triton_auk.snake_exact(up, a, inv_b, RATIO, UP_CROP, DOWN_PAD)
+    return aten.conv1d.default(vpad, aten.expand.default(taps, [channels, -1, -1]), None, [RATIO], [0], [1], channels)
+
+
 @torch.library.custom_op("rewrite::alias_free_snake_exact", mutates_args=())
 def alias_free_snake_exact(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool) -> Tensor:
-    """Alias-free SnakeBeta ``[B, C, T] -> [B, C, T]``, bit-identical to the eager module (lossless)."""
+    """Alias-free SnakeBeta ``[B, C, T] -> [B, C, T]``, bit-identical to the eager module (lossless).
+
+    The Triton path (`alias_free_snake_exact_kernels`) where `choose_exact_implementation` allows it, else
+    the reference.
+    """
+    if choose_exact_implementation(x, alpha, beta, taps)[0] == "triton":
+        return alias_free_snake_exact_kernels(x, alpha, beta, taps, logscale)
     return alias_free_snake_exact_reference(x, alpha, beta, taps, logscale)
 
 

@@ -110,6 +110,7 @@ class AuKRunner:
         self.exact_graphs = GraphPool(self.backend, max_entries=self.max_graphs)  # (batch, frames, dtype, device)
         self.capture_failures: dict[tuple, str] = {}
         self._weight_pointers: dict[tuple, tuple[int, ...]] = {}
+        self._weights_now: list = []  # the graph weights read by the last fallback_reason
         # A plain reference (a cycle through vae._rewrite_runner, which the GC collects): copy.deepcopy of
         # the VAE then gives the copy a runner bound to the copy, as for the Wan runner's bound methods.
         self.vae = vae
@@ -165,29 +166,39 @@ class AuKRunner:
         if frames is None:
             frames = self.compile_shapes if self.bucketed else ()
         self._check_weights(z)
-        pad = self.vae.pad_latent().to(dtype)
         for width in sorted({_positive_int("frames entry", f) for f in frames}, reverse=True):
-            pool, key = self._pool_for(batch, width, dtype, device)
-            pool.get(key, self._step_fn(dtype, device), lambda: [pad.expand(batch, width, -1).clone()])
+            pool, key = self._pool_for(batch, width, z.dtype, z.device)
+            self._capture(pool, key, batch, width, z.dtype, z.device)
 
     # ---- guards -------------------------------------------------------------------------------------
     def fallback_reason(self, z: torch.Tensor) -> str | None:
-        """Why this call cannot run through the graph, or None (exports the graph on first use)."""
+        """Why this call cannot run through the graph, or None (exports the graph on first use).
+
+        Cheap enough to run on every decode: the parameters' dtype/device agreement is checked on the
+        graph's own weight list (`CapturedGraph.weights`, owners resolved once), the full module walk of
+        `uniform_tensors_reason` runs only to word a reason once something disagrees.
+        """
         vae = self.vae
+        first = next(vae.parameters(), None)
+        if first is not None and (first.dtype != z.dtype or first.device != z.device):
+            return uniform_tensors_reason(vae, z)
         reason = (
             guards.autograd_reason(vae, z)
             or guards.hook_reason(vae.decoder, "decoder")
-            or uniform_tensors_reason(vae, z)
             or guards.capture_in_progress_reason(z.device)
         )
         if reason is None and self.graph_for(z.dtype, z.device) is None:
             reason = self.graphs.errors[(z.dtype, z.device)]
+        if reason is None:
+            weights = self._weights_now = self.graphs[(z.dtype, z.device)].weights(vae)
+            if any(w.dtype != z.dtype or w.device != z.device for w in weights if w is not None):
+                reason = uniform_tensors_reason(vae, z) or "graph weights unlike the latents"
         return reason
 
     def _check_weights(self, z: torch.Tensor) -> None:
         """Retire every CUDA graph when a weight tensor was replaced since the graphs were captured."""
         key = (z.dtype, z.device)
-        pointers = tuple(0 if w is None else w.data_ptr() for w in self.graphs[key].weights(self.vae))
+        pointers = tuple(0 if w is None else w.data_ptr() for w in self._weights_now)  # read by fallback_reason
         previous = self._weight_pointers.get(key)
         if previous is not None and previous != pointers:
             self.bucket_graphs.retire()
@@ -203,12 +214,22 @@ class AuKRunner:
         return wave
 
     def _step_fn(self, dtype: torch.dtype, device: torch.device):
+        """The function a CUDA graph captures: the decode graph over the weights as they are now."""
         graph = self.graphs[(dtype, device)]
         weights = graph.weights(self.vae)
 
         def step(z: torch.Tensor) -> list[torch.Tensor]:
             return graph(weights, z)
 
+        return step
+
+    def _capture(self, pool: GraphPool, key: tuple, batch: int, width: int, dtype: torch.dtype, device: torch.device):
+        """The step of `key` from `pool`, captured on first use over a static latent buffer."""
+        step = pool.steps.get(key)
+        if step is None:
+            latent_dim = self.vae.config.latent_dim
+            step = pool.get(key, self._step_fn(dtype, device),
+                            lambda: [torch.empty(batch, width, latent_dim, dtype=dtype, device=device)])
         return step
 
     def _pool_for(self, batch: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple[GraphPool, tuple]:
@@ -226,7 +247,7 @@ class AuKRunner:
         step = None
         if key not in self.capture_failures:
             try:
-                step = pool.get(key, self._step_fn(z.dtype, z.device), lambda: [torch.empty(batch, width, z.shape[2], dtype=z.dtype, device=z.device)])
+                step = self._capture(pool, key, batch, width, z.dtype, z.device)
             except Exception as error:  # logged, reported; this shape runs eagerly from now on
                 self.capture_failures[key] = f"CUDA graph capture failed for {batch}x{width} frames: {type(error).__name__}: {error}"
                 self.fallbacks.note(self.capture_failures[key])
