@@ -229,8 +229,10 @@ def test_unsupported_inputs_give_reasons(kernel_allowed_on_cpu):
             assert torch.equal(alias_free_snake_exact(x, alpha, beta, taps, True),
                                alias_free_snake_exact_reference(x, alpha, beta, taps, True))
         x, alpha, beta, taps = make_inputs(2, 3, 20, torch.float32)
-        strided = x.transpose(1, 2).contiguous().transpose(1, 2)
-        assert "contiguous" in exact_kernel_unsupported_reason(strided, alpha, beta, taps)
+        strided = x.transpose(1, 2).contiguous().transpose(1, 2)  # served: copied to contiguous first
+        assert exact_kernel_unsupported_reason(strided, alpha, beta, taps) is None
+        assert torch.equal(alias_free_snake_exact(strided, alpha, beta, taps, True),
+                           alias_free_snake_exact(x, alpha, beta, taps, True))
         assert "alpha" in exact_kernel_unsupported_reason(x, alpha.half(), beta, taps)
         assert "taps" in exact_kernel_unsupported_reason(x, alpha, beta, taps[..., :11])
         assert "non-empty" in exact_kernel_unsupported_reason(x[..., :0], alpha, beta, taps)

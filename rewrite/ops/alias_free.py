@@ -51,7 +51,7 @@ Dispatch (``torch.ops.rewrite.alias_free_snake``): the Triton kernel runs only w
 (``use_backend``/``set_backend``, re-exported here) is not ``"reference"``: Triton importable, ``x`` a
 CUDA tensor (or a CPU tensor while the Triton interpreter is on, ``TRITON_INTERPRET=1`` set before
 import, and the backend is forced to ``"triton"``: an ``"auto"`` CPU call never takes the slow
-interpreter), fp32/fp16/bf16, a contiguous ``[B, C, T]``, no autograd needed (``not
+interpreter), fp32/fp16/bf16, a ``[B, C, T]`` (copied to contiguous first when it is not), no autograd needed (``not
 torch.is_grad_enabled()`` or no input requires grad) and no ``torch.compile`` tracing under way.
 Otherwise the reference runs. When autograd is needed, the op's Autograd kernel runs the reference
 aten ops directly (recorded by autograd), so the result is differentiable; this is also why the op is
@@ -165,12 +165,10 @@ def triton_unsupported_reason(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tens
     """None when the Triton kernel may serve this call, else why not.
 
     `rewrite.ops.dispatch.kernel_unsupported_reason` (CUDA, or CPU under the interpreter with the
-    backend forced to "triton"; fp32/fp16/bf16; no autograd; not compiling), plus a contiguous ``x``.
+    backend forced to "triton"; fp32/fp16/bf16; no autograd; not compiling). Any layout of ``x``: the
+    kernel path copies a non-contiguous ``x`` (such as the transposed conv's cropped view) first.
     """
-    reason = dispatch.kernel_unsupported_reason("alias_free_snake", (x, alpha, beta, taps), SUPPORTED_DTYPES)
-    if reason is None and not x.is_contiguous():
-        reason = f"x is not contiguous (strides {x.stride()})"
-    return reason
+    return dispatch.kernel_unsupported_reason("alias_free_snake", (x, alpha, beta, taps), SUPPORTED_DTYPES)
 
 
 def choose_implementation(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor) -> tuple[str, Optional[str]]:
@@ -201,7 +199,7 @@ def _dispatch_impl(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscal
     _validate(x, alpha, beta, taps)
     implementation, _ = choose_implementation(x, alpha, beta, taps)
     if implementation == "triton":
-        return run_triton_kernel(x, alpha, beta, taps, logscale)
+        return run_triton_kernel(x.contiguous(), alpha, beta, taps, logscale)
     return alias_free_snake_reference(x, alpha, beta, taps, logscale)
 
 

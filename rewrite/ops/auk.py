@@ -14,7 +14,7 @@ activation dtype after every ATen op it replaces -> ATen ``conv1d`` (the referen
 ``exp(alpha)`` and ``1 / (exp(beta) + 1e-9)`` are computed with the reference's ATen calls. It runs when
 `exact_kernel_unsupported_reason` returns None and the `rewrite.ops.dispatch` switch is not "reference":
 CUDA tensors (or CPU under ``TRITON_INTERPRET=1`` with the backend forced to "triton"), fp32/fp16/bf16, a
-contiguous ``[B, C, T]`` x with ``T >= 1`` and ``B * C >= 1``, alpha/beta of ``C`` values and 12 taps, all
+``[B, C, T]`` x (any strides: a non-contiguous x is copied first) with ``T >= 1`` and ``B * C >= 1``, alpha/beta of ``C`` values and 12 taps, all
 of x's dtype, no autograd, not compiling; otherwise the reference runs. (A `custom_op` body runs with grad
 mode off, so inside the op the autograd condition never fires; the op registers no backward either way.)
 
@@ -84,8 +84,6 @@ def exact_kernel_unsupported_reason(x: Tensor, alpha: Tensor, beta: Tensor, taps
         return reason
     if x.dim() != 3 or x.shape[0] * x.shape[1] == 0 or x.shape[2] < 1:
         return f"x {tuple(x.shape)} is not a non-empty [B, C, T]"
-    if not x.is_contiguous():
-        return f"x is not contiguous (strides {x.stride()})"
     for name, t, count in (("alpha", alpha, x.shape[1]), ("beta", beta, x.shape[1]), ("taps", taps, NUM_TAPS)):
         if t.numel() != count or t.dtype != x.dtype:
             return f"{name} {tuple(t.shape)} {t.dtype} is not {count} values of {x.dtype}"
@@ -115,7 +113,9 @@ def alias_free_snake_exact_kernels(x: Tensor, alpha: Tensor, beta: Tensor, taps:
     from rewrite.ops import triton_auk
 
     channels = x.shape[1]
-    padded = triton_auk.replicate_pad1d(x, UP_PAD, UP_PAD)
+    # Any layout (e.g. the causal transposed conv's cropped view, the first input of every AMP stage):
+    # the copy moves values only, and the reference's replicate pad materializes a contiguous tensor too.
+    padded = triton_auk.replicate_pad1d(x.contiguous(), UP_PAD, UP_PAD)
     up = aten.conv_transpose1d.default(padded, aten.expand.default(taps, [channels, -1, -1]), None,
                                        [RATIO], [0], [0], channels)
     a = aten.view.default(alpha, [1, -1, 1])
