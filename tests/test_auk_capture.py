@@ -136,6 +136,27 @@ def test_deepcopy_of_an_optimized_model_decodes_with_its_own_weights(pair):
     assert report(twin).last_path == "graphs"
 
 
+def test_replaced_parameters_and_submodules_are_read_after_capture(pair):
+    """`CapturedGraph.weights` resolves each weight's owner once; a replaced attribute or submodule is seen."""
+    reference, optimized = pair
+    twin, twin_reference = copy.deepcopy(optimized), copy.deepcopy(reference)
+    z = latents(1, 3)
+    with torch.no_grad():
+        twin.decode(z)  # owners resolved
+        for model in (twin, twin_reference):
+            conv = model.decoder.conv_post
+            conv.weight = torch.nn.Parameter(conv.weight * 0.25)  # a new Parameter on the same module
+        assert torch.equal(twin.decode(z), twin_reference.decode(z))
+        replacement = copy.deepcopy(twin_reference.decoder.conv_pre)
+        replacement.weight.mul_(-1.0)
+        twin.decoder.conv_pre = replacement  # a new submodule: the owner path is resolved again
+        twin_reference.decoder.conv_pre = copy.deepcopy(replacement)
+        assert torch.equal(twin.decode(z), twin_reference.decode(z))
+        del twin.decoder.conv_post.weight  # gone: the by-name lookup raises what torch raises
+        with pytest.raises(AttributeError):
+            twin.decode(z)
+
+
 # --------------------------------------------------------------------------------------------- goldens
 
 
