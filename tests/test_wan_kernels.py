@@ -46,10 +46,12 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dt
 
 
 SHAPES = [(1, 3, 1, 5, 7), (2, 8, 2, 3, 33), (1, 5, 4, 9, 1)]  # widths not a multiple of the block
+# Several row blocks of one plane (narrow rows: many rows per program) and several column blocks (wide rows).
+PAD_SHAPES = SHAPES + [(1, 2, 1, 600, 3), (1, 1, 2, 2, 4200)]
 
 
 @needs_kernels
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", PAD_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
 def test_causal_pad_and_next_cache_are_exact(shape, dtype, layout):

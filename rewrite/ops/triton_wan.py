@@ -22,7 +22,7 @@ from torch import Tensor
 from rewrite.ops.dispatch import triton
 
 BLOCK = 1024
-ROW_BLOCK = 256  # columns per program of the row-wise kernels
+PAD_TILE = 4096  # elements per program of the causal pad kernel (rows x columns, both powers of two)
 
 if triton is not None:
     import triton.language as tl
@@ -73,33 +73,38 @@ if triton is not None:
         tl.store(out_ptr + i, _round(tl.math.div_rn(y, 1.0 + _exp(-y)), x.dtype), mask=mask)
 
     @triton.jit
-    def _causal_pad_kernel(x_ptr, cache_ptr, out_ptr, C, TO, HO, WO, TC, TX, H, W, PT, PH, PW,
+    def _causal_pad_kernel(x_ptr, cache_ptr, out_ptr, C, TO, HO, WO, TC, TX, H, W, PT, PH, PW, h_blocks,
                            sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
-                           HAS_CACHE: tl.constexpr, BLOCK: tl.constexpr):
-        """One output row (b, c, t, h) per program along axis 0, BLOCK columns along axis 1: the row's
-        source is one row of x, of the cache, or zeros, so the loads are contiguous."""
-        row = tl.program_id(0)
-        h = row % HO
-        r = row // HO
-        t = r % TO
-        r = r // TO
+                           HAS_CACHE: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
+        """A tile of ROWS output rows x BLOCK_W columns of one output plane (b, c, t) per program.
+
+        The plane's source is one frame of x, of the cache, or zeros (decided once per program); rows
+        and columns outside the source are the zero pad. Loads and stores run along contiguous rows.
+        """
+        pid = tl.program_id(0)
+        hb = pid % h_blocks
+        plane = pid // h_blocks
+        t = plane % TO
+        r = plane // TO
         c = r % C
         b = r // C
-        w = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        out_mask = w < WO
-        ts = t - PT
+        h = hb * ROWS + tl.arange(0, ROWS)
+        w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        out_mask = (h < HO)[:, None] & (w < WO)[None, :]
         hs = h - PH
         ws = w - PW
-        columns = out_mask & (ws >= 0) & (ws < W)
-        value = tl.zeros([BLOCK], dtype=out_ptr.dtype.element_ty)  # the zero pad
-        if (hs >= 0) & (hs < H) & (ts >= 0) & (ts < TC + TX):
+        ts = t - PT
+        inside = out_mask & ((hs >= 0) & (hs < H))[:, None] & ((ws >= 0) & (ws < W))[None, :]
+        value = tl.zeros([ROWS, BLOCK_W], dtype=out_ptr.dtype.element_ty)  # the zero pad
+        if (ts >= 0) & (ts < TC + TX):
             if ts >= TC:
-                base = b.to(tl.int64) * sx0 + c.to(tl.int64) * sx1 + (ts - TC).to(tl.int64) * sx2 + hs.to(tl.int64) * sx3
-                value = tl.load(x_ptr + base + ws * sx4, mask=columns, other=0.0)
+                base = b.to(tl.int64) * sx0 + c.to(tl.int64) * sx1 + (ts - TC).to(tl.int64) * sx2
+                value = tl.load(x_ptr + base + hs[:, None].to(tl.int64) * sx3 + ws[None, :] * sx4, mask=inside, other=0.0)
             elif HAS_CACHE:
-                base = b.to(tl.int64) * sc0 + c.to(tl.int64) * sc1 + ts.to(tl.int64) * sc2 + hs.to(tl.int64) * sc3
-                value = tl.load(cache_ptr + base + ws * sc4, mask=columns, other=0.0)
-        tl.store(out_ptr + row.to(tl.int64) * WO + w, value, mask=out_mask)
+                base = b.to(tl.int64) * sc0 + c.to(tl.int64) * sc1 + ts.to(tl.int64) * sc2
+                value = tl.load(cache_ptr + base + hs[:, None].to(tl.int64) * sc3 + ws[None, :] * sc4, mask=inside, other=0.0)
+        offsets = plane.to(tl.int64) * HO * WO + h[:, None].to(tl.int64) * WO + w[None, :]
+        tl.store(out_ptr + offsets, value, mask=out_mask)
 
     @triton.jit
     def _bias_residual_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, numel, C, T, H, W,
@@ -206,11 +211,15 @@ def causal_pad(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
     tc = 0 if cache is None else cache.shape[2]
     out = x.new_empty((b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr))
     source = x if cache is None else cache
-    rows = out.numel() // out.shape[-1]
-    if rows:
-        grid = (rows, triton.cdiv(out.shape[-1], ROW_BLOCK))
-        _causal_pad_kernel[grid](x, source, out, c, *out.shape[2:], tc, tx, h, w, tl_, hl, wl,
-                                 *x.stride(), *source.stride(), HAS_CACHE=cache is not None, BLOCK=ROW_BLOCK)
+    _, _, frames_out, rows_out, columns_out = out.shape
+    if out.numel():
+        block_w = min(triton.next_power_of_2(columns_out), PAD_TILE)
+        rows_per_program = max(1, PAD_TILE // block_w)
+        h_blocks = triton.cdiv(rows_out, rows_per_program)
+        grid = (b * c * frames_out * h_blocks, triton.cdiv(columns_out, block_w))
+        _causal_pad_kernel[grid](x, source, out, c, frames_out, rows_out, columns_out, tc, tx, h, w, tl_, hl, wl,
+                                 h_blocks, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
+                                 ROWS=rows_per_program, BLOCK_W=block_w, num_warps=4)
     return out
 
 
