@@ -31,6 +31,17 @@ def _frame_major(t: torch.Tensor) -> torch.Tensor:
     return t.permute(0, 2, 1, 3, 4).contiguous().permute(0, 2, 1, 3, 4)
 
 
+def _strided_columns(t: torch.Tensor) -> torch.Tensor:
+    """The same values with every other column of a twice-as-wide tensor: (h, w) planes not contiguous,
+    so the kernels take their flat-index fallback instead of the plane kernels."""
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+LAYOUTS = {"contiguous": lambda t: t, "frame_major": _frame_major, "strided_columns": _strided_columns}
+
+
 def _close_ulps(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     ulp = {torch.float32: 2.0**-23, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
     return torch.allclose(a.float(), b.float(), rtol=2 * ulp, atol=2 * ulp)
@@ -70,15 +81,15 @@ def test_causal_pad_and_next_cache_are_exact(shape, dtype, layout):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
-def test_bias_residual_is_exact(dtype, layout):
+@pytest.mark.parametrize("layout", tuple(LAYOUTS))
+@pytest.mark.parametrize("shape", ((2, 6, 3, 5, 9), (1, 3, 2, 40, 30)))
+def test_bias_residual_is_exact(dtype, layout, shape):
     from rewrite.ops import triton_wan
 
     g = torch.Generator().manual_seed(1)
-    y = _randn(2, 6, 3, 5, 9, dtype=dtype, generator=g)
-    residual = _randn(2, 6, 3, 5, 9, dtype=dtype, generator=g)
-    residual = _frame_major(residual) if layout == "frame_major" else residual
-    bias = _randn(6, dtype=dtype, generator=g)
+    y = _randn(*shape, dtype=dtype, generator=g)
+    residual = LAYOUTS[layout](_randn(*shape, dtype=dtype, generator=g))
+    bias = _randn(shape[1], dtype=dtype, generator=g)
     expected = y.clone().add_(bias.view(1, -1, 1, 1, 1)) + residual
     with use_backend("triton"):
         actual = triton_wan.bias_residual(y, bias, residual)
@@ -116,19 +127,19 @@ def test_dup_up_add_is_exact(dtype, factor_t, first_frame):
 
 
 @needs_kernels
-@pytest.mark.parametrize("shape", SHAPES + [(2, 6, 5, 7)])
+@pytest.mark.parametrize("shape", SHAPES + [(2, 6, 5, 7), (1, 3, 2, 40, 30)])  # the last: 2 spatial blocks
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", ("silu", None))
-@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+@pytest.mark.parametrize("layout", tuple(LAYOUTS))
 def test_rms_norm_epilogue(shape, dtype, act, layout):
     from rewrite.ops import triton_wan
 
     g = torch.Generator().manual_seed(4)
     x = _randn(*shape, dtype=dtype, generator=g)
-    if layout == "frame_major":
+    if layout != "contiguous":
         if x.dim() == 4:
             pytest.skip("4-D norms (attention) are contiguous")
-        x = _frame_major(x)
+        x = LAYOUTS[layout](x)
     gamma = (1 + 0.2 * _randn(shape[1], *([1] * (x.dim() - 2)), generator=g)).to(dtype)
     upcast = dtype != torch.float32
     scale = shape[1] ** 0.5

@@ -65,6 +65,34 @@ if triton is not None:
         tl.store(out_ptr + b * so0 + c * so1 + t * so2 + h * so3 + w * so4, _round(y, dtype), mask=mask)
 
     @triton.jit
+    def _rms_norm_plane_kernel(x_ptr, norm_ptr, gamma_ptr, out_ptr, C, T, S, sx0, sx1, sx2, so0, so1, so2,
+                               scale, bias, eps, UPCAST: tl.constexpr, SILU: tl.constexpr, BLOCK: tl.constexpr):
+        """`_rms_norm_epilogue_kernel` for tensors whose (h, w) planes are contiguous: one plane (b, c, t) per
+        program along axis 0, BLOCK spatial positions along axis 1 (no per-element index division; gamma is
+        one scalar per program). Same arithmetic, element for element."""
+        plane = tl.program_id(0)
+        t = plane % T
+        r = plane // T
+        c = r % C
+        b = r // C
+        s = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = s < S
+        x = tl.load(x_ptr + (b.to(tl.int64) * sx0 + c.to(tl.int64) * sx1 + t.to(tl.int64) * sx2) + s, mask=mask, other=0.0)
+        dtype = x.dtype
+        norm = tl.load(norm_ptr + (b.to(tl.int64) * T + t) * S + s, mask=mask, other=1.0)
+        norm = tl.where(norm < eps, eps, norm)  # clamp_min: NaN stays NaN
+        y = tl.math.div_rn(x.to(tl.float32), norm)
+        if UPCAST:
+            y = _round(y, dtype).to(tl.float32)  # .to(x.dtype) after the fp32 normalize
+        y = _round(y * scale, dtype).to(tl.float32)
+        gamma = tl.load(gamma_ptr + c).to(tl.float32)
+        y = _round(y * gamma, dtype).to(tl.float32)
+        y = _round(y + bias, dtype).to(tl.float32)
+        if SILU:
+            y = tl.math.div_rn(y, 1.0 + _exp(-y))
+        tl.store(out_ptr + (b.to(tl.int64) * so0 + c.to(tl.int64) * so1 + t.to(tl.int64) * so2) + s, _round(y, dtype), mask=mask)
+
+    @triton.jit
     def _silu_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = i < numel
@@ -123,6 +151,27 @@ if triton is not None:
         tl.store(out_ptr + b * so0 + c * so1 + t * so2 + h * so3 + w * so4, out, mask=mask)
 
     @triton.jit
+    def _bias_residual_plane_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, C, T, S, sy0, sy1, sy2, sr0, sr1, sr2,
+                                    so0, so1, so2, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        """`_bias_residual_kernel` for tensors whose (h, w) planes are contiguous, one plane per program
+        along axis 0 (see `_rms_norm_plane_kernel`). Same arithmetic, element for element."""
+        plane = tl.program_id(0)
+        t = plane % T
+        r = plane // T
+        c = r % C
+        b = r // C
+        s = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = s < S
+        b64, c64, t64 = b.to(tl.int64), c.to(tl.int64), t.to(tl.int64)
+        y = tl.load(y_ptr + (b64 * sy0 + c64 * sy1 + t64 * sy2) + s, mask=mask, other=0.0)
+        dtype = y.dtype
+        acc = y.to(tl.float32)
+        if HAS_BIAS:  # ATen's conv adds the bias with a separate add_: one rounding
+            acc = _round(acc + tl.load(bias_ptr + c).to(tl.float32), dtype).to(tl.float32)
+        r = tl.load(res_ptr + (b64 * sr0 + c64 * sr1 + t64 * sr2) + s, mask=mask, other=0.0)
+        tl.store(out_ptr + (b64 * so0 + c64 * so1 + t64 * so2) + s, _round(acc + r.to(tl.float32), dtype), mask=mask)
+
+    @triton.jit
     def _upsample2x_kernel(x_ptr, out_ptr, numel, C, HO, WO, sx0, sx1, sx2, sx3, BLOCK: tl.constexpr):
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = i < numel
@@ -159,6 +208,16 @@ def _as5d(t: Tensor) -> Tensor:
     return t.unsqueeze(2) if t.dim() == 4 else t
 
 
+def _planes_contiguous(*tensors: Tensor) -> bool:
+    """Every 5-D tensor's (h, w) plane is one contiguous run (the plane kernels' precondition)."""
+    return all(t.shape[3] * t.shape[4] <= 1 or (t.stride(4) == 1 and (t.shape[3] == 1 or t.stride(3) == t.shape[4]))
+               for t in tensors)
+
+
+def _plane_grid(b: int, c: int, t: int, spatial: int) -> tuple[int, int]:
+    return (b * c * t, triton.cdiv(spatial, BLOCK))
+
+
 _LAYOUTS: dict[tuple, tuple[int, ...]] = {}
 
 
@@ -189,8 +248,13 @@ def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, up
     x5, o5, n5 = _as5d(x), _as5d(out), _as5d(norm)
     b, c, t, h, w = x5.shape
     silu_here = act == "silu" and fused_silu
-    _launch(_rms_norm_epilogue_kernel, out.numel(), x5, n5, gamma, o5, out.numel(), c, t, h, w,
-            *x5.stride(), *o5.stride(), float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu_here)
+    if out.numel() and _planes_contiguous(x5, o5):
+        _rms_norm_plane_kernel[_plane_grid(b, c, t, h * w)](
+            x5, n5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias),
+            float(eps), UPCAST=upcast, SILU=silu_here, BLOCK=BLOCK, enable_fp_fusion=False)
+    else:
+        _launch(_rms_norm_epilogue_kernel, out.numel(), x5, n5, gamma, o5, out.numel(), c, t, h, w,
+                *x5.stride(), *o5.stride(), float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu_here)
     if act == "silu" and not fused_silu:
         out = torch.nn.functional.silu(out)
     return out
@@ -228,8 +292,13 @@ def bias_residual(y: Tensor, bias: Tensor | None, residual: Tensor) -> Tensor:
     strides = reference_layout(("add",), torch.add, y, residual)
     out = torch.empty_strided(y.shape, strides, dtype=y.dtype, device=y.device)
     b, c, t, h, w = y.shape
-    _launch(_bias_residual_kernel, out.numel(), y, y if bias is None else bias, residual, out, out.numel(),
-            c, t, h, w, *y.stride(), *residual.stride(), *out.stride(), HAS_BIAS=bias is not None)
+    if out.numel() and _planes_contiguous(y, residual, out):
+        _bias_residual_plane_kernel[_plane_grid(b, c, t, h * w)](
+            y, y if bias is None else bias, residual, out, c, t, h * w, *y.stride()[:3], *residual.stride()[:3],
+            *out.stride()[:3], HAS_BIAS=bias is not None, BLOCK=BLOCK, enable_fp_fusion=False)
+    else:
+        _launch(_bias_residual_kernel, out.numel(), y, y if bias is None else bias, residual, out, out.numel(),
+                c, t, h, w, *y.stride(), *residual.stride(), *out.stride(), HAS_BIAS=bias is not None)
     return out
 
 
