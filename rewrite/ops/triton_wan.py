@@ -65,21 +65,24 @@ if triton is not None:
         tl.store(out_ptr + b * so0 + c * so1 + t * so2 + h * so3 + w * so4, _round(y, dtype), mask=mask)
 
     @triton.jit
+    def _plane(C, T):
+        """(b, c, t) of this program's (h, w) plane of a [B, C, T, H, W] tensor (axis 0), as int64."""
+        plane = tl.program_id(0)
+        r = plane // T
+        return (r // C).to(tl.int64), (r % C).to(tl.int64), (plane % T).to(tl.int64)
+
+    @triton.jit
     def _rms_norm_plane_kernel(x_ptr, norm_ptr, gamma_ptr, out_ptr, C, T, S, sx0, sx1, sx2, so0, so1, so2,
                                scale, bias, eps, UPCAST: tl.constexpr, SILU: tl.constexpr, BLOCK: tl.constexpr):
         """`_rms_norm_epilogue_kernel` for tensors whose (h, w) planes are contiguous: one plane (b, c, t) per
         program along axis 0, BLOCK spatial positions along axis 1 (no per-element index division; gamma is
         one scalar per program). Same arithmetic, element for element."""
-        plane = tl.program_id(0)
-        t = plane % T
-        r = plane // T
-        c = r % C
-        b = r // C
+        b, c, t = _plane(C, T)
         s = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = s < S
-        x = tl.load(x_ptr + (b.to(tl.int64) * sx0 + c.to(tl.int64) * sx1 + t.to(tl.int64) * sx2) + s, mask=mask, other=0.0)
+        x = tl.load(x_ptr + (b * sx0 + c * sx1 + t * sx2) + s, mask=mask, other=0.0)
         dtype = x.dtype
-        norm = tl.load(norm_ptr + (b.to(tl.int64) * T + t) * S + s, mask=mask, other=1.0)
+        norm = tl.load(norm_ptr + (b * T + t) * S + s, mask=mask, other=1.0)
         norm = tl.where(norm < eps, eps, norm)  # clamp_min: NaN stays NaN
         y = tl.math.div_rn(x.to(tl.float32), norm)
         if UPCAST:
@@ -90,7 +93,7 @@ if triton is not None:
         y = _round(y + bias, dtype).to(tl.float32)
         if SILU:
             y = tl.math.div_rn(y, 1.0 + _exp(-y))
-        tl.store(out_ptr + (b.to(tl.int64) * so0 + c.to(tl.int64) * so1 + t.to(tl.int64) * so2) + s, _round(y, dtype), mask=mask)
+        tl.store(out_ptr + (b * so0 + c * so1 + t * so2) + s, _round(y, dtype), mask=mask)
 
     @triton.jit
     def _silu_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
@@ -155,21 +158,16 @@ if triton is not None:
                                     so0, so1, so2, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         """`_bias_residual_kernel` for tensors whose (h, w) planes are contiguous, one plane per program
         along axis 0 (see `_rms_norm_plane_kernel`). Same arithmetic, element for element."""
-        plane = tl.program_id(0)
-        t = plane % T
-        r = plane // T
-        c = r % C
-        b = r // C
+        b, c, t = _plane(C, T)
         s = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = s < S
-        b64, c64, t64 = b.to(tl.int64), c.to(tl.int64), t.to(tl.int64)
-        y = tl.load(y_ptr + (b64 * sy0 + c64 * sy1 + t64 * sy2) + s, mask=mask, other=0.0)
+        y = tl.load(y_ptr + (b * sy0 + c * sy1 + t * sy2) + s, mask=mask, other=0.0)
         dtype = y.dtype
         acc = y.to(tl.float32)
         if HAS_BIAS:  # ATen's conv adds the bias with a separate add_: one rounding
             acc = _round(acc + tl.load(bias_ptr + c).to(tl.float32), dtype).to(tl.float32)
-        r = tl.load(res_ptr + (b64 * sr0 + c64 * sr1 + t64 * sr2) + s, mask=mask, other=0.0)
-        tl.store(out_ptr + (b64 * so0 + c64 * so1 + t64 * so2) + s, _round(acc + r.to(tl.float32), dtype), mask=mask)
+        r = tl.load(res_ptr + (b * sr0 + c * sr1 + t * sr2) + s, mask=mask, other=0.0)
+        tl.store(out_ptr + (b * so0 + c * so1 + t * so2) + s, _round(acc + r.to(tl.float32), dtype), mask=mask)
 
     @triton.jit
     def _upsample2x_kernel(x_ptr, out_ptr, numel, C, HO, WO, sx0, sx1, sx2, sx3, BLOCK: tl.constexpr):
