@@ -61,18 +61,29 @@ def optimize(module: nn.Module, level: str = "lossless", **options) -> nn.Module
     """
     check_level(level)
     runner_class = _runner_class(module)
+    # Built first: a bad option raises before anything installed is touched.
+    runner = None if level == "off" else runner_class(module, level, rewrite_graph, **options)
     previous = module.__dict__.get("_rewrite_runner")
     if previous is not None:
         runner_class.uninstall(module)
-        same_options = all(getattr(previous, "options", {}).get(k) == v for k, v in options.items())
-        if previous.level == level and same_options:  # same configuration: keep the graphs captured so far
-            previous.install(module)
+        if runner is not None and _same_configuration(previous, runner, options):
+            previous.install(module)  # keep the graphs captured so far
             return module
-    if level == "off":
+    if runner is None:
         return module
-    runner_class(module, level, rewrite_graph, **options).install(module)
+    runner.install(module)
     logger.info("rewrite: %s optimized at level %r", type(module).__name__, level)
     return module
+
+
+def _same_configuration(previous, runner, options: dict) -> bool:
+    """Whether `runner`, just built from this call's `options`, is configured as `previous` is.
+
+    Compares the runners' normalised options (defaults filled in, e.g. sorted buckets), so that a call
+    without options means the defaults; an option a runner does not record (a graph backend) never matches.
+    """
+    recorded = getattr(runner, "options", {})
+    return previous.level == runner.level and getattr(previous, "options", {}) == recorded and set(options) <= set(recorded)
 
 
 def warmup(module: nn.Module, device=None, dtype=None, batch: int = 1, **shapes) -> None:

@@ -136,13 +136,20 @@ def test_deepcopy_of_an_optimized_model_decodes_with_its_own_weights(pair):
     assert report(twin).last_path == "graphs"
 
 
-def test_replaced_parameters_and_submodules_are_read_after_capture(pair):
-    """`CapturedGraph.weights` resolves each weight's owner once; a replaced attribute or submodule is seen."""
+def _twins_after_a_decode(pair, z):
+    """Copies of (optimized, reference) whose graph has resolved its weights' owners with one decode."""
     reference, optimized = pair
     twin, twin_reference = copy.deepcopy(optimized), copy.deepcopy(reference)
-    z = latents(1, 3)
     with torch.no_grad():
-        twin.decode(z)  # owners resolved
+        twin.decode(z)
+    return twin, twin_reference
+
+
+def test_replaced_parameters_and_submodules_are_read_after_capture(pair):
+    """`CapturedGraph.weights` resolves each weight's owner once; a replaced attribute or submodule is seen."""
+    z = latents(1, 3)
+    twin, twin_reference = _twins_after_a_decode(pair, z)
+    with torch.no_grad():
         for model in (twin, twin_reference):
             conv = model.decoder.conv_post
             conv.weight = torch.nn.Parameter(conv.weight * 0.25)  # a new Parameter on the same module
@@ -155,6 +162,21 @@ def test_replaced_parameters_and_submodules_are_read_after_capture(pair):
         del twin.decoder.conv_post.weight  # gone: the by-name lookup raises what torch raises
         with pytest.raises(AttributeError):
             twin.decode(z)
+
+
+def test_a_parameter_replaced_by_a_plain_tensor_takes_the_reference_path(pair):
+    """Eager reads `conv.weight` whatever it is; the graph reads parameters only, so it hands over."""
+    z = latents(1, 3)
+    twin, twin_reference = _twins_after_a_decode(pair, z)
+    with torch.no_grad():
+        for model in (twin, twin_reference):
+            conv = model.decoder.conv_post
+            weight = conv.weight * 0.25
+            del conv.weight
+            conv.weight = weight  # a plain tensor attribute, no longer in _parameters
+        assert torch.equal(twin.decode(z), twin_reference.decode(z))
+    summary = report(twin)
+    assert summary.last_path == "reference" and "decoder.conv_post.weight" in summary.last_reason
 
 
 # --------------------------------------------------------------------------------------------- goldens

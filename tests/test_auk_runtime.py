@@ -36,7 +36,9 @@ class FakeStep:
     def replay(self):
         results = self.fn(*self.inputs)
         if self.outputs is None:
-            self.outputs = [r.clone() for r in results]
+            # A real replay writes its outputs' memory directly: no inference-mode check ever sees it.
+            with torch.inference_mode(False):
+                self.outputs = [r.clone() for r in results]
         else:
             for static, value in zip(self.outputs, results):
                 static.copy_(value)
@@ -63,6 +65,20 @@ class FakeGraphs:
             raise RuntimeError("operation not permitted when stream is capturing")
         self.captured.append((tuple(inputs[0].shape), pool))
         return FakeStep(fn, inputs)
+
+
+class Uncopyable:
+    """Stands for the `torch.cuda.CUDAGraph` a real step holds: a pybind object that deepcopy refuses."""
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("cannot pickle 'torch._C._CUDAGraph' object")
+
+
+class CudaLikeGraphs(FakeGraphs):
+    def capture(self, fn, inputs, pool):
+        step = super().capture(fn, inputs, pool)
+        step.graph = Uncopyable()
+        return step
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +258,12 @@ def test_option_errors(micro_vae):
         optimize(copy.deepcopy(micro_vae), "channels_last", tile_frames=51)
     with pytest.raises(ValueError, match="compile_shapes"):
         optimize(copy.deepcopy(micro_vae), "channels_last", compile_shapes=())
+    with pytest.raises(ValueError, match="compile_shapes must be a non-empty sequence"):
+        optimize(copy.deepcopy(micro_vae), "channels_last", compile_shapes=64)
+    with pytest.raises(ValueError, match="compile_shapes must be a non-empty sequence"):
+        optimize(copy.deepcopy(micro_vae), "channels_last", compile_shapes=iter(()))
+    with pytest.raises(ValueError, match=r"tile_frames \(default: the largest compile_shapes entry\)"):
+        optimize(copy.deepcopy(micro_vae), "channels_last", compile_shapes=(32, 40))
     with pytest.raises(ValueError, match="max_graphs"):
         optimize(copy.deepcopy(micro_vae), "lossless", max_graphs=0)
     with pytest.raises(TypeError, match="bucket_frames"):
@@ -260,3 +282,83 @@ def test_reoptimizing_with_other_options_builds_a_new_runner(micro_vae):
     assert vae._rewrite_runner is not runner and vae._rewrite_runner.compile_shapes == (64, 96)
     optimize(vae, "off")
     assert "decode_tiles" not in vae.__dict__ and "decode" not in vae.__dict__
+
+
+@torch.no_grad()
+def test_tiled_decode_reports_eager_windows_when_captures_failed(micro_vae):
+    vae, _ = optimized(micro_vae, compile_shapes=(64,), graph_backend=FakeGraphs(fail=True))
+    z = latents(1, 200)
+    # Windows run eagerly, stacked 8 and 4 to a batch (the batch may change the last bits, as when streaming).
+    torch.testing.assert_close(vae.decode(z), reference_decode(micro_vae, z), rtol=0, atol=1e-5)
+    assert report(vae).last_detail.startswith("CUDA graphs (eager where capture failed), ")
+    pieces = list(vae.decode_tiles(z))
+    assert len(pieces) > 2 and report(vae).last_detail.startswith("CUDA graphs (eager where capture failed), ")
+
+
+def test_warmup_needs_no_no_grad(micro_vae):
+    """Like Wan's, AuK's warmup captures for no-grad decodes itself (parameters require grad by default)."""
+    vae, backend = optimized(micro_vae, compile_shapes=(64,))
+    assert torch.is_grad_enabled() and next(vae.parameters()).requires_grad
+    warmup(vae)
+    assert backend.captured == [((1, 64, MICRO.latent_dim), 1)]
+    assert torch.is_grad_enabled()
+
+
+def test_graphs_captured_in_inference_mode_serve_no_grad_decodes(micro_vae):
+    for level in ("lossless", "channels_last"):
+        vae, backend = optimized(micro_vae, level, compile_shapes=(64,))
+        z = latents(1, 50)
+        with torch.inference_mode():
+            first = vae.decode(z)
+        with torch.no_grad():
+            again = vae.decode(z)  # replays the graph captured in inference mode: its static input is written
+        assert len(backend.captured) == 1 and torch.equal(first, again)
+
+
+@torch.no_grad()
+def test_deepcopy_after_cuda_graph_captures_gives_the_copy_its_own_graphs(micro_vae):
+    vae, _ = optimized(micro_vae, compile_shapes=(64,), graph_backend=CudaLikeGraphs())
+    z = latents(1, 50)
+    vae.decode(z)
+    twin = copy.deepcopy(vae)  # CUDA graphs cannot be copied: the copy starts with empty pools of its own
+    runner, twin_runner = vae._rewrite_runner, twin._rewrite_runner
+    assert twin_runner.vae is twin and len(twin_runner.bucket_graphs) == 0
+    twin.decoder.conv_post.weight.mul_(0.5)
+    expected = reference_decode(twin, torch.cat([z, twin.pad_latent().expand(1, 14, -1)], dim=1))[:, : 50 * HOP]
+    assert torch.equal(twin.decode(z), expected)
+    assert twin_runner.bucket_graphs._pool is not runner.bucket_graphs._pool  # never one pool for two runners
+    assert len(runner.bucket_graphs) == 1 and not torch.equal(vae.decode(z), expected)
+
+
+@torch.no_grad()
+def test_weights_replaced_while_streaming_are_seen_by_the_next_pieces(micro_vae):
+    vae, _ = optimized(micro_vae, compile_shapes=(64,))
+    z = latents(1, 200)
+    stream = vae.decode_tiles(z)
+    next(stream)
+    halved = copy.deepcopy(micro_vae)
+    with torch.no_grad():
+        for p in halved.parameters():
+            p.mul_(0.5)
+    vae.load_state_dict(halved.state_dict(), assign=True)  # new tensors: the old graphs must not replay
+    windows = {w.emit_start: w for w in vae._rewrite_runner.plan(200)}
+    for start, piece in stream:
+        w = windows[start]
+        window_wave = reference_decode(halved, z[:, w.window_start : w.window_start + w.window_frames])
+        offset = w.emit_start - w.window_start
+        assert torch.equal(piece, window_wave[:, offset * HOP : (offset + w.emit_end - w.emit_start) * HOP]), w
+
+
+@torch.no_grad()
+def test_reoptimizing_is_configured_by_this_call_and_a_failed_call_changes_nothing(micro_vae):
+    vae, _ = optimized(micro_vae, compile_shapes=(96, 64))
+    runner = vae._rewrite_runner
+    optimize(vae, "channels_last", compile_shapes=[64, 96, 64])  # the same buckets, spelled otherwise
+    assert vae._rewrite_runner is runner
+    with pytest.raises(ValueError, match="tile_frames"):
+        optimize(vae, "channels_last", tile_frames=5)
+    with pytest.raises(TypeError, match="bucket_frames"):
+        optimize(vae, "channels_last", bucket_frames=3)
+    assert vae._rewrite_runner is runner and "decode" in vae.__dict__  # still optimized as before
+    optimize(vae, "channels_last")  # no options: the defaults, not the previous call's options
+    assert vae._rewrite_runner.options == {"compile_shapes": (160, 320, 640), "tile_frames": 640, "max_graphs": 8}

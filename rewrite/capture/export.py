@@ -53,17 +53,21 @@ class CapturedGraph:
         return values if values is not None else self._weights_by_name(root)
 
     def _weights_by_name(self, root: torch.nn.Module) -> list[torch.Tensor | None]:
-        """`weights` the slow way: raises `get_parameter`'s error for a name that no longer resolves."""
+        """`weights` the slow way: raises `get_parameter`'s AttributeError, prefixed with the name, for a name
+        that no longer resolves to a parameter (buffer), e.g. one replaced by a plain tensor attribute."""
         values: list[torch.Tensor | None] = []
         for kind, target in self.input_kinds:
-            if kind == "param":
-                values.append(root.get_parameter(target))
-            elif kind == "buffer":
-                values.append(root.get_buffer(target))
-            elif kind == "constant":
-                values.append(self.constants[target])
-            else:
-                values.append(None)
+            try:
+                if kind == "param":
+                    values.append(root.get_parameter(target))
+                elif kind == "buffer":
+                    values.append(root.get_buffer(target))
+                elif kind == "constant":
+                    values.append(self.constants[target])
+                else:
+                    values.append(None)
+            except AttributeError as error:
+                raise AttributeError(f"{target}: {error}") from error
         return values
 
     def __call__(self, weights: Sequence[torch.Tensor | None], *user_inputs: torch.Tensor) -> list[torch.Tensor]:

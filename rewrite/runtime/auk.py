@@ -34,7 +34,7 @@ seen by the replays.
 from __future__ import annotations
 
 import types
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -90,14 +90,16 @@ class AuKRunner:
 
     def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, compile_shapes: Sequence[int] = DEFAULT_COMPILE_SHAPES,
                  tile_frames: int | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS, graph_backend=None) -> None:
-        if isinstance(compile_shapes, (str, bytes)) or not compile_shapes:
+        shapes = () if isinstance(compile_shapes, (str, bytes)) or not isinstance(compile_shapes, Iterable) else compile_shapes
+        self.compile_shapes = tuple(sorted({_positive_int("compile_shapes entry", s) for s in shapes}))
+        if not self.compile_shapes:
             raise ValueError(f"compile_shapes must be a non-empty sequence of latent frame counts, got {compile_shapes!r}")
-        self.compile_shapes = tuple(sorted({_positive_int("compile_shapes entry", s) for s in compile_shapes}))
         self.tile_frames = _positive_int("tile_frames", self.compile_shapes[-1] if tile_frames is None else tile_frames)
         self.max_graphs = _positive_int("max_graphs", max_graphs)
         self.context = vae.decode_context_frames()
         if self.tile_frames <= sum(self.context):
-            raise ValueError(f"tile_frames must exceed the decode context left + right = {sum(self.context)} "
+            name = "tile_frames" if tile_frames is not None else "tile_frames (default: the largest compile_shapes entry)"
+            raise ValueError(f"{name} must exceed the decode context left + right = {sum(self.context)} "
                              f"latent frames {self.context}, got {self.tile_frames}")
         self.options = {"compile_shapes": self.compile_shapes, "tile_frames": self.tile_frames, "max_graphs": self.max_graphs}
         self.level = level
@@ -145,14 +147,17 @@ class AuKRunner:
                 "exact-length generations retired": self.exact_graphs.generation,
                 "capture failures": len(self.capture_failures)}
 
+    @torch.no_grad()  # captures for no-grad decodes, whatever the caller's grad mode (as Wan's warmup)
     def warmup(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None, batch: int = 1,
                frames: Sequence[int] | None = None) -> None:
-        """Capture ahead of time what a decode of `batch` clips would capture on first use.
+        """Capture ahead of time the graphs a decode of `batch` clips of these lengths would capture.
 
         Exports and rewrites the decode graph for (dtype, device) (default: the parameters'), then captures
-        the CUDA graphs for `frames` latent frames, largest first: at ``channels_last`` by default every
-        bucket of ``compile_shapes`` (one shared pool, so the smaller graphs reuse the largest one's memory);
-        at ``lossless`` only the exact lengths given in `frames`. Raises what a capture failure raised.
+        the CUDA graphs of batch `batch` for `frames` latent frames, largest first: at ``channels_last`` by
+        default every bucket of ``compile_shapes`` (one shared pool, so the smaller graphs reuse the largest
+        one's memory); at ``lossless`` only the exact lengths given in `frames`. A clip longer than
+        ``tile_frames`` also replays windows stacked along the batch (``batch`` times 2, 4 or 8): those
+        graphs are captured by its first decode. Raises what a capture failure raised.
         """
         parameter = next(self.vae.parameters())
         device = torch.device(device) if device is not None else parameter.device
@@ -190,7 +195,10 @@ class AuKRunner:
         if reason is None and self.graph_for(z.dtype, z.device) is None:
             reason = self.graphs.errors[(z.dtype, z.device)]
         if reason is None:
-            weights = self._weights_now = self.graphs[(z.dtype, z.device)].weights(vae)
+            try:
+                weights = self._weights_now = self.graphs[(z.dtype, z.device)].weights(vae)
+            except AttributeError as error:  # e.g. a parameter replaced by a plain tensor attribute
+                return f"a graph weight is no longer a parameter or buffer of that name: {error}"
             if any(w.dtype != z.dtype or w.device != z.device for w in weights if w is not None):
                 reason = uniform_tensors_reason(vae, z) or "graph weights unlike the latents"
         return reason
@@ -288,18 +296,20 @@ class AuKRunner:
             return wave
         windows = self.plan(frames)
         wave = torch.empty(batch, frames * hop, dtype=z.dtype, device=z.device)
+        keys = []
         for group in _equal_width_groups(windows):
             for chunk in _chunks(group, power_of_two_chunks(len(group))):
                 width = chunk[0].window_frames
                 stacked = torch.cat([z[:, w.window_start : w.window_start + width] for w in chunk]) if len(chunk) > 1 \
                     else z[:, chunk[0].window_start : chunk[0].window_start + width]
+                keys.append((stacked.shape[0], width, z.dtype, z.device))
                 out = self._replay(stacked, width, pad)
                 for i, w in enumerate(chunk):
                     offset = w.emit_start - w.window_start
                     wave[:, w.emit_start * hop : w.emit_end * hop] = \
                         out[i * batch : (i + 1) * batch, offset * hop : (offset + w.emit_end - w.emit_start) * hop]
         widths = sorted({w.window_frames for w in windows}, reverse=True)
-        self._took(f"CUDA graphs, {len(windows)} tiled windows of {'/'.join(map(str, widths))} frames", None)
+        self._took(f"CUDA graphs, {len(windows)} tiled windows of {'/'.join(map(str, widths))} frames", *keys)
         return wave
 
     def plan(self, frames: int) -> list[Window]:
@@ -311,7 +321,10 @@ class AuKRunner:
         """Yield `(emit_start_frame, waveform [B, n * hop])` pieces in order as windows finish.
 
         Only ``channels_last`` tiles; otherwise (and for a clip that fits one window) the whole decode is
-        one piece starting at frame 0. The pieces concatenated are what `decode` returns.
+        one piece starting at frame 0. The pieces concatenated are what `decode` returns up to rounding:
+        `decode` replays equal-width windows stacked along the batch, this one window at a time. The
+        guards run again before every later piece (the caller runs between pieces): replaced weights retire
+        the graphs, and a piece a guard objects to is decoded from its window by `AuKVAE.decode`.
         """
         vae = self.vae
         vae._check_latents(z)
@@ -320,19 +333,30 @@ class AuKRunner:
                 or not self.backend.can_capture(z.device)):
             yield 0, self.decode(z)
             return
-        self._check_weights(z)
         hop, pad = vae.config.hop_length, vae.pad_latent()
         windows = self.plan(frames)
-        for w in windows:
-            out = self._replay(z[:, w.window_start : w.window_start + w.window_frames], w.window_frames, pad)
+        for i, w in enumerate(windows):
+            window = z[:, w.window_start : w.window_start + w.window_frames]
+            reason = self.fallback_reason(z) if i else None  # the first piece was checked above
+            if reason is not None:
+                self.fallbacks.took_reference(reason)
+                out = reference_decode(vae, window)
+            else:
+                self._check_weights(z)
+                out = self._replay(window, w.window_frames, pad)
+                self._took(f"CUDA graphs, streaming {len(windows)} tiled windows",
+                           (batch, w.window_frames, z.dtype, z.device))
             offset = w.emit_start - w.window_start
             piece = out[:, offset * hop : (offset + w.emit_end - w.emit_start) * hop].clone()
-            self._took(f"CUDA graphs, streaming {len(windows)} tiled windows", None)
             yield w.emit_start, piece
 
-    def _took(self, detail: str, key: tuple | None) -> None:
-        if key is not None and key in self.capture_failures:
-            detail = detail.replace("CUDA graph", "graph run eagerly (capture failed)")
+    def _took(self, detail: str, *keys: tuple) -> None:
+        """Report a graph-path call; `keys` are the CUDA graph shapes it used (those whose capture failed ran eagerly)."""
+        if any(key in self.capture_failures for key in keys):
+            if detail.startswith("CUDA graphs"):
+                detail = detail.replace("CUDA graphs", "CUDA graphs (eager where capture failed)", 1)
+            else:
+                detail = detail.replace("CUDA graph", "graph run eagerly (capture failed)", 1)
         self.fallbacks.took_graphs(detail)
 
 

@@ -10,15 +10,33 @@ shapes, so results are bit-identical to the uncaptured graph modules.
 `GraphCache` keeps the step graphs of at most `max_entries` shapes (least recently used evicted, its
 memory returned), and drops an entry whose weights are no longer the tensors captured (e.g. after
 `load_state_dict(assign=True)` or `.to()`); in-place weight updates are seen by replays.
+
+`GraphPool` keeps steps that share one private memory pool (captured by a backend such as
+`CudaGraphBackend`): never evicted one by one, only retired together. A deep copy of a pool is empty
+(CUDA graphs cannot be copied, and a pool is never shared by two owners).
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 from typing import Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor
+
+
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _capture_stream(device: torch.device) -> "torch.cuda.Stream":
+    """One capture stream per device, reused by every capture on it: a caching-allocator block is reused
+    only on the stream it was freed on, so graphs sharing a memory pool must be captured on one stream
+    (torch.cuda.graph's own default stream belongs to whichever device was current when it was made)."""
+    stream = _CAPTURE_STREAMS.get(device)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
 class StaticStep:
@@ -26,15 +44,16 @@ class StaticStep:
 
     def __init__(self, fn: Callable[..., Sequence[Tensor]], inputs: Sequence[Tensor], pool=None, warmup: int = 1):
         self.inputs = list(inputs)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                fn(*self.inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = list(fn(*self.inputs))
+        with torch.cuda.device(self.inputs[0].device):  # capture on the inputs' device, whichever is current
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    fn(*self.inputs)
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool, stream=_capture_stream(self.inputs[0].device)):
+                self.outputs = list(fn(*self.inputs))
 
     def replay(self) -> list[Tensor]:
         self.graph.replay()
@@ -67,6 +86,10 @@ class GraphCache:
 
     def clear(self) -> None:
         self._entries.clear()
+
+    def __deepcopy__(self, memo: dict) -> "GraphCache":
+        """An empty cache: CUDA graphs cannot be copied, and a copied model captures its own."""
+        return GraphCache(self.max_entries)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -115,10 +138,16 @@ class GraphPool:
                 self.retire()
             if self._pool is None:
                 self._pool = self.backend.new_pool()
-            step = self.backend.capture(fn, inputs(), self._pool)
+            with torch.inference_mode(False):  # static inputs stay writable by replays in any later mode
+                static = inputs()
+            step = self.backend.capture(fn, static, self._pool)
             self.steps[key] = step
             self.captures += 1
         return step
+
+    def __deepcopy__(self, memo: dict) -> "GraphPool":
+        """An empty pool on a copy of the backend: the copy of a model captures graphs of its own weights."""
+        return GraphPool(copy.deepcopy(self.backend, memo), self.max_entries)
 
     def retire(self) -> None:
         """Drop every graph of this generation and its pool."""

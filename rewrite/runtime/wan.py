@@ -167,10 +167,11 @@ class _WanCudaGraphs:
     """
 
     def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor):
-        self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
-        _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
-        self.caches = [c.clone() for c in caches]
-        del _, caches  # not kept alive through the captures below (they would count twice in the peak)
+        with torch.inference_mode(False):  # static buffers stay writable by replays in any later mode
+            self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
+            _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
+            self.caches = [c.clone() for c in caches]
+            del _, caches  # not kept alive through the captures below (they would count twice in the peak)
 
         def first(x):
             y, *new = chunk0(weights0, x)

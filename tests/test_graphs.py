@@ -1,0 +1,51 @@
+"""CUDA-graph containers on CPU: what a deep copy of a model's runner gets, and pool generations."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from rewrite.runtime.graphs import GraphCache, GraphPool
+
+
+class Uncopyable:
+    """Stands in for a captured step: torch.cuda.CUDAGraph refuses deepcopy and pickling."""
+
+    def __deepcopy__(self, memo):
+        raise TypeError("cannot pickle 'torch._C._CudaGraph' object")
+
+
+class Backend:
+    def __init__(self):
+        self.pools = 0
+
+    def new_pool(self):
+        self.pools += 1
+        return self.pools
+
+    def capture(self, fn, inputs, pool):
+        return Uncopyable()
+
+
+def test_deep_copies_of_graph_containers_are_empty():
+    weights = [torch.zeros(2)]
+    cache = GraphCache(max_entries=2)
+    cache.get("a", weights, Uncopyable)
+    twin = copy.deepcopy(cache)
+    assert len(cache) == 1 and len(twin) == 0 and twin.max_entries == 2
+
+    pool = GraphPool(Backend(), max_entries=3)
+    pool.get("a", lambda x: [x], lambda: [torch.zeros(1)])
+    twin_pool = copy.deepcopy(pool)
+    assert len(pool) == 1 and len(twin_pool) == 0 and twin_pool.max_entries == 3
+
+
+def test_a_full_pool_retires_its_whole_generation():
+    backend = Backend()
+    pool = GraphPool(backend, max_entries=2)
+    for key in ("a", "b", "c"):
+        pool.get(key, lambda x: [x], lambda: [torch.zeros(1)])
+    assert set(pool.steps) == {"c"} and pool.generation == 1 and backend.pools == 2
+    pool.retire()
+    assert len(pool) == 0 and pool.generation == 2
