@@ -34,10 +34,12 @@ import torch
 
 from rewrite.models.auk import AliasFreeSnakeBeta
 from rewrite.ops import alias_free, dispatch
+from rewrite.ops import auk as _auk_ops  # noqa: F401  (registers torch.ops.rewrite.causal_conv1d)
 from rewrite.ops.alias_free import (
     alias_free_snake,
     alias_free_snake_reference,
     choose_implementation,
+    run_triton_kernel,
     triton_unsupported_reason,
     use_backend,
 )
@@ -276,3 +278,43 @@ def test_cuda_autograd_falls_back():
     path, reason = choose_implementation(x, *op_args(module))  # parameters require grad, grad mode on
     assert path == "reference" and "autograd" in reason
     assert torch.equal(alias_free_snake(x, *op_args(module)), module(x))
+
+
+# ---------------------------------------------------------------------------------- activation -> causal conv
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_kernel = pytest.mark.skipif(not (torch.cuda.is_available() or alias_free.INTERPRETING),
+                                  reason="needs CUDA or TRITON_INTERPRET=1")
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_left_zero_margin_is_the_plain_output_shifted(dtype):
+    """`left_zeros` changes where the kernel writes, nothing it computes: torch.equal, zeros in front."""
+    with torch.no_grad():
+        module, x = make_case(3, 40, dtype=dtype, device=KERNEL_DEVICE)
+        plain = run_triton_kernel(x, *op_args(module))
+        padded = run_triton_kernel(x, *op_args(module), left_zeros=10)
+    assert padded.shape == (x.shape[0], x.shape[1], 10 + x.shape[2])
+    assert torch.equal(padded[..., 10:], plain) and not padded[..., :10].any()
+
+
+@needs_kernel
+@pytest.mark.parametrize("with_bias, with_residual", [(True, True), (True, False), (False, False)])
+def test_snake_causal_conv_equals_the_two_ops_it_fuses(with_bias, with_residual):
+    """Same activation kernel, same conv on the same values and layout: bit-identical to the pair."""
+    from rewrite.ops.alias_free import alias_free_snake_causal_conv1d_reference
+
+    module, x = make_case(3, 40, device=KERNEL_DEVICE)
+    g = torch.Generator().manual_seed(7)
+    weight = (torch.randn(5, 3, 7, generator=g) * 0.2).to(KERNEL_DEVICE)
+    bias = torch.randn(5, generator=g).to(KERNEL_DEVICE) if with_bias else None
+    residual = torch.randn(x.shape[0], 5, x.shape[2], generator=g).to(KERNEL_DEVICE) if with_residual else None
+    args = (*op_args(module), True, weight, bias, [3], residual)
+    with torch.no_grad(), use_backend("triton"):
+        fused = torch.ops.rewrite.alias_free_snake_causal_conv1d(x, *args)
+        pair = torch.ops.rewrite.causal_conv1d(alias_free_snake(x, *op_args(module)), weight, bias, [3], residual)
+        strided = torch.ops.rewrite.alias_free_snake_causal_conv1d(x.transpose(1, 2).contiguous().transpose(1, 2), *args)
+    assert torch.equal(fused, pair) and torch.equal(strided, fused)
+    with torch.no_grad(), use_backend("reference"):  # the reference: the two reference ops
+        assert torch.equal(torch.ops.rewrite.alias_free_snake_causal_conv1d(x, *args),
+                           alias_free_snake_causal_conv1d_reference(x, *args))

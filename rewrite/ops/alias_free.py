@@ -58,6 +58,14 @@ aten ops directly (recorded by autograd), so the result is differentiable; this 
 defined with `torch.library.Library` and not `torch.library.custom_op`, whose implementations always
 run with grad mode off and could not see that a gradient is wanted.
 
+Second op, ``rewrite::alias_free_snake_causal_conv1d(x, alpha, beta, taps, logscale, weight, bias,
+dilation, residual)``: the activation feeding a causal conv (``causal_conv1d(alias_free_snake(x), ...)``,
+every conv of the AuK decoder). With the Triton kernel it allocates ``[B, C, left + T]``, zeroes the first
+``left = dilation * (k - 1)`` columns and has the kernel write after them (``run_triton_kernel(...,
+left_zeros=left)``), then runs the same ``conv1d`` (and residual add) on it: the conv sees the values and
+layout the separate pad would have built, so the result is bit-identical to the two ops, one full copy
+(the pad's fill and copy) cheaper. Without the kernel it runs the two ops.
+
 Ops know nothing of graphs, patterns or the API.
 """
 
@@ -83,6 +91,7 @@ __all__ = [
     "INTERPRETING",
     "SUPPORTED_DTYPES",
     "alias_free_snake",
+    "alias_free_snake_causal_conv1d_reference",
     "alias_free_snake_reference",
     "choose_implementation",
     "get_backend",
@@ -235,6 +244,54 @@ def alias_free_snake(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logsc
 
 
 # ---------------------------------------------------------------------------------------------------
+# The activation feeding a causal conv: the conv's zero pad written by the activation kernel
+# ---------------------------------------------------------------------------------------------------
+
+_LIB.define("alias_free_snake_causal_conv1d(Tensor x, Tensor alpha, Tensor beta, Tensor taps, bool logscale, "
+            "Tensor weight, Tensor? bias, int[] dilation, Tensor? residual) -> Tensor")
+
+
+def alias_free_snake_causal_conv1d_reference(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool,
+                                             weight: Tensor, bias: Optional[Tensor], dilation: list[int],
+                                             residual: Optional[Tensor]) -> Tensor:
+    """``causal_conv1d(alias_free_snake(x), ...)``: the two ops this one fuses, each as its own op runs."""
+    from rewrite.ops.auk import causal_conv1d_reference
+
+    activation = torch.ops.rewrite.alias_free_snake.default(x, alpha, beta, taps, logscale)
+    return causal_conv1d_reference(activation, weight, bias, dilation, residual)
+
+
+def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, residual):
+    """Triton activation writing ``[B, C, left + T]`` with the zero pad in place, then the same conv1d
+    (and residual add) as `causal_conv1d_reference` on that tensor: equal, bit for bit, to the two ops."""
+    _validate(x, alpha, beta, taps)
+    if choose_implementation(x, alpha, beta, taps)[0] != "triton":
+        return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation, residual)
+    left = dilation[0] * (weight.shape[-1] - 1)
+    padded = run_triton_kernel(x.contiguous(), alpha, beta, taps, logscale, left_zeros=left)
+    y = torch.ops.aten.conv1d.default(padded, weight, bias, [1], [0], dilation, 1)
+    return y if residual is None else torch.ops.aten.add.Tensor(residual, y)
+
+
+def _snake_conv_autograd(x, alpha, beta, taps, logscale, weight, bias, dilation, residual):
+    if _autograd_needed(x, alpha, beta, taps, weight, *(t for t in (bias, residual) if t is not None)):
+        return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation, residual)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.rewrite.alias_free_snake_causal_conv1d.default(
+            x, alpha, beta, taps, logscale, weight, bias, dilation, residual)
+
+
+_LIB.impl("alias_free_snake_causal_conv1d", _snake_conv_impl, "CompositeExplicitAutograd")
+_LIB.impl("alias_free_snake_causal_conv1d", _snake_conv_autograd, "Autograd")
+
+
+@torch.library.register_fake("rewrite::alias_free_snake_causal_conv1d")
+def _snake_conv_fake(x, alpha, beta, taps, logscale, weight, bias, dilation, residual):
+    _validate(x, alpha, beta, taps)
+    return x.new_empty((x.shape[0], weight.shape[0], x.shape[2]))
+
+
+# ---------------------------------------------------------------------------------------------------
 # Triton kernel
 # ---------------------------------------------------------------------------------------------------
 
@@ -289,10 +346,13 @@ if triton is not None:
 
     @triton.jit
     def _alias_free_snake_kernel(
-        x_ptr, alpha_ptr, beta_ptr, taps_ptr, out_ptr, rows, channels, T, t_blocks,
+        x_ptr, alpha_ptr, beta_ptr, taps_ptr, out_ptr, rows, channels, T, t_blocks, out_row_stride, out_offset,
         LOGSCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, HALO_T: tl.constexpr,
     ):
         """One ``[BLOCK_R, BLOCK_T - HALO_T]`` output tile: positions ``base + i`` with ``i >= HALO_T``.
+
+        Output row ``r`` starts at ``r * out_row_stride + out_offset`` (``T`` and 0 for a plain output; a
+        caller that wants a left margin, e.g. a causal conv's zero pad, passes ``T + margin`` and ``margin``).
 
         A 1-D grid (no 65535 limit on any axis): program ``pid`` is row block ``pid // t_blocks``, time
         block ``pid % t_blocks`` (neighbouring programs share input rows).
@@ -316,7 +376,8 @@ if triton is not None:
             acc += tl.load(taps_ptr + 2 * q).to(tl.float32) * tl.gather(v_odd, shift, 1)
 
         mask = row_mask[:, None] & ((i >= HALO_T) & (p < T))[None, :]
-        tl.store(out_ptr + row_start + p[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        out_row = r.to(tl.int64)[:, None] * out_row_stride + out_offset
+        tl.store(out_ptr + out_row + p[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # Launch geometry, measured on an H200 (fp32, the AuK shapes): one warp per program and tiles of at most
@@ -341,11 +402,14 @@ def _launch_config(rows: int, length: int) -> tuple[int, int, int]:
     return block_r, block_t, NUM_WARPS
 
 
-def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool = True) -> Tensor:
+def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool = True,
+                      left_zeros: int = 0) -> Tensor:
     """Launch the fused kernel (no dispatch checks beyond the preconditions it relies on).
 
     ``x``: contiguous ``[B, C, T]`` fp32/fp16/bf16 on CUDA (or CPU under ``TRITON_INTERPRET=1``);
-    alpha, beta, taps as for `alias_free_snake`. Returns a new contiguous tensor of x's dtype.
+    alpha, beta, taps as for `alias_free_snake`. Returns a new contiguous tensor of x's dtype,
+    ``[B, C, left_zeros + T]`` with zeros in its first ``left_zeros`` columns (a causal conv's zero pad,
+    written here so that no pad pass copies the activation again).
     """
     if triton is None:
         raise RuntimeError("alias_free_snake: triton is not importable")
@@ -353,7 +417,9 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
     if x.dtype not in SUPPORTED_DTYPES or not x.is_contiguous():
         raise ValueError(f"alias_free_snake: the kernel needs a contiguous {SUPPORTED_DTYPES} x")
     batch, channels, length = x.shape
-    out = torch.empty_like(x)
+    out = x.new_empty((batch, channels, left_zeros + length))
+    if left_zeros:
+        out[..., :left_zeros].zero_()
     rows = batch * channels
     if rows == 0:
         return out
@@ -362,7 +428,7 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
     grid = (triton.cdiv(rows, block_r) * t_blocks,)
     _alias_free_snake_kernel[grid](
         x, alpha.reshape(-1).contiguous(), beta.reshape(-1).contiguous(), taps.reshape(-1).contiguous(), out,
-        rows, channels, length, t_blocks,
+        rows, channels, length, t_blocks, left_zeros + length, left_zeros,
         LOGSCALE=logscale, BLOCK_R=block_r, BLOCK_T=block_t, HALO_T=HALO, num_warps=num_warps,
     )
     return out
