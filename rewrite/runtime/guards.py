@@ -24,9 +24,6 @@ def autograd_reason(module: nn.Module, *inputs: torch.Tensor) -> str | None:
 
 def hook_reason(region: nn.Module, region_name: str, allowed_forward: object = None) -> str | None:
     """Forward hooks or instance-level forward wrappers inside `region` (export would bake or drop them)."""
-    globally_hooked = _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks
-    if not globally_hooked and not any(_hooked(mod, allowed_forward) for mod in region.modules()):
-        return None  # the common case, checked without building module names
     hooked = []
     for name, mod in region.named_modules(prefix=region_name):
         if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
@@ -40,12 +37,6 @@ def hook_reason(region: nn.Module, region_name: str, allowed_forward: object = N
         return None
     shown = ", ".join(hooked[:5]) + (f" and {len(hooked) - 5} more" if len(hooked) > 5 else "")
     return f"hooks or forward wrappers inside the captured region: {shown}"
-
-
-def _hooked(mod: nn.Module, allowed_forward: object) -> bool:
-    instance_forward = mod.__dict__.get("forward")
-    return bool(mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None)
-                or (instance_forward is not None and instance_forward is not allowed_forward))
 
 
 def uniform_parameters_reason(module: nn.Module, x: torch.Tensor) -> str | None:
