@@ -65,9 +65,8 @@ if triton is not None:
         tl.store(out_ptr + b * so0 + c * so1 + t * so2 + h * so3 + w * so4, _round(y, dtype), mask=mask)
 
     @triton.jit
-    def _plane(C, T):
-        """(b, c, t) of this program's (h, w) plane of a [B, C, T, H, W] tensor (axis 0), as int64."""
-        plane = tl.program_id(0)
+    def _plane(plane, C, T):
+        """(b, c, t) of (h, w) plane number `plane` of a [B, C, T, H, W] tensor, as int64."""
         r = plane // T
         return (r // C).to(tl.int64), (r % C).to(tl.int64), (plane % T).to(tl.int64)
 
@@ -77,7 +76,7 @@ if triton is not None:
         """`_rms_norm_epilogue_kernel` for tensors whose (h, w) planes are contiguous: one plane (b, c, t) per
         program along axis 0, BLOCK spatial positions along axis 1 (no per-element index division; gamma is
         one scalar per program). Same arithmetic, element for element."""
-        b, c, t = _plane(C, T)
+        b, c, t = _plane(tl.program_id(0), C, T)
         s = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = s < S
         x = tl.load(x_ptr + (b * sx0 + c * sx1 + t * sx2) + s, mask=mask, other=0.0)
@@ -115,10 +114,7 @@ if triton is not None:
         pid = tl.program_id(0)
         hb = pid % h_blocks
         plane = pid // h_blocks
-        t = plane % TO
-        r = plane // TO
-        c = r % C
-        b = r // C
+        b, c, t = _plane(plane, C, TO)
         h = hb * ROWS + tl.arange(0, ROWS)
         w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
         out_mask = (h < HO)[:, None] & (w < WO)[None, :]
@@ -129,10 +125,10 @@ if triton is not None:
         value = tl.zeros([ROWS, BLOCK_W], dtype=out_ptr.dtype.element_ty)  # the zero pad
         if (ts >= 0) & (ts < TC + TX):
             if ts >= TC:
-                base = b.to(tl.int64) * sx0 + c.to(tl.int64) * sx1 + (ts - TC).to(tl.int64) * sx2
+                base = b * sx0 + c * sx1 + (ts - TC) * sx2
                 value = tl.load(x_ptr + base + hs[:, None].to(tl.int64) * sx3 + ws[None, :] * sx4, mask=inside, other=0.0)
             elif HAS_CACHE:
-                base = b.to(tl.int64) * sc0 + c.to(tl.int64) * sc1 + ts.to(tl.int64) * sc2
+                base = b * sc0 + c * sc1 + ts * sc2
                 value = tl.load(cache_ptr + base + hs[:, None].to(tl.int64) * sc3 + ws[None, :] * sc4, mask=inside, other=0.0)
         offsets = plane.to(tl.int64) * HO * WO + h[:, None].to(tl.int64) * WO + w[None, :]
         tl.store(out_ptr + offsets, value, mask=out_mask)
@@ -158,7 +154,7 @@ if triton is not None:
                                     so0, so1, so2, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         """`_bias_residual_kernel` for tensors whose (h, w) planes are contiguous, one plane per program
         along axis 0 (see `_rms_norm_plane_kernel`). Same arithmetic, element for element."""
-        b, c, t = _plane(C, T)
+        b, c, t = _plane(tl.program_id(0), C, T)
         s = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = s < S
         y = tl.load(y_ptr + (b * sy0 + c * sy1 + t * sy2) + s, mask=mask, other=0.0)
