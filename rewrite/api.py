@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch import nn
 
 from rewrite.levels import check_level
@@ -96,7 +97,9 @@ def warmup(module: nn.Module, device=None, dtype=None, batch: int = 1, **shapes)
     runner = module.__dict__.get("_rewrite_runner")
     if runner is None:
         raise RuntimeError(f"warmup: {type(module).__name__} is not optimized (call rewrite.optimize first)")
-    runner.warmup(device=device, dtype=dtype, batch=batch, **shapes)
+    parameter = next(module.parameters())
+    device = torch.device(device) if device is not None else parameter.device
+    runner.warmup(device, dtype if dtype is not None else parameter.dtype, batch=batch, **shapes)
 
 
 def report(module: nn.Module) -> Report:

@@ -36,7 +36,7 @@ def test_deep_copies_of_graph_containers_are_empty():
     assert len(cache) == 1 and len(twin) == 0 and twin.max_entries == 2
 
     pool = GraphPool(Backend(), max_entries=3)
-    pool.get("a", lambda x: [x], lambda: [torch.zeros(1)])
+    pool.get("a", lambda: (lambda x: [x]), lambda: [torch.zeros(1)])
     twin_pool = copy.deepcopy(pool)
     assert len(pool) == 1 and len(twin_pool) == 0 and twin_pool.max_entries == 3
 
@@ -45,7 +45,7 @@ def test_a_full_pool_retires_its_whole_generation():
     backend = Backend()
     pool = GraphPool(backend, max_entries=2)
     for key in ("a", "b", "c"):
-        pool.get(key, lambda x: [x], lambda: [torch.zeros(1)])
+        pool.get(key, lambda: (lambda x: [x]), lambda: [torch.zeros(1)])
     assert set(pool.steps) == {"c"} and pool.generation == 1 and backend.pools == 2
     pool.retire()
     assert len(pool) == 0 and pool.generation == 2

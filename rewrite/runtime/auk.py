@@ -111,8 +111,7 @@ class AuKRunner:
         self.bucket_graphs = GraphPool(self.backend)  # (batch, bucket, dtype, device), one shared pool
         self.exact_graphs = GraphPool(self.backend, max_entries=self.max_graphs)  # (batch, frames, dtype, device)
         self.capture_failures: dict[tuple, str] = {}
-        self._weight_pointers: dict[tuple, tuple[int, ...]] = {}
-        self._weights_now: list = []  # the graph weights read by the last fallback_reason
+        self._weight_pointers: dict[tuple, tuple[int, ...]] = {}  # per (dtype, device): when the graphs were captured
         # A plain reference (a cycle through vae._rewrite_runner, which the GC collects): copy.deepcopy of
         # the VAE then gives the copy a runner bound to the copy, as for the Wan runner's bound methods.
         self.vae = vae
@@ -148,20 +147,16 @@ class AuKRunner:
                 "capture failures": len(self.capture_failures)}
 
     @torch.no_grad()  # captures for no-grad decodes, whatever the caller's grad mode (as Wan's warmup)
-    def warmup(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None, batch: int = 1,
-               frames: Sequence[int] | None = None) -> None:
+    def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, frames: Sequence[int] | None = None) -> None:
         """Capture ahead of time the graphs a decode of `batch` clips of these lengths would capture.
 
-        Exports and rewrites the decode graph for (dtype, device) (default: the parameters'), then captures
+        Exports and rewrites the decode graph for (dtype, device), then captures
         the CUDA graphs of batch `batch` for `frames` latent frames, largest first: at ``channels_last`` by
         default every bucket of ``compile_shapes`` (one shared pool, so the smaller graphs reuse the largest
         one's memory); at ``lossless`` only the exact lengths given in `frames`. A clip longer than
         ``tile_frames`` also replays windows stacked along the batch (``batch`` times 2, 4 or 8): those
         graphs are captured by its first decode. Raises what a capture failure raised.
         """
-        parameter = next(self.vae.parameters())
-        device = torch.device(device) if device is not None else parameter.device
-        dtype = dtype if dtype is not None else parameter.dtype
         z = torch.zeros(_positive_int("batch", batch), 1, self.vae.config.latent_dim, dtype=dtype, device=device)
         reason = self.fallback_reason(z)
         if reason is not None:
@@ -170,7 +165,6 @@ class AuKRunner:
             return
         if frames is None:
             frames = self.compile_shapes if self.bucketed else ()
-        self._check_weights(z)
         for width in sorted({_positive_int("frames entry", f) for f in frames}, reverse=True):
             pool, key = self._pool_for(batch, width, z.dtype, z.device)
             self._capture(pool, key, batch, width, z.dtype, z.device)
@@ -181,7 +175,8 @@ class AuKRunner:
 
         Cheap enough to run on every decode: the parameters' dtype/device agreement is checked on the
         graph's own weight list (`CapturedGraph.weights`, owners resolved once), the full module walk of
-        `uniform_tensors_reason` runs only to word a reason once something disagrees.
+        `uniform_tensors_reason` runs only to word a reason once something disagrees. With that list at
+        hand it also retires every CUDA graph when a weight tensor was replaced since they were captured.
         """
         vae = self.vae
         first = next(vae.parameters(), None)
@@ -196,17 +191,18 @@ class AuKRunner:
             reason = self.graphs.errors[(z.dtype, z.device)]
         if reason is None:
             try:
-                weights = self._weights_now = self.graphs[(z.dtype, z.device)].weights(vae)
+                weights = self.graphs[(z.dtype, z.device)].weights(vae)
             except AttributeError as error:  # e.g. a parameter replaced by a plain tensor attribute
                 return f"a graph weight is no longer a parameter or buffer of that name: {error}"
             if any(w.dtype != z.dtype or w.device != z.device for w in weights if w is not None):
                 reason = uniform_tensors_reason(vae, z) or "graph weights unlike the latents"
+            else:
+                self._retire_if_replaced((z.dtype, z.device), weights)
         return reason
 
-    def _check_weights(self, z: torch.Tensor) -> None:
+    def _retire_if_replaced(self, key: tuple, weights: list) -> None:
         """Retire every CUDA graph when a weight tensor was replaced since the graphs were captured."""
-        key = (z.dtype, z.device)
-        pointers = tuple(0 if w is None else w.data_ptr() for w in self._weights_now)  # read by fallback_reason
+        pointers = tuple(0 if w is None else w.data_ptr() for w in weights)
         previous = self._weight_pointers.get(key)
         if previous is not None and previous != pointers:
             self.bucket_graphs.retire()
@@ -233,12 +229,9 @@ class AuKRunner:
 
     def _capture(self, pool: GraphPool, key: tuple, batch: int, width: int, dtype: torch.dtype, device: torch.device):
         """The step of `key` from `pool`, captured on first use over a static latent buffer."""
-        step = pool.steps.get(key)
-        if step is None:
-            latent_dim = self.vae.config.latent_dim
-            step = pool.get(key, self._step_fn(dtype, device),
-                            lambda: [torch.empty(batch, width, latent_dim, dtype=dtype, device=device)])
-        return step
+        latent_dim = self.vae.config.latent_dim
+        return pool.get(key, lambda: self._step_fn(dtype, device),
+                        lambda: [torch.empty(batch, width, latent_dim, dtype=dtype, device=device)])
 
     def _pool_for(self, batch: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple[GraphPool, tuple]:
         bucket = self.bucketed and width in self.compile_shapes
@@ -280,7 +273,6 @@ class AuKRunner:
         if not self.backend.can_capture(z.device):
             self.fallbacks.took_graphs(f"graph run eagerly (no CUDA graphs on {z.device.type})")
             return self.run_window(z)
-        self._check_weights(z)
         batch, frames, _ = z.shape
         hop = vae.config.hop_length
         if not self.bucketed:
@@ -342,7 +334,6 @@ class AuKRunner:
                 self.fallbacks.took_reference(reason)
                 out = reference_decode(vae, window)
             else:
-                self._check_weights(z)
                 out = self._replay(window, w.window_frames, pad)
                 self._took(f"CUDA graphs, streaming {len(windows)} tiled windows",
                            (batch, w.window_frames, z.dtype, z.device))

@@ -130,8 +130,10 @@ class GraphPool:
         self.generation = 0
         self.captures = 0
 
-    def get(self, key: Hashable, fn: Callable[..., Sequence[Tensor]], inputs: Callable[[], Sequence[Tensor]]):
-        """The step for `key`, captured from `fn(*inputs())` when absent (retiring a full generation first)."""
+    def get(self, key: Hashable, make_fn: Callable[[], Callable[..., Sequence[Tensor]]],
+            inputs: Callable[[], Sequence[Tensor]]):
+        """The step for `key`, captured from `make_fn()(*inputs())` when absent (retiring a full generation
+        first). Both are factories: nothing is built for a key already captured."""
         step = self.steps.get(key)
         if step is None:
             if self.max_entries is not None and len(self.steps) >= self.max_entries:
@@ -140,7 +142,7 @@ class GraphPool:
                 self._pool = self.backend.new_pool()
             with torch.inference_mode(False):  # static inputs stay writable by replays in any later mode
                 static = inputs()
-            step = self.backend.capture(fn, static, self._pool)
+            step = self.backend.capture(make_fn(), static, self._pool)
             self.steps[key] = step
             self.captures += 1
         return step

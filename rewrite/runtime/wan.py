@@ -71,16 +71,12 @@ class WanRunner:
     def graph_reports(self) -> list[GraphReport]:
         return [GraphReport.of(g) for pair in self.graphs.values.values() for g in pair]
 
-    def warmup(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None, batch: int = 1,
-               shapes=()) -> None:
+    def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, shapes=()) -> None:
         """Capture the graphs, and on CUDA the chunk-0/steady CUDA graphs, for latent sizes `shapes`.
 
         `shapes` lists `(latent_height, latent_width)` pairs; each is served by decoding a two-frame zero
-        latent (chunk 0 and one steady step) of that size. `device`/`dtype` default to the parameters'.
+        latent (chunk 0 and one steady step) of that size.
         """
-        parameter = next(self.vae.parameters())
-        device = torch.device(device) if device is not None else parameter.device
-        dtype = dtype if dtype is not None else parameter.dtype
         for height, width in shapes:
             z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
             with torch.no_grad():
