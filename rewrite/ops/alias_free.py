@@ -185,14 +185,7 @@ def choose_implementation(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor) 
 
     Raises ValueError when the backend is forced to "triton" and the kernel cannot serve the call.
     """
-    if get_backend() == "reference":
-        return "reference", "backend switch set to 'reference'"
-    reason = triton_unsupported_reason(x, alpha, beta, taps)
-    if reason is None:
-        return "triton", None
-    if get_backend() == "triton":
-        raise ValueError(f"alias_free_snake: backend 'triton' forced but unsupported: {reason}")
-    return "reference", reason
+    return dispatch.choose("alias_free_snake", lambda: triton_unsupported_reason(x, alpha, beta, taps))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -95,14 +95,7 @@ def choose_exact_implementation(x: Tensor, alpha: Tensor, beta: Tensor, taps: Te
 
     Raises ValueError when the backend is forced to "triton" and the kernels cannot serve the call.
     """
-    if dispatch.get_backend() == "reference":
-        return "reference", "backend switch set to 'reference'"
-    reason = exact_kernel_unsupported_reason(x, alpha, beta, taps)
-    if reason is None:
-        return "triton", None
-    if dispatch.get_backend() == "triton":
-        raise ValueError(f"alias_free_snake_exact: backend 'triton' forced but unsupported: {reason}")
-    return "reference", reason
+    return dispatch.choose("alias_free_snake_exact", lambda: exact_kernel_unsupported_reason(x, alpha, beta, taps))
 
 
 def alias_free_snake_exact_kernels(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool) -> Tensor:

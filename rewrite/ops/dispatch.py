@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -75,11 +75,22 @@ def kernel_unsupported_reason(op: str, tensors: tuple[Tensor, ...], dtypes: tupl
     return None
 
 
+def choose(op: str, unsupported_reason: Callable[[], Optional[str]]) -> tuple[str, Optional[str]]:
+    """``("triton", None)`` or ``("reference", why)`` for `op` under the backend switch.
+
+    `unsupported_reason()` (called unless the switch says "reference") is None when the kernel can serve
+    the call. Raises ValueError when the backend is forced to "triton" and it cannot.
+    """
+    if _backend == "reference":
+        return "reference", "backend switch set to 'reference'"
+    reason = unsupported_reason()
+    if reason is None:
+        return "triton", None
+    if _backend == "triton":
+        raise ValueError(f"{op}: backend 'triton' forced but unsupported: {reason}")
+    return "reference", reason
+
+
 def use_kernel(op: str, tensors: tuple[Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> bool:
     """Whether `op` runs its kernel now; raises when the "triton" backend is forced but unsupported."""
-    if _backend == "reference":
-        return False
-    reason = kernel_unsupported_reason(op, tensors, dtypes)
-    if reason is not None and _backend == "triton":
-        raise ValueError(f"{op}: backend 'triton' forced but unsupported: {reason}")
-    return reason is None
+    return choose(op, lambda: kernel_unsupported_reason(op, tensors, dtypes))[0] == "triton"
