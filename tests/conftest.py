@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random-init Wan decoders (reference and optimized copies with equal weights)."""
+"""Shared fixtures: tiny random-init Wan decoders (reference and optimized copies with equal weights), and
+the kernel dispatch forced to Triton on CPU (`kernel_allowed_on_cpu`)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,13 @@ def wan_pair():
         return _PAIRS[key]
 
     return get
+
+
+@pytest.fixture
+def kernel_allowed_on_cpu(monkeypatch):
+    """Pretend the interpreter is on and force the kernels, so CPU calls reach the later dispatch checks."""
+    from rewrite.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "INTERPRETING", True)
+    with dispatch.use_backend("triton"):
+        yield

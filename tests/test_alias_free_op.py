@@ -158,14 +158,6 @@ def test_cpu_auto_falls_back_to_reference():
     assert path == "reference" and "cpu" in reason  # "auto" never takes the interpreter, even when it is on
 
 
-@pytest.fixture
-def kernel_allowed_on_cpu(monkeypatch):
-    """Pretend the interpreter is on and force the kernel, so CPU calls reach the later checks."""
-    monkeypatch.setattr(dispatch, "INTERPRETING", True)
-    with use_backend("triton"):
-        yield
-
-
 def test_autograd_needed_falls_back_to_differentiable_reference(kernel_allowed_on_cpu):
     module, x = make_case(3, 20)
     x.requires_grad_(True)

@@ -197,14 +197,6 @@ def test_cpu_auto_runs_the_reference():
                            alias_free_snake_exact_reference(x, alpha, beta, taps, True))
 
 
-@pytest.fixture
-def kernel_allowed_on_cpu(monkeypatch):
-    """Pretend the interpreter is on and force the kernels, so CPU calls reach the later checks."""
-    monkeypatch.setattr(dispatch, "INTERPRETING", True)
-    with use_backend("triton"):
-        yield
-
-
 def test_autograd_needed_runs_the_reference(kernel_allowed_on_cpu):
     x, alpha, beta, taps = make_inputs(2, 3, 20, torch.float32)
     alpha.requires_grad_(True)
