@@ -19,6 +19,7 @@ memory returned), and drops an entry whose weights are no longer the tensors cap
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 from typing import Callable, Hashable, Sequence
 
@@ -27,6 +28,15 @@ from torch import Tensor
 
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+@contextlib.contextmanager
+def static_buffer_mode():
+    """Where static graph buffers are made: outside inference mode (so replays may write them whatever mode
+    a later call runs in) and with grad mode off. ``torch.inference_mode(False)`` alone turns grad mode
+    *on*, so a warm-up run made there would record autograd state and keep every activation alive."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 def _capture_stream(device: torch.device) -> "torch.cuda.Stream":
@@ -140,7 +150,7 @@ class GraphPool:
                 self.retire()
             if self._pool is None:
                 self._pool = self.backend.new_pool()
-            with torch.inference_mode(False):  # static inputs stay writable by replays in any later mode
+            with static_buffer_mode():
                 static = inputs()
             step = self.backend.capture(make_fn(), static, self._pool)
             self.steps[key] = step

@@ -22,7 +22,7 @@ from rewrite.capture.wan import capture_wan_decoder, reference_forward
 from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
-from rewrite.runtime.graphs import GraphCache, StaticStep
+from rewrite.runtime.graphs import GraphCache, StaticStep, static_buffer_mode
 
 
 class WanRunner:
@@ -163,7 +163,7 @@ class _WanCudaGraphs:
     """
 
     def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor):
-        with torch.inference_mode(False):  # static buffers stay writable by replays in any later mode
+        with static_buffer_mode():
             self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
             _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
             self.caches = [c.clone() for c in caches]
