@@ -18,6 +18,8 @@ PATTERN_MODULES: tuple[str, ...] = (
     "auk_alias_free", "auk_causal_conv1d", "auk_causal_conv_transpose1d", "auk_amp_average",
     # after the two families it combines (channels_last only)
     "auk_snake_conv",
+    # after snake_conv, whose fused ops it chains
+    "auk_deferred_bias",
 )
 
 

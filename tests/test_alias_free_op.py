@@ -291,9 +291,12 @@ def test_left_zero_margin_is_the_plain_output_shifted(dtype):
 
 
 @needs_kernel
-@pytest.mark.parametrize("with_bias, with_residual", [(True, True), (True, False), (False, False)])
-def test_snake_causal_conv_equals_the_two_ops_it_fuses(with_bias, with_residual):
-    """Same activation kernel, same conv on the same values and layout: bit-identical to the pair."""
+@pytest.mark.parametrize("with_bias, with_residual, with_x_bias",
+                         [(True, True, False), (True, False, False), (False, False, False), (True, True, True),
+                          (True, False, True)])
+def test_snake_causal_conv_equals_the_ops_it_fuses(with_bias, with_residual, with_x_bias):
+    """Same activation kernel, same conv on the same values and layout: bit-identical to the separate ops
+    (the deferred input bias read as ``x + x_bias`` rounded, the bias and residual added with ATen's roundings)."""
     from rewrite.ops.alias_free import alias_free_snake_causal_conv1d_reference
 
     module, x = make_case(3, 40, device=KERNEL_DEVICE)
@@ -301,12 +304,26 @@ def test_snake_causal_conv_equals_the_two_ops_it_fuses(with_bias, with_residual)
     weight = (torch.randn(5, 3, 7, generator=g) * 0.2).to(KERNEL_DEVICE)
     bias = torch.randn(5, generator=g).to(KERNEL_DEVICE) if with_bias else None
     residual = torch.randn(x.shape[0], 5, x.shape[2], generator=g).to(KERNEL_DEVICE) if with_residual else None
-    args = (*op_args(module), True, weight, bias, [3], residual)
+    x_bias = torch.randn(3, generator=g).to(KERNEL_DEVICE) if with_x_bias else None
+    args = (*op_args(module), True, weight, bias, [3], residual, x_bias)
+    cropped = torch.cat([x, torch.full_like(x[..., :9], float("nan"))], dim=2)[..., : x.shape[2]]  # rows of a view
     with torch.no_grad(), use_backend("triton"):
         fused = torch.ops.rewrite.alias_free_snake_causal_conv1d(x, *args)
-        pair = torch.ops.rewrite.causal_conv1d(alias_free_snake(x, *op_args(module)), weight, bias, [3], residual)
+        source = x if x_bias is None else x + x_bias.view(1, -1, 1)
+        pair = torch.ops.rewrite.causal_conv1d(alias_free_snake(source, *op_args(module)), weight, bias, [3], residual)
         strided = torch.ops.rewrite.alias_free_snake_causal_conv1d(x.transpose(1, 2).contiguous().transpose(1, 2), *args)
-    assert torch.equal(fused, pair) and torch.equal(strided, fused)
-    with torch.no_grad(), use_backend("reference"):  # the reference: the two reference ops
+        from_view = torch.ops.rewrite.alias_free_snake_causal_conv1d(cropped, *args)
+    assert torch.equal(fused, pair) and torch.equal(strided, fused) and torch.equal(from_view, fused)
+    with torch.no_grad(), use_backend("reference"):  # the reference: the reference ops
         assert torch.equal(torch.ops.rewrite.alias_free_snake_causal_conv1d(x, *args),
                            alias_free_snake_causal_conv1d_reference(x, *args))
+
+
+def test_rows_stride_accepts_row_cropping_views_only():
+    from rewrite.ops.alias_free import rows_stride
+
+    full = torch.zeros(2, 3, 10)
+    assert rows_stride(full) == 10 and rows_stride(full[..., :7]) == 10 and rows_stride(full[:1, :1, :4]) == 4
+    assert rows_stride(full.transpose(1, 2).contiguous().transpose(1, 2)) is None  # channels-last rows
+    assert rows_stride(full[:, :2]) is None  # batch stride is not channels * row stride
+    assert rows_stride(full[..., ::2]) is None

@@ -35,9 +35,11 @@ LOSSLESS = {
     "amp_average": 6,
 }
 # channels_last: the fused activation, then every activation -> causal conv pair (all 109: each conv reads an
-# activation) fused once more so that the activation kernel writes the conv's zero pad.
+# activation) fused once more so that the activation kernel writes the conv's zero pad; then in each of the
+# 54 residual units the first conv's bias deferred into the second activation kernel.
 CHANNELS_LAST = {**{k: v for k, v in LOSSLESS.items() if "alias_free" not in k}, "alias_free_activation[fused]": 109,
-                 "snake_causal_conv1d[residual]": 54, "snake_causal_conv1d": 54, "snake_causal_conv1d[bias=None]": 1}
+                 "snake_causal_conv1d[residual]": 54, "snake_causal_conv1d": 54, "snake_causal_conv1d[bias=None]": 1,
+                 "deferred_conv_bias[residual unit]": 54}
 #: ATen ops left after the lossless rewrite: the latent denormalisation, conv_pre, clamp and squeeze
 REMAINING_ATEN = {"sym_size.int", "sqrt.default", "mul.Tensor", "add.Tensor", "transpose.int", "conv1d.default",
                   "clamp.default", "squeeze.dim"}

@@ -201,7 +201,7 @@ def _dispatch_impl(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscal
     _validate(x, alpha, beta, taps)
     implementation, _ = choose_implementation(x, alpha, beta, taps)
     if implementation == "triton":
-        return run_triton_kernel(x.contiguous(), alpha, beta, taps, logscale)
+        return run_triton_kernel(x, alpha, beta, taps, logscale)
     return alias_free_snake_reference(x, alpha, beta, taps, logscale)
 
 
@@ -241,37 +241,50 @@ def alias_free_snake(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logsc
 # ---------------------------------------------------------------------------------------------------
 
 _LIB.define("alias_free_snake_causal_conv1d(Tensor x, Tensor alpha, Tensor beta, Tensor taps, bool logscale, "
-            "Tensor weight, Tensor? bias, int[] dilation, Tensor? residual) -> Tensor")
+            "Tensor weight, Tensor? bias, int[] dilation, Tensor? residual, Tensor? x_bias=None) -> Tensor")
 
 
 def alias_free_snake_causal_conv1d_reference(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool,
                                              weight: Tensor, bias: Optional[Tensor], dilation: list[int],
-                                             residual: Optional[Tensor]) -> Tensor:
-    """``causal_conv1d(alias_free_snake(x), ...)``: the two ops this one fuses, each as its own op runs."""
+                                             residual: Optional[Tensor], x_bias: Optional[Tensor] = None) -> Tensor:
+    """``causal_conv1d(alias_free_snake(x + x_bias), ...)``: the ops this one fuses, each as its own op runs
+    (``x_bias``: the bias of the conv that produced x, deferred to here; None for none)."""
     from rewrite.ops.auk import causal_conv1d_reference
 
+    if x_bias is not None:
+        x = torch.ops.aten.add.Tensor(x, x_bias.view(1, -1, 1))
     activation = torch.ops.rewrite.alias_free_snake.default(x, alpha, beta, taps, logscale)
     return causal_conv1d_reference(activation, weight, bias, dilation, residual)
 
 
-def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, residual):
-    """Triton activation writing ``[B, C, left + T]`` with the zero pad in place, then the same conv1d
-    (and residual add) as `causal_conv1d_reference` on that tensor: equal, bit for bit, to the two ops."""
+def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias=None):
+    """Triton activation (adding ``x_bias`` as it reads x) writing ``[B, C, left + T]`` with the zero pad in
+    place, the same conv1d as `causal_conv1d_reference` on that tensor, and with a residual, the conv's
+    bias and the residual added by one kernel with ATen's two roundings: equal, bit for bit, to the
+    separate ops (ATen's CUDA conv adds its bias with a separate ``add_``)."""
     _validate(x, alpha, beta, taps)
     if choose_implementation(x, alpha, beta, taps)[0] != "triton":
-        return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation, residual)
+        return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation,
+                                                        residual, x_bias)
     left = dilation[0] * (weight.shape[-1] - 1)
-    padded = run_triton_kernel(x.contiguous(), alpha, beta, taps, logscale, left_zeros=left)
-    y = torch.ops.aten.conv1d.default(padded, weight, bias, [1], [0], dilation, 1)
-    return y if residual is None else torch.ops.aten.add.Tensor(residual, y)
+    padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias)
+    if residual is None:
+        return torch.ops.aten.conv1d.default(padded, weight, bias, [1], [0], dilation, 1)
+    from rewrite.ops import triton_wan
+
+    y = torch.ops.aten.conv1d.default(padded, weight, None, [1], [0], dilation, 1)
+    as5d = lambda t: t[:, :, None, None, :]  # noqa: E731  [B, C, T] as [B, C, 1, 1, T]: one plane per row
+    return triton_wan.bias_residual(as5d(y), bias, as5d(residual))[:, :, 0, 0, :]
 
 
-def _snake_conv_autograd(x, alpha, beta, taps, logscale, weight, bias, dilation, residual):
-    if _autograd_needed(x, alpha, beta, taps, weight, *(t for t in (bias, residual) if t is not None)):
-        return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation, residual)
+def _snake_conv_autograd(x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias=None):
+    tensors = (x, alpha, beta, taps, weight, *(t for t in (bias, residual, x_bias) if t is not None))
+    if _autograd_needed(*tensors):
+        return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation,
+                                                        residual, x_bias)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.rewrite.alias_free_snake_causal_conv1d.default(
-            x, alpha, beta, taps, logscale, weight, bias, dilation, residual)
+            x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias)
 
 
 _LIB.impl("alias_free_snake_causal_conv1d", _snake_conv_impl, "CompositeExplicitAutograd")
@@ -279,7 +292,7 @@ _LIB.impl("alias_free_snake_causal_conv1d", _snake_conv_autograd, "Autograd")
 
 
 @torch.library.register_fake("rewrite::alias_free_snake_causal_conv1d")
-def _snake_conv_fake(x, alpha, beta, taps, logscale, weight, bias, dilation, residual):
+def _snake_conv_fake(x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias=None):
     _validate(x, alpha, beta, taps)
     return x.new_empty((x.shape[0], weight.shape[0], x.shape[2]))
 
@@ -292,6 +305,7 @@ def _snake_conv_fake(x, alpha, beta, taps, logscale, weight, bias, dilation, res
 if triton is not None:
     # libdevice's sinf/expf (what ATen's CUDA kernels call); numpy's under the interpreter
     from rewrite.ops.triton_math import exp as _exp
+    from rewrite.ops.triton_math import round_to
     from rewrite.ops.triton_math import sin as _sin
 
     @triton.jit
@@ -312,40 +326,51 @@ if triton is not None:
         return u + inv_b * (s * s)
 
     @triton.jit
-    def _upsample_pair(x_row, p, T, row_mask, taps_ptr):
+    def _load_input(x_row, idx, row_mask, x_bias):
+        """``x[clamp(idx)]`` in fp32, plus the deferred per-channel bias of the conv that produced x when
+        ``x_bias`` is given (rounded to x's dtype, as ATen's ``add_`` of that bias would have stored it)."""
+        xv = tl.load(x_row + idx[None, :], mask=row_mask[:, None], other=0.0)
+        if x_bias is None:
+            return xv.to(tl.float32)
+        return round_to(xv.to(tl.float32) + x_bias, xv.dtype).to(tl.float32)
+
+    @triton.jit
+    def _upsample_pair(x_row, p, T, row_mask, taps_ptr, x_bias):
         """``(u(2p), u(2p-1))`` of the x2 upsampler: both read ``x[clamp(p + 2 - q)]``, q = 0..5.
 
         ``x_row``: ``[BLOCK_R, 1]`` row pointers; ``p``: ``[N]`` positions; result ``[BLOCK_R, N]`` fp32.
         The clamp into ``[0, T-1]`` is the replicate padding (it never reaches further than its 5 samples).
         """
-        idx = tl.minimum(tl.maximum(p + 2, 0), T - 1)
-        xv = tl.load(x_row + idx[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
+        xv = _load_input(x_row, tl.minimum(tl.maximum(p + 2, 0), T - 1), row_mask, x_bias)
         even = tl.load(taps_ptr + 1).to(tl.float32) * xv
         odd = tl.load(taps_ptr).to(tl.float32) * xv
         for q in tl.static_range(1, 6):
-            idx = tl.minimum(tl.maximum(p + (2 - q), 0), T - 1)
-            xv = tl.load(x_row + idx[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
+            xv = _load_input(x_row, tl.minimum(tl.maximum(p + (2 - q), 0), T - 1), row_mask, x_bias)
             even += tl.load(taps_ptr + (2 * q + 1)).to(tl.float32) * xv
             odd += tl.load(taps_ptr + 2 * q).to(tl.float32) * xv
         return 2.0 * even, 2.0 * odd
 
     @triton.jit
-    def _oversampled_snake(x_row, p, T, row_mask, taps_ptr, a, inv_b, v0):
+    def _oversampled_snake(x_row, p, T, row_mask, taps_ptr, a, inv_b, v0, x_bias):
         """``(v(2p), v(2p-1))``: SnakeBeta of the upsampled pair, with ``v(j<0) = v(0)`` (causal pad)."""
-        up_even, up_odd = _upsample_pair(x_row, p, T, row_mask, taps_ptr)
+        up_even, up_odd = _upsample_pair(x_row, p, T, row_mask, taps_ptr, x_bias)
         v_even = tl.where(p[None, :] < 0, v0, _snake(up_even, a, inv_b))
         v_odd = tl.where(p[None, :] <= 0, v0, _snake(up_odd, a, inv_b))
         return v_even, v_odd
 
     @triton.jit
     def _alias_free_snake_kernel(
-        x_ptr, alpha_ptr, beta_ptr, taps_ptr, out_ptr, rows, channels, T, t_blocks, out_row_stride, out_offset,
-        LOGSCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, HALO_T: tl.constexpr,
+        x_ptr, x_bias_ptr, alpha_ptr, beta_ptr, taps_ptr, out_ptr, rows, channels, T, t_blocks, x_row_stride,
+        out_row_stride, out_offset,
+        LOGSCALE: tl.constexpr, HAS_X_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+        HALO_T: tl.constexpr, ZEROS_BLOCK: tl.constexpr,
     ):
         """One ``[BLOCK_R, BLOCK_T - HALO_T]`` output tile: positions ``base + i`` with ``i >= HALO_T``.
 
-        Output row ``r`` starts at ``r * out_row_stride + out_offset`` (``T`` and 0 for a plain output; a
-        caller that wants a left margin, e.g. a causal conv's zero pad, passes ``T + margin`` and ``margin``).
+        Input row ``r`` (of ``B * C``) starts at ``r * x_row_stride``: a contiguous x, or a view that crops
+        each row (the causal transposed conv's output). Output row ``r`` starts at ``r * out_row_stride``
+        and holds ``out_offset`` zeros (a causal conv's zero pad; the programs of time block 0 write them,
+        ``ZEROS_BLOCK`` >= out_offset, 0 for none) then the ``T`` outputs.
 
         A 1-D grid (no 65535 limit on any axis): program ``pid`` is row block ``pid // t_blocks``, time
         block ``pid % t_blocks`` (neighbouring programs share input rows).
@@ -353,14 +378,18 @@ if triton is not None:
         pid = tl.program_id(0)
         r = (pid // t_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
         row_mask = r < rows
-        a, inv_b = _snake_params(alpha_ptr, beta_ptr, r % channels, row_mask, LOGSCALE)
-        row_start = r.to(tl.int64)[:, None] * T
-        x_row = x_ptr + row_start
-        v0 = _snake(_upsample_pair(x_row, tl.zeros([1], tl.int32), T, row_mask, taps_ptr)[0], a, inv_b)
+        channel = r % channels
+        a, inv_b = _snake_params(alpha_ptr, beta_ptr, channel, row_mask, LOGSCALE)
+        x_bias = None
+        if HAS_X_BIAS:
+            x_bias = tl.load(x_bias_ptr + channel, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+        x_row = x_ptr + r.to(tl.int64)[:, None] * x_row_stride
+        v0 = _snake(_upsample_pair(x_row, tl.zeros([1], tl.int32), T, row_mask, taps_ptr, x_bias)[0], a, inv_b)
 
         i = tl.arange(0, BLOCK_T)
-        p = (pid % t_blocks) * (BLOCK_T - HALO_T) - HALO_T + i
-        v_even, v_odd = _oversampled_snake(x_row, p, T, row_mask, taps_ptr, a, inv_b, v0)
+        t_block = pid % t_blocks
+        p = t_block * (BLOCK_T - HALO_T) - HALO_T + i
+        v_even, v_odd = _oversampled_snake(x_row, p, T, row_mask, taps_ptr, a, inv_b, v0, x_bias)
 
         acc = tl.zeros([BLOCK_R, BLOCK_T], tl.float32)
         for q in tl.static_range(6):  # y[m] = sum_q h[2q+1] v(2(m+q-5)) + h[2q] v(2(m+q-5) - 1)
@@ -369,8 +398,13 @@ if triton is not None:
             acc += tl.load(taps_ptr + 2 * q).to(tl.float32) * tl.gather(v_odd, shift, 1)
 
         mask = row_mask[:, None] & ((i >= HALO_T) & (p < T))[None, :]
-        out_row = r.to(tl.int64)[:, None] * out_row_stride + out_offset
-        tl.store(out_ptr + out_row + p[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        out_row = out_ptr + r.to(tl.int64)[:, None] * out_row_stride
+        tl.store(out_row + out_offset + p[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        if ZEROS_BLOCK > 0:
+            if t_block == 0:
+                j = tl.arange(0, ZEROS_BLOCK)
+                zeros = tl.zeros([BLOCK_R, ZEROS_BLOCK], out_ptr.dtype.element_ty)
+                tl.store(out_row + j[None, :], zeros, mask=row_mask[:, None] & (j < out_offset)[None, :])
 
 
 # Launch geometry, measured on an H200 (fp32, the AuK shapes): one warp per program and tiles of at most
@@ -395,24 +429,43 @@ def _launch_config(rows: int, length: int) -> tuple[int, int, int]:
     return block_r, block_t, NUM_WARPS
 
 
+def rows_stride(x: Tensor) -> Optional[int]:
+    """The one stride between the ``B * C`` rows of a ``[B, C, T]`` x whose rows are contiguous runs (a
+    contiguous x, or a view cropping each row, such as the causal transposed conv's output), else None."""
+    batch, channels, length = x.shape
+    if length > 1 and x.stride(2) != 1:
+        return None
+    if batch > 1 and channels > 1 and x.stride(0) != channels * x.stride(1):
+        return None
+    return x.stride(1) if channels > 1 else x.stride(0) if batch > 1 else length
+
+
 def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool = True,
-                      left_zeros: int = 0) -> Tensor:
+                      left_zeros: int = 0, x_bias: Optional[Tensor] = None) -> Tensor:
     """Launch the fused kernel (no dispatch checks beyond the preconditions it relies on).
 
-    ``x``: contiguous ``[B, C, T]`` fp32/fp16/bf16 on CUDA (or CPU under ``TRITON_INTERPRET=1``);
-    alpha, beta, taps as for `alias_free_snake`. Returns a new contiguous tensor of x's dtype,
-    ``[B, C, left_zeros + T]`` with zeros in its first ``left_zeros`` columns (a causal conv's zero pad,
-    written here so that no pad pass copies the activation again).
+    ``x``: ``[B, C, T]`` fp32/fp16/bf16 on CUDA (or CPU under ``TRITON_INTERPRET=1``) whose rows are
+    contiguous (`rows_stride`; other layouts are copied first); alpha, beta, taps as for
+    `alias_free_snake`. ``x_bias`` (``[C]``, x's dtype): the bias of the conv that produced x, deferred
+    to here: the kernel reads ``x + x_bias`` rounded to x's dtype, what ``x.add_(x_bias)`` would hold.
+    Returns a new contiguous tensor of x's dtype, ``[B, C, left_zeros + T]`` with zeros in its first
+    ``left_zeros`` columns (a causal conv's zero pad, written by the kernel so that no pad pass copies the
+    activation again).
     """
     if triton is None:
         raise RuntimeError("alias_free_snake: triton is not importable")
     _validate(x, alpha, beta, taps)
-    if x.dtype not in SUPPORTED_DTYPES or not x.is_contiguous():
-        raise ValueError(f"alias_free_snake: the kernel needs a contiguous {SUPPORTED_DTYPES} x")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"alias_free_snake: the kernel needs a {SUPPORTED_DTYPES} x, got {x.dtype}")
+    if x_bias is not None and (x_bias.numel() != x.shape[1] or x_bias.dtype != x.dtype or x_bias.device != x.device):
+        raise ValueError(f"alias_free_snake: x_bias must hold C={x.shape[1]} values of x's dtype and device, "
+                         f"got {tuple(x_bias.shape)} {x_bias.dtype} on {x_bias.device}")
+    row_stride = rows_stride(x)
+    if row_stride is None:
+        x = x.contiguous()
+        row_stride = x.shape[2]
     batch, channels, length = x.shape
     out = x.new_empty((batch, channels, left_zeros + length))
-    if left_zeros:
-        out[..., :left_zeros].zero_()
     rows = batch * channels
     if rows == 0:
         return out
@@ -420,8 +473,10 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
     t_blocks = triton.cdiv(length, block_t - HALO)
     grid = (triton.cdiv(rows, block_r) * t_blocks,)
     _alias_free_snake_kernel[grid](
-        x, alpha.reshape(-1).contiguous(), beta.reshape(-1).contiguous(), taps.reshape(-1).contiguous(), out,
-        rows, channels, length, t_blocks, left_zeros + length, left_zeros,
-        LOGSCALE=logscale, BLOCK_R=block_r, BLOCK_T=block_t, HALO_T=HALO, num_warps=num_warps,
+        x, x if x_bias is None else x_bias.reshape(-1).contiguous(), alpha.reshape(-1).contiguous(),
+        beta.reshape(-1).contiguous(), taps.reshape(-1).contiguous(), out,
+        rows, channels, length, t_blocks, row_stride, left_zeros + length, left_zeros,
+        LOGSCALE=logscale, HAS_X_BIAS=x_bias is not None, BLOCK_R=block_r, BLOCK_T=block_t, HALO_T=HALO,
+        ZEROS_BLOCK=triton.next_power_of_2(left_zeros) if left_zeros else 0, num_warps=num_warps,
     )
     return out

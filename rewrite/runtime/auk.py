@@ -33,6 +33,7 @@ seen by the replays.
 
 from __future__ import annotations
 
+import contextlib
 import types
 from typing import Iterable, Iterator, Sequence
 
@@ -67,6 +68,18 @@ def uniform_tensors_reason(vae: nn.Module, z: torch.Tensor) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def cudnn_benchmarking():
+    """cuDNN picks each convolution's algorithm by timing the candidates (``torch.backends.cudnn.benchmark``)
+    while a graph is warmed up and captured; the captured graph keeps those choices. Restored afterwards."""
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -89,7 +102,8 @@ class AuKRunner:
     model_name = "auk"
 
     def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, compile_shapes: Sequence[int] = DEFAULT_COMPILE_SHAPES,
-                 tile_frames: int | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS, graph_backend=None) -> None:
+                 tile_frames: int | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS, cudnn_benchmark: bool | None = None,
+                 graph_backend=None) -> None:
         shapes = () if isinstance(compile_shapes, (str, bytes)) or not isinstance(compile_shapes, Iterable) else compile_shapes
         self.compile_shapes = tuple(sorted({_positive_int("compile_shapes entry", s) for s in shapes}))
         if not self.compile_shapes:
@@ -101,9 +115,16 @@ class AuKRunner:
             name = "tile_frames" if tile_frames is not None else "tile_frames (default: the largest compile_shapes entry)"
             raise ValueError(f"{name} must exceed the decode context left + right = {sum(self.context)} "
                              f"latent frames {self.context}, got {self.tile_frames}")
-        self.options = {"compile_shapes": self.compile_shapes, "tile_frames": self.tile_frames, "max_graphs": self.max_graphs}
         self.level = level
         self.bucketed = level_enables(level, "channels_last")  # padding and tiling change the last bits
+        if cudnn_benchmark is not None and not isinstance(cudnn_benchmark, bool):
+            raise ValueError(f"cudnn_benchmark must be a bool or None, got {cudnn_benchmark!r}")
+        if cudnn_benchmark and not self.bucketed:
+            raise ValueError(f"cudnn_benchmark=True needs level 'channels_last': at {level!r} the graphs run the "
+                             "convolution algorithms eager decoding picks, which is what keeps them bit-identical")
+        self.cudnn_benchmark = self.bucketed if cudnn_benchmark is None else cudnn_benchmark
+        self.options = {"compile_shapes": self.compile_shapes, "tile_frames": self.tile_frames,
+                        "max_graphs": self.max_graphs, "cudnn_benchmark": self.cudnn_benchmark}
         self.rewrite_graph = rewrite_graph  # fn(CapturedGraph, level) applying the level's passes in place
         self.graphs: CaptureCache[CapturedGraph] = CaptureCache()  # per (dtype, device)
         self.fallbacks = FallbackLog()
@@ -230,8 +251,9 @@ class AuKRunner:
     def _capture(self, pool: GraphPool, key: tuple, batch: int, width: int, dtype: torch.dtype, device: torch.device):
         """The step of `key` from `pool`, captured on first use over a static latent buffer."""
         latent_dim = self.vae.config.latent_dim
-        return pool.get(key, lambda: self._step_fn(dtype, device),
-                        lambda: [torch.empty(batch, width, latent_dim, dtype=dtype, device=device)])
+        with cudnn_benchmarking() if self.cudnn_benchmark else contextlib.nullcontext():
+            return pool.get(key, lambda: self._step_fn(dtype, device),
+                            lambda: [torch.empty(batch, width, latent_dim, dtype=dtype, device=device)])
 
     def _pool_for(self, batch: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple[GraphPool, tuple]:
         bucket = self.bucketed and width in self.compile_shapes
