@@ -326,34 +326,36 @@ if triton is not None:
         return u + inv_b * (s * s)
 
     @triton.jit
-    def _load_input(x_row, idx, row_mask, x_bias):
-        """``x[clamp(idx)]`` in fp32, plus the deferred per-channel bias of the conv that produced x when
-        ``x_bias`` is given (rounded to x's dtype, as ATen's ``add_`` of that bias would have stored it)."""
-        xv = tl.load(x_row + idx[None, :], mask=row_mask[:, None], other=0.0)
-        if x_bias is None:
-            return xv.to(tl.float32)
-        return round_to(xv.to(tl.float32) + x_bias, xv.dtype).to(tl.float32)
+    def _load_input(x_row, idx, row_mask, x_bias, HAS_X_BIAS: tl.constexpr):
+        """``x[clamp(idx)]`` in fp32, plus ``x_bias`` (``[BLOCK_R, 1]`` fp32), the deferred per-channel bias of
+        the conv that produced x, when ``HAS_X_BIAS`` (rounded to x's dtype, as ATen's ``add_`` of that bias
+        would have stored it)."""
+        raw = tl.load(x_row + idx[None, :], mask=row_mask[:, None], other=0.0)
+        xv = raw.to(tl.float32)
+        if HAS_X_BIAS:
+            xv = round_to(xv + x_bias, raw.dtype).to(tl.float32)
+        return xv
 
     @triton.jit
-    def _upsample_pair(x_row, p, T, row_mask, taps_ptr, x_bias):
+    def _upsample_pair(x_row, p, T, row_mask, taps_ptr, x_bias, HAS_X_BIAS: tl.constexpr):
         """``(u(2p), u(2p-1))`` of the x2 upsampler: both read ``x[clamp(p + 2 - q)]``, q = 0..5.
 
         ``x_row``: ``[BLOCK_R, 1]`` row pointers; ``p``: ``[N]`` positions; result ``[BLOCK_R, N]`` fp32.
         The clamp into ``[0, T-1]`` is the replicate padding (it never reaches further than its 5 samples).
         """
-        xv = _load_input(x_row, tl.minimum(tl.maximum(p + 2, 0), T - 1), row_mask, x_bias)
+        xv = _load_input(x_row, tl.minimum(tl.maximum(p + 2, 0), T - 1), row_mask, x_bias, HAS_X_BIAS)
         even = tl.load(taps_ptr + 1).to(tl.float32) * xv
         odd = tl.load(taps_ptr).to(tl.float32) * xv
         for q in tl.static_range(1, 6):
-            xv = _load_input(x_row, tl.minimum(tl.maximum(p + (2 - q), 0), T - 1), row_mask, x_bias)
+            xv = _load_input(x_row, tl.minimum(tl.maximum(p + (2 - q), 0), T - 1), row_mask, x_bias, HAS_X_BIAS)
             even += tl.load(taps_ptr + (2 * q + 1)).to(tl.float32) * xv
             odd += tl.load(taps_ptr + 2 * q).to(tl.float32) * xv
         return 2.0 * even, 2.0 * odd
 
     @triton.jit
-    def _oversampled_snake(x_row, p, T, row_mask, taps_ptr, a, inv_b, v0, x_bias):
+    def _oversampled_snake(x_row, p, T, row_mask, taps_ptr, a, inv_b, v0, x_bias, HAS_X_BIAS: tl.constexpr):
         """``(v(2p), v(2p-1))``: SnakeBeta of the upsampled pair, with ``v(j<0) = v(0)`` (causal pad)."""
-        up_even, up_odd = _upsample_pair(x_row, p, T, row_mask, taps_ptr, x_bias)
+        up_even, up_odd = _upsample_pair(x_row, p, T, row_mask, taps_ptr, x_bias, HAS_X_BIAS)
         v_even = tl.where(p[None, :] < 0, v0, _snake(up_even, a, inv_b))
         v_odd = tl.where(p[None, :] <= 0, v0, _snake(up_odd, a, inv_b))
         return v_even, v_odd
@@ -380,16 +382,17 @@ if triton is not None:
         row_mask = r < rows
         channel = r % channels
         a, inv_b = _snake_params(alpha_ptr, beta_ptr, channel, row_mask, LOGSCALE)
-        x_bias = None
+        x_bias = tl.zeros([BLOCK_R, 1], tl.float32)
         if HAS_X_BIAS:
             x_bias = tl.load(x_bias_ptr + channel, mask=row_mask, other=0.0).to(tl.float32)[:, None]
         x_row = x_ptr + r.to(tl.int64)[:, None] * x_row_stride
-        v0 = _snake(_upsample_pair(x_row, tl.zeros([1], tl.int32), T, row_mask, taps_ptr, x_bias)[0], a, inv_b)
+        zero = tl.zeros([1], tl.int32)
+        v0 = _snake(_upsample_pair(x_row, zero, T, row_mask, taps_ptr, x_bias, HAS_X_BIAS)[0], a, inv_b)
 
         i = tl.arange(0, BLOCK_T)
         t_block = pid % t_blocks
         p = t_block * (BLOCK_T - HALO_T) - HALO_T + i
-        v_even, v_odd = _oversampled_snake(x_row, p, T, row_mask, taps_ptr, a, inv_b, v0, x_bias)
+        v_even, v_odd = _oversampled_snake(x_row, p, T, row_mask, taps_ptr, a, inv_b, v0, x_bias, HAS_X_BIAS)
 
         acc = tl.zeros([BLOCK_R, BLOCK_T], tl.float32)
         for q in tl.static_range(6):  # y[m] = sum_q h[2q+1] v(2(m+q-5)) + h[2q] v(2(m+q-5) - 1)
