@@ -21,7 +21,7 @@ import torch
 from rewrite import optimize, report, warmup
 from rewrite.capture.auk import reference_decode
 from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.runtime.auk import power_of_two_chunks
+from rewrite.runtime.auk import tile_batches
 from rewrite.runtime.tiles import plan_tiles
 
 MICRO = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,
@@ -96,11 +96,12 @@ def optimized(vae, level="channels_last", **options):
     return optimize(copy.deepcopy(vae), level, graph_backend=backend, **options), backend
 
 
-def test_power_of_two_chunks():
-    assert power_of_two_chunks(13) == [8, 4, 1]
-    assert power_of_two_chunks(1) == [1]
-    assert power_of_two_chunks(20, largest=8) == [8, 8, 4]
-    assert power_of_two_chunks(0) == []
+def test_tile_batches():
+    assert tile_batches(5) == [5]
+    assert tile_batches(13) == [8, 5]
+    assert tile_batches(1) == [1]
+    assert tile_batches(16, largest=8) == [8, 8]
+    assert tile_batches(0) == []
 
 
 @torch.no_grad()
@@ -173,10 +174,10 @@ def test_tiled_decode_stitches_windows_exactly(micro_vae):
         assert torch.equal(out[:, w.emit_start * HOP : w.emit_end * HOP], expected), w
     # And the halo is the decode context, so the stitched clip is the whole decode (CPU: same rounding).
     assert torch.equal(out, reference_decode(micro_vae, z))
-    # Equal-width windows ran batched, in power-of-two chunks, all in the one bucket pool.
+    # Equal-width windows ran as one batched graph, all in the one bucket pool.
     full = sum(w.window_frames == 96 for w in windows)
     batches = sorted(shape[0] for shape, _ in backend.captured if shape[1] == 96)
-    assert sorted(batches) == sorted(2 * n for n in power_of_two_chunks(full))
+    assert batches == [2 * full]
     assert {pool for _, pool in backend.captured} == {1}
     assert report(vae).last_detail == f"CUDA graphs, {len(windows)} tiled windows of 96/64 frames"
 

@@ -19,8 +19,8 @@ Routes (the captured graph is one decode of normalised latents, batch and frames
     `AuKVAE.pad_latent()` to the smallest bucket of ``compile_shapes`` that holds it and replayed from that
     bucket's graph; a longer clip is decoded in the overlapping windows of `plan_tiles` (halo from
     `decode_context_frames()`, the last window shrunk to a bucket), equal-width windows stacked along the
-    batch and replayed together in chunks of a power of two (at most ``MAX_TILE_BATCH`` windows), so the
-    set of graph shapes stays small. Padding changes only the last samples of the clip (the activations'
+    batch and replayed together as one batched graph (batches of at most ``MAX_TILE_BATCH`` windows, see
+    `tile_batches`). Padding changes only the last samples of the clip (the activations'
     replicate padding sees decoded pad frames instead of the clip end) and tiling only the rounding.
 Graph memory: every bucket-sized graph lives in one shared private pool (captured largest first by
 `warmup`); exact-length graphs (lossless, or a width no bucket serves) live in another pool that is retired
@@ -86,14 +86,12 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-def power_of_two_chunks(count: int, largest: int = MAX_TILE_BATCH) -> list[int]:
-    """`count` split into descending powers of two, none above `largest` (e.g. 13 -> [8, 4, 1])."""
-    chunks = []
-    while count:
-        size = min(largest, 1 << (count.bit_length() - 1))
-        chunks.append(size)
-        count -= size
-    return chunks
+def tile_batches(count: int, largest: int = MAX_TILE_BATCH) -> list[int]:
+    """How `count` equal-width windows are stacked: one batch when `count` <= `largest`, else batches of
+    `largest` and one of the rest (e.g. 5 -> [5], 13 -> [8, 5]). One replay of a batch of n windows costs
+    less than replays of smaller batches (H200, 640-frame windows: 4 stacked 71.7 ms, alone 21.3 ms each),
+    and a width has at most `largest` batch shapes."""
+    return [largest] * (count // largest) + ([count % largest] if count % largest else [])
 
 
 class AuKRunner:
@@ -312,7 +310,7 @@ class AuKRunner:
         wave = torch.empty(batch, frames * hop, dtype=z.dtype, device=z.device)
         keys = []
         for group in _equal_width_groups(windows):
-            for chunk in _chunks(group, power_of_two_chunks(len(group))):
+            for chunk in _chunks(group, tile_batches(len(group))):
                 width = chunk[0].window_frames
                 stacked = torch.cat([z[:, w.window_start : w.window_start + width] for w in chunk]) if len(chunk) > 1 \
                     else z[:, chunk[0].window_start : chunk[0].window_start + width]
@@ -397,4 +395,4 @@ def _optimized_decode_tiles(vae: nn.Module, z: torch.Tensor) -> Iterator[tuple[i
     return vae._rewrite_runner.decode_tiles(z)
 
 
-__all__ = ["AuKRunner", "DEFAULT_COMPILE_SHAPES", "DEFAULT_MAX_GRAPHS", "MAX_TILE_BATCH", "power_of_two_chunks"]
+__all__ = ["AuKRunner", "DEFAULT_COMPILE_SHAPES", "DEFAULT_MAX_GRAPHS", "MAX_TILE_BATCH", "tile_batches"]
