@@ -154,3 +154,12 @@ def test_compare_audio_snr():
     equal, max_abs, snr = bench.compare_audio(out, ref)
     expected = 10 * math.log10((0.25 + 0.25 + 0.0625) / 0.05**2)
     assert not equal and max_abs == pytest.approx(0.05) and snr == pytest.approx(expected, rel=1e-6)
+
+
+def test_random_init_weights_are_seeded():
+    """Two runs decode with the same decoder (quality columns compare like with like across runs)."""
+    args = bench.parse_args(["--model", "auk", "--config", "tiny", "--seconds", "0.2"])
+    state = torch.random.get_rng_state()
+    first, second = (bench.build_bench(args, torch.device("cpu"), torch.float32).vae.state_dict() for _ in range(2))
+    assert all(torch.equal(first[key], second[key]) for key in first)
+    assert torch.equal(torch.random.get_rng_state(), state)

@@ -315,11 +315,23 @@ def bench_levels(bench, case: Case, args, device: torch.device, dtype: torch.dty
     return {**case.info, "levels": [r.to_json(bench.quality_key) for r in results], "profiles": profiles}
 
 
+#: seed of the random-init decoder weights (the latents have their own, `_seeded_latents`)
+MODEL_SEED = 0
+
+
+def build_bench(args, device: torch.device, dtype: torch.dtype):
+    """The model's adapter with its random-init decoder built from `MODEL_SEED`: the same weights in every
+    run (SNR and max-abs depend on them), the caller's random state untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(MODEL_SEED)
+        return ADAPTERS[args.model](args, device, dtype)
+
+
 def run(args) -> dict:
     from tqdm.auto import tqdm
 
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    bench = ADAPTERS[args.model](args, device, dtype)  # one model, one set of weights, for every input
+    bench = build_bench(args, device, dtype)  # one model, one set of weights, for every input
     inputs = bench.cases()
     total = len(inputs) * len(args.levels) * (1 + args.warmup + args.repeat)
     progress = tqdm(total=total, desc="decodes", file=sys.stderr)
