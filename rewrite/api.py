@@ -55,8 +55,9 @@ def optimize(module: nn.Module, level: str = "lossless", **options) -> nn.Module
 
     Returns the same object. Parameters stay the same tensor objects and `state_dict()` is unchanged.
     `options` go to the model's runner: for `AuKVAE`, `compile_shapes` (buckets in latent frames, default
-    (160, 320, 640)), `tile_frames` (default the largest bucket) and `max_graphs` (exact-length CUDA graphs
-    kept before the generation is retired, default 8); Wan takes none.
+    (160, 320, 640)), `tile_frames` (default the largest bucket), `max_graphs` (exact-length CUDA graphs
+    kept before the generation is retired, default 8) and `cudnn_benchmark` (channels_last only: cuDNN times
+    its algorithms during capture, default False); Wan takes none.
     Raises TypeError for an unsupported module or an option the model does not take, ValueError for an
     unknown level or a bad option value.
     """

@@ -51,7 +51,7 @@ Dispatch (``torch.ops.rewrite.alias_free_snake``): the Triton kernel runs only w
 (``use_backend``/``set_backend``, re-exported here) is not ``"reference"``: Triton importable, ``x`` a
 CUDA tensor (or a CPU tensor while the Triton interpreter is on, ``TRITON_INTERPRET=1`` set before
 import, and the backend is forced to ``"triton"``: an ``"auto"`` CPU call never takes the slow
-interpreter), fp32/fp16/bf16, a ``[B, C, T]`` (copied to contiguous first when it is not), no autograd needed (``not
+interpreter), fp32/fp16/bf16, a ``[B, C, T]`` (copied first unless its rows are contiguous runs), no autograd needed (``not
 torch.is_grad_enabled()`` or no input requires grad) and no ``torch.compile`` tracing under way.
 Otherwise the reference runs. When autograd is needed, the op's Autograd kernel runs the reference
 aten ops directly (recorded by autograd), so the result is differentiable; this is also why the op is
@@ -59,12 +59,20 @@ defined with `torch.library.Library` and not `torch.library.custom_op`, whose im
 run with grad mode off and could not see that a gradient is wanted.
 
 Second op, ``rewrite::alias_free_snake_causal_conv1d(x, alpha, beta, taps, logscale, weight, bias,
-dilation, residual)``: the activation feeding a causal conv (``causal_conv1d(alias_free_snake(x), ...)``,
-every conv of the AuK decoder). With the Triton kernel it allocates ``[B, C, left + T]``, zeroes the first
-``left = dilation * (k - 1)`` columns and has the kernel write after them (``run_triton_kernel(...,
-left_zeros=left)``), then runs the same ``conv1d`` (and residual add) on it: the conv sees the values and
-layout the separate pad would have built, so the result is bit-identical to the two ops, one full copy
-(the pad's fill and copy) cheaper. Without the kernel it runs the two ops.
+dilation, residual, x_bias=None)``: the activation feeding a causal conv (``causal_conv1d(alias_free_snake(x
++ x_bias), ...)``, every conv of the AuK decoder; ``x_bias`` is the bias of the conv that produced x,
+deferred to here by the ``deferred_conv_bias`` pattern). With the Triton kernel it allocates
+``[B, C, left + T]`` and the kernel writes the ``left = dilation * (k - 1)`` zeros and then its output
+(``run_triton_kernel(..., left_zeros=left, x_bias=x_bias)``; the kernel adds ``x_bias`` as it reads x,
+rounded to x's dtype as ATen's ``add_`` rounds), then runs the same ``conv1d`` on it; with a residual, the
+conv runs without its bias and one kernel adds bias and residual with ATen's two roundings (ATen's CUDA conv
+adds its bias with a separate ``add_``). So the result is bit-identical to the separate ops, without the
+pad's fill and copy, the deferred bias pass and the residual add pass. Without the kernel it runs the
+separate reference ops.
+
+The kernel reads any x whose ``B * C`` rows are contiguous runs at one stride (`rows_stride`: a contiguous
+x, or a view cropping each row such as the causal transposed conv's output) in place; other layouts are
+copied first.
 
 Ops know nothing of graphs, patterns or the API.
 """
@@ -175,7 +183,8 @@ def triton_unsupported_reason(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tens
 
     `rewrite.ops.dispatch.kernel_unsupported_reason` (CUDA, or CPU under the interpreter with the
     backend forced to "triton"; fp32/fp16/bf16; no autograd; not compiling). Any layout of ``x``: the
-    kernel path copies a non-contiguous ``x`` (such as the transposed conv's cropped view) first.
+    kernel reads a row-cropping view (such as the transposed conv's cropped output) in place and copies other
+    layouts first.
     """
     return dispatch.kernel_unsupported_reason("alias_free_snake", (x, alpha, beta, taps), SUPPORTED_DTYPES)
 
