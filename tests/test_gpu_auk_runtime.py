@@ -95,7 +95,7 @@ def test_channels_last_buckets_tiles_and_streaming(vae):
 
 
 @torch.no_grad()
-@pytest.mark.xfail(reason="issue 6 target (tiled vs whole max-abs <= 1e-4) not met yet: 1.01e-4 to 1.05e-4 "
+@pytest.mark.xfail(reason="issue 6 target (tiled vs whole max-abs <= 1e-4) not met yet: 1.01e-4 to 1.06e-4 "
                           "measured, TF32 noise floor of the convolutions", strict=False)
 def test_tiled_vs_whole_meets_the_issue_bound(vae):
     long = latents(1, 3000, seed=2)
