@@ -3,7 +3,7 @@
 Matches:  h = rewrite::alias_free_snake_causal_conv1d(x, a1, b1, t1, True, w1, bias1, d1, None)
           y = rewrite::alias_free_snake_causal_conv1d(h, a2, b2, t2, True, w2, bias2, d2, x)
           (`AMPBlock`'s residual unit ``x + conv2(act2(conv1(act1(x))))`` after `snake_causal_conv1d` fused
-          each act -> conv pair; a second variant without the residual)
+          each act -> conv pair; variant `residual_unit=False`: the same pair without the residual)
 Replaces: the first conv without its bias, and the second op given ``x_bias=bias1``: its activation
           kernel reads ``h + bias1`` (rounded to h's dtype) as it loads h, so the separate bias pass over h
           goes away (`rewrite.ops.alias_free`).
@@ -11,12 +11,10 @@ Exactness: exact against the two ops it replaces: ATen's CUDA conv adds its bias
           after cuDNN, which rounds ``conv + bias`` once to h's dtype; the kernel rounds the same sum the
           same way (torch.equal in the tests).
 Level: channels_last (it rewrites the channels_last-only fused op).
-Guard: bias1 is a ``[C]`` tensor of h's dtype (C: h's channels), and the second op has no deferred bias yet.
+Guard: bias1 is a ``[C]`` tensor of w1's dtype (C: w1's output channels).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
@@ -26,24 +24,14 @@ from rewrite.ops import alias_free as _fused_op  # noqa: F401  (registers rewrit
 snake_conv = torch.ops.rewrite.alias_free_snake_causal_conv1d.default
 
 
-def search(x, a1, b1, t1, w1, bias1, a2, b2, t2, w2, bias2, d1, d2):
+def search(x, a1, b1, t1, w1, bias1, a2, b2, t2, w2, bias2, d1, d2, *, residual_unit):
     h = snake_conv(x, a1, b1, t1, True, w1, bias1, d1, None)
-    return snake_conv(h, a2, b2, t2, True, w2, bias2, d2, x)
+    return snake_conv(h, a2, b2, t2, True, w2, bias2, d2, x if residual_unit else None)
 
 
-def replace(x, a1, b1, t1, w1, bias1, a2, b2, t2, w2, bias2, d1, d2):
+def replace(x, a1, b1, t1, w1, bias1, a2, b2, t2, w2, bias2, d1, d2, *, residual_unit):
     h = snake_conv(x, a1, b1, t1, True, w1, None, d1, None)
-    return snake_conv(h, a2, b2, t2, True, w2, bias2, d2, x, bias1)
-
-
-def search_plain(x, a1, b1, t1, w1, bias1, a2, b2, t2, w2, bias2, d1, d2):
-    h = snake_conv(x, a1, b1, t1, True, w1, bias1, d1, None)
-    return snake_conv(h, a2, b2, t2, True, w2, bias2, d2, None)
-
-
-def replace_plain(x, a1, b1, t1, w1, bias1, a2, b2, t2, w2, bias2, d1, d2):
-    h = snake_conv(x, a1, b1, t1, True, w1, None, d1, None)
-    return snake_conv(h, a2, b2, t2, True, w2, bias2, d2, None, bias1)
+    return snake_conv(h, a2, b2, t2, True, w2, bias2, d2, x if residual_unit else None, bias1)
 
 
 def guard(match) -> str | None:
@@ -54,10 +42,6 @@ def guard(match) -> str | None:
     return None
 
 
-def _named(search_fn, replace_fn, label: str):
-    [pattern] = variants(search_fn, replace_fn, guard, name="deferred_conv_bias", exactness="exact",
-                         level="channels_last", scalars=("d1", "d2"), module_types=("AliasFreeSnakeBeta", "CausalConv1d"))
-    return dataclasses.replace(pattern, name=f"deferred_conv_bias[{label}]")
-
-
-PATTERNS = (_named(search, replace, "residual unit"), _named(search_plain, replace_plain, "plain"))
+PATTERNS = variants(search, replace, guard, name="deferred_conv_bias", exactness="exact", level="channels_last",
+                    scalars=("d1", "d2"), residual_unit=(True, False),
+                    module_types=("AliasFreeSnakeBeta", "CausalConv1d"))

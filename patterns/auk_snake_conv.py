@@ -2,7 +2,7 @@
 
 Matches:  y = rewrite::causal_conv1d(rewrite::alias_free_snake(x, alpha, beta, taps, True),
                                      weight, bias, dilation, residual)
-          (after `alias_free_activation[fused]` and `causal_conv1d` fused their subgraphs; bias and residual
+          (after `alias_free_activation[fused]` and `causal_conv1d` fused their subgraphs; residual and bias
           each present or None: four variants)
 Replaces: rewrite::alias_free_snake_causal_conv1d(x, alpha, beta, taps, True, weight, bias, dilation, residual)
           (rewrite.ops.alias_free): the activation kernel writes its output after the conv's zero pad in
@@ -14,8 +14,6 @@ Guard: x is [B, C, T] and the dilation one value.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
@@ -38,30 +36,6 @@ def replace(x, alpha, beta, taps, weight, bias, residual, dilation):
     return rewrite_ops.alias_free_snake_causal_conv1d.default(x, alpha, beta, taps, True, weight, bias, dilation, residual)
 
 
-def search_plain(x, alpha, beta, taps, weight, bias, dilation):
-    return rewrite_ops.causal_conv1d.default(_activation(x, alpha, beta, taps), weight, bias, dilation, None)
-
-
-def replace_plain(x, alpha, beta, taps, weight, bias, dilation):
-    return rewrite_ops.alias_free_snake_causal_conv1d.default(x, alpha, beta, taps, True, weight, bias, dilation, None)
-
-
-def search_no_bias(x, alpha, beta, taps, weight, residual, dilation):
-    return rewrite_ops.causal_conv1d.default(_activation(x, alpha, beta, taps), weight, None, dilation, residual)
-
-
-def replace_no_bias(x, alpha, beta, taps, weight, residual, dilation):
-    return rewrite_ops.alias_free_snake_causal_conv1d.default(x, alpha, beta, taps, True, weight, None, dilation, residual)
-
-
-def search_plain_no_bias(x, alpha, beta, taps, weight, dilation):
-    return rewrite_ops.causal_conv1d.default(_activation(x, alpha, beta, taps), weight, None, dilation, None)
-
-
-def replace_plain_no_bias(x, alpha, beta, taps, weight, dilation):
-    return rewrite_ops.alias_free_snake_causal_conv1d.default(x, alpha, beta, taps, True, weight, None, dilation, None)
-
-
 def guard(match) -> str | None:
     x = match.inputs["x"].meta["val"]
     if x.dim() != 3:
@@ -71,17 +45,6 @@ def guard(match) -> str | None:
     return None
 
 
-def _named(search_fn, replace_fn, label: str):
-    """One pattern named `snake_causal_conv1d[label]` (family `snake_causal_conv1d`)."""
-    [pattern] = variants(search_fn, replace_fn, guard, name="snake_causal_conv1d", exactness="tolerance",
-                         level="channels_last", scalars=("dilation",),
-                         module_types=("AliasFreeSnakeBeta", "CausalConv1d"))
-    return dataclasses.replace(pattern, name=f"snake_causal_conv1d[{label}]" if label else "snake_causal_conv1d")
-
-
-PATTERNS = (
-    _named(search, replace, "residual"),
-    _named(search_no_bias, replace_no_bias, "residual, bias=None"),
-    _named(search_plain, replace_plain, ""),
-    _named(search_plain_no_bias, replace_plain_no_bias, "bias=None"),
-)
+PATTERNS = variants(search, replace, guard, name="snake_causal_conv1d", exactness="tolerance", level="channels_last",
+                    scalars=("dilation",), optional=("residual", "bias"),
+                    module_types=("AliasFreeSnakeBeta", "CausalConv1d"))

@@ -28,9 +28,9 @@ from rewrite.runtime import auk as auk_runtime
 # per unit a causal conv (convs1) and a causal conv + residual add (convs2); conv_post has no bias.
 LOSSLESS = {
     "alias_free_activation[exact]": 109,
-    "causal_conv1d[residual]": 54,
     "causal_conv1d": 54,
-    "causal_conv1d[bias=None]": 1,
+    "causal_conv1d[residual=None]": 54,
+    "causal_conv1d[residual=None, bias=None]": 1,
     "causal_conv_transpose1d": 6,
     "amp_average": 6,
 }
@@ -38,8 +38,9 @@ LOSSLESS = {
 # activation) fused once more so that the activation kernel writes the conv's zero pad; then in each of the
 # 54 residual units the first conv's bias deferred into the second activation kernel.
 CHANNELS_LAST = {**{k: v for k, v in LOSSLESS.items() if "alias_free" not in k}, "alias_free_activation[fused]": 109,
-                 "snake_causal_conv1d[residual]": 54, "snake_causal_conv1d": 54, "snake_causal_conv1d[bias=None]": 1,
-                 "deferred_conv_bias[residual unit]": 54}
+                 "snake_causal_conv1d": 54, "snake_causal_conv1d[residual=None]": 54,
+                 "snake_causal_conv1d[residual=None, bias=None]": 1,
+                 "deferred_conv_bias[residual_unit=True]": 54}
 #: ATen ops left after the lossless rewrite: the latent denormalisation, conv_pre, clamp and squeeze
 REMAINING_ATEN = {"sym_size.int", "sqrt.default", "mul.Tensor", "add.Tensor", "transpose.int", "conv1d.default",
                   "clamp.default", "squeeze.dim"}

@@ -419,3 +419,49 @@ def test_fuse_patterns_applies_the_level_patterns_and_reports(monkeypatch):
     assert provenance["module"] == "blocks.0" and provenance["cross_check"]
     reference, rewritten = run_both(model, gm)
     assert torch.equal(reference[0], rewritten[0])
+
+
+# --------------------------------------------------------------------------------------------- optional inputs
+
+
+def _conv_search(x, weight, bias, residual):
+    y = aten.conv1d.default(x, weight, bias, [1], [0], [1], 1)
+    return y if residual is None else aten.add.Tensor(residual, y)
+
+
+def _conv_replace(x, weight, bias, residual):
+    y = aten.convolution.default(x, weight, bias, [1], [0], [1], False, [0], 1)  # not matched again
+    return y if residual is None else aten.add.Tensor(residual, y)
+
+
+class ConvChain(nn.Module):
+    """conv(+bias) + residual, conv without bias (no residual), conv(+bias) alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv1d(4, 4, 3), nn.Conv1d(4, 4, 3, bias=False), nn.Conv1d(4, 4, 3)
+
+    def forward(self, x):
+        y = x[..., 2:] + self.a(x)
+        return self.c(self.b(y))
+
+
+def test_optional_inputs_make_present_and_absent_variants_larger_first():
+    patterns = variants(_conv_search, _conv_replace, name="conv", exactness="exact", level="lossless",
+                        optional=("residual", "bias"))
+    assert [p.name for p in patterns] == ["conv", "conv[bias=None]", "conv[residual=None]",
+                                          "conv[residual=None, bias=None]"]
+    assert [p.inputs for p in patterns] == [("x", "weight", "bias", "residual"), ("x", "weight", "residual"),
+                                            ("x", "weight", "bias"), ("x", "weight")]
+    x = torch.randn(2, 4, 9)
+    gm = canonical(torch.export.export(ConvChain(), (x,), strict=False).module())
+    counts = {}
+    for pattern in patterns:  # in order, each on what the previous ones left
+        counts[pattern.name] = replace_matches(gm, find_matches(gm, pattern).matches).total
+    assert counts == {"conv": 1, "conv[bias=None]": 0, "conv[residual=None]": 1, "conv[residual=None, bias=None]": 1}
+    model = ConvChain()
+    gm = canonical(torch.export.export(model, (x,), strict=False).module())
+    for pattern in patterns:
+        replace_matches(gm, find_matches(gm, pattern).matches)
+    with torch.no_grad():
+        assert torch.equal(gm(x), model(x))

@@ -155,10 +155,11 @@ class Pattern:
     doc: str = ""
     family: str = ""  # the name shared by all variants of one pattern file (defaults to ``name``)
     variant: tuple[tuple[str, Any], ...] = ()  # keyword axes passed to search and replace
+    absent: tuple[str, ...] = ()  # optional tensor parameters passed as None (no placeholder)
     edits: tuple[tuple[str, int], ...] = ()  # ("inplace" | "commute", call index) on the search graph
 
     def __post_init__(self) -> None:
-        for field in ("scalars", "module_types", "variant", "edits"):
+        for field in ("scalars", "module_types", "variant", "absent", "edits"):
             object.__setattr__(self, field, tuple(getattr(self, field)))
         if not self.family:
             object.__setattr__(self, "family", self.name)
@@ -176,20 +177,25 @@ class Pattern:
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        """Parameters that become placeholders (everything but the keyword axes of ``variant``)."""
-        axes = {k for k, _ in self.variant}
-        return tuple(p for p in _params(self.search) if p not in axes)
+        """Parameters that become placeholders (all but the keyword axes of ``variant`` and the ``absent``)."""
+        fixed = {k for k, _ in self.variant} | set(self.absent)
+        return tuple(p for p in _params(self.search) if p not in fixed)
+
+    @property
+    def keywords(self) -> dict[str, Any]:
+        """What ``search`` and ``replace`` get besides the placeholders: the axes, and None for the absent."""
+        return {**dict(self.variant), **{name: None for name in self.absent}}
 
     @functools.cached_property
     def search_graph(self) -> fx.Graph:
         """The traced search graph with ``edits`` applied. Shared: do not mutate."""
-        graph = trace(self.search, self.inputs, self.scalars, dict(self.variant))
+        graph = trace(self.search, self.inputs, self.scalars, self.keywords)
         return apply_edits(graph, self.edits)
 
     @functools.cached_property
     def replace_graph(self) -> fx.Graph:
         """The traced replacement graph. Shared: do not mutate."""
-        return trace(self.replace, self.inputs, self.scalars, dict(self.variant))
+        return trace(self.replace, self.inputs, self.scalars, self.keywords)
 
     def _check_graphs(self) -> None:
         search, replace = self.search_graph, self.replace_graph
@@ -238,10 +244,14 @@ def variants(search: Callable[..., Any], replace: Callable[..., Any], guard: Gua
              exactness: str, level: str, name: str | None = None, scalars: Iterable[str] = (),
              module_types: Iterable[str] = (), doc: str | None = None,
              inplace: bool | Iterable[str] = (), commute: bool | Iterable[str] = (),
-             max_variants: int = 64, **axes: Sequence[Any]) -> tuple[Pattern, ...]:
-    """All variants of one pattern, named ``name[axis=value, add_, swap mul#2]``.
+             optional: Iterable[str] = (), max_variants: int = 64, **axes: Sequence[Any]) -> tuple[Pattern, ...]:
+    """All variants of one pattern, named ``name[axis=value, bias=None, add_, swap mul#2]``.
 
     ``axes``: keyword -> values; each combination is passed to ``search`` and ``replace`` as keywords.
+    ``optional``: tensor parameters that may also be absent (an op's ``Tensor?`` argument, an add that is
+    not there): each is matched present and, in a variant labelled ``param=None``, passed as None to both
+    functions (which then leave it out). Variants with a parameter present come before those without it,
+    earlier ``optional`` names first, so the larger subgraph is matched first.
     ``inplace``: op names (``("add", "silu")``) or True for every op with an in-place overload; each such
     site is matched out-of-place and in-place. ``commute``: op names among ``add``/``mul`` or True; each
     binary site with two tensor operands is matched in both operand orders. ``name`` defaults to the
@@ -252,11 +262,13 @@ def variants(search: Callable[..., Any], replace: Callable[..., Any], guard: Gua
     common = dict(search=search, replace=replace, guard=guard, exactness=exactness, level=level,
                   scalars=tuple(scalars), module_types=tuple(module_types),
                   doc=_default_doc(search) if doc is None else doc, family=family)
-    axis_names = list(axes)
+    axis_names, optional = list(axes), tuple(optional)
     patterns: list[Pattern] = []
-    for values in itertools.product(*(tuple(axes[a]) for a in axis_names)):
+    presence = itertools.product(*[(False, True)] * len(optional))  # absent? per optional name
+    for values, missing in itertools.product(itertools.product(*(tuple(axes[a]) for a in axis_names)), presence):
         variant = tuple(zip(axis_names, values))
-        base = Pattern(name=family, variant=variant, **common)
+        absent = tuple(name for name, gone in zip(optional, missing) if gone)
+        base = Pattern(name=family, variant=variant, absent=absent, **common)
         sites = _calls(base.search_graph)
         inplace_sites = _select(sites, inplace, lambda n: inplace_twin(n.target) is not None)
         commute_sites = _select(sites, commute, _commutable)
@@ -266,7 +278,7 @@ def variants(search: Callable[..., Any], replace: Callable[..., Any], guard: Gua
             touched = [k for _, k in edits]
             if len(touched) != len(set(touched)):
                 continue  # an in-place op with swapped operands would mutate the other tensor
-            labels = [f"{a}={v}" for a, v in variant]
+            labels = [f"{a}={v}" for a, v in variant] + [f"{name}=None" for name in absent]
             for kind, k in edits:
                 op = sites[k].target._schema.name.split("::")[-1]
                 labels.append(_site_label(sites, k, op + "_") if kind == "inplace"
