@@ -99,7 +99,7 @@ def test_auk_table(auk_run):
 def test_wan_json_layout_and_table(wan_run):
     table, summary = wan_run
     assert list(summary) == ["model", "config", "size", "frames", "batch", "dtype", "device", "torch", "triton",
-                             "latents", "levels", "profiles"]
+                             "model_seed", "latents", "levels", "profiles"]
     assert summary["size"] == "32x32" and summary["frames"] == 5 and summary["latents"] == [1, 4, 2, 4, 4]
     check_levels(summary["levels"], "psnr_db")
     lines = table.splitlines()
@@ -163,3 +163,8 @@ def test_random_init_weights_are_seeded():
     first, second = (bench.build_bench(args, torch.device("cpu"), torch.float32).vae.state_dict() for _ in range(2))
     assert all(torch.equal(first[key], second[key]) for key in first)
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_json_names_the_model_seed(auk_run):
+    _, summary = auk_run
+    assert summary["model_seed"] == bench.MODEL_SEED

@@ -339,7 +339,7 @@ def run(args) -> dict:
         cases = [bench_levels(bench, case, args, device, dtype, progress) for case in inputs]
     progress.close()
     head = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": _triton_version()}
+            "torch": torch.__version__, "triton": _triton_version(), "model_seed": MODEL_SEED}
     return bench.summary(head, cases)
 
 
