@@ -121,9 +121,9 @@ class AuKRunner:
             raise ValueError(f"cudnn_benchmark=True needs level 'channels_last': at {level!r} the graphs run the "
                              "convolution algorithms eager decoding picks, which is what keeps them bit-identical")
         # Off by default: on the H200 (torch 2.11) timing the algorithms chose nothing faster than cuDNN's
-        # heuristics (5 s clip 13.6 vs 13.1 ms, 12 s 23.0 vs 22.3 ms) while the trials' workspaces raised
+        # heuristics (on vs off: 5 s clip 13.6 vs 13.1 ms, 12 s 23.0 vs 22.3 ms) while the trials' workspaces raised
         # the peak memory of a warm-up to 48.8 GiB.
-        self.cudnn_benchmark = bool(cudnn_benchmark)
+        self.cudnn_benchmark = cudnn_benchmark
         self.options = {"compile_shapes": self.compile_shapes, "tile_frames": self.tile_frames,
                         "max_graphs": self.max_graphs, "cudnn_benchmark": self.cudnn_benchmark}
         self.rewrite_graph = rewrite_graph  # fn(CapturedGraph, level) applying the level's passes in place
