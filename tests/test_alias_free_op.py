@@ -320,6 +320,61 @@ def test_snake_causal_conv_equals_the_ops_it_fuses(with_bias, with_residual, wit
                            alias_free_snake_causal_conv1d_reference(x, *args))
 
 
+@needs_kernel
+@pytest.mark.parametrize("channels", (6, 24, 48), ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_channels_last_output_is_the_plain_output_transposed(channels, dtype):
+    """``channels_last_out`` changes where the kernel writes (``[B, left + T, C]``), nothing it computes; with
+    ``round_tf32`` the values are the plain ones rounded to TF32 (for the conv that reads them)."""
+    from tests.test_triton_conv1d import tf32
+
+    with torch.no_grad():
+        module, x = make_case(channels, 150, dtype=dtype, device=KERNEL_DEVICE)
+        plain = run_triton_kernel(x, *op_args(module), left_zeros=12)
+        last = run_triton_kernel(x, *op_args(module), left_zeros=12, channels_last_out=True)
+        assert last.shape == (x.shape[0], 12 + x.shape[2], channels) and last.is_contiguous()
+        assert torch.equal(last.transpose(1, 2), plain)
+        if dtype == torch.float32:
+            rounded = run_triton_kernel(x, *op_args(module), left_zeros=12, channels_last_out=True, round_tf32=True)
+            assert torch.equal(rounded.transpose(1, 2), tf32(plain)) and not torch.equal(rounded, last)
+        else:
+            with pytest.raises(ValueError, match="round_tf32 needs an fp32"):
+                run_triton_kernel(x, *op_args(module), round_tf32=True)
+        with pytest.raises(ValueError, match="to divide C"):
+            run_triton_kernel(x, *op_args(module), channels_last_out=True, launch=(4 * channels, 16, 1))
+
+
+@needs_kernel
+@pytest.mark.parametrize("with_residual", (True, False))
+def test_snake_causal_conv_runs_the_triton_conv_where_chosen(with_residual):
+    """With 16+ output channels the op runs the activation channels-last, TF32-rounded, and the Triton conv:
+    torch.equal to those two calls, and within the conv's TF32 tolerance of the separate reference ops
+    (``|error| <= 2**-10 * (|w| * |act|)``: each TF32 operand carries a relative rounding error of at most
+    2**-11, a product at most 2**-10; the fp32 sum's own error is far below), plus the activation's own bound
+    (``FP32_MAX_ABS_EPS`` eps32 max|act|) passed through the conv (times the largest ``sum |w|`` of an output)."""
+    from rewrite.ops import triton_conv1d
+    from rewrite.ops.alias_free import alias_free_snake_causal_conv1d_reference
+
+    module, x = make_case(24, 60, device=KERNEL_DEVICE)
+    g = torch.Generator().manual_seed(3)
+    weight = (torch.randn(24, 24, 3, generator=g) * 0.2).to(KERNEL_DEVICE)
+    bias = torch.randn(24, generator=g).to(KERNEL_DEVICE)
+    residual = torch.randn(x.shape[0], 24, x.shape[2], generator=g).to(KERNEL_DEVICE) if with_residual else None
+    assert triton_conv1d.chosen(weight, x.dtype, 5)
+    args = (*op_args(module), True, weight, bias, [5], residual, None)
+    with torch.no_grad(), use_backend("triton"):
+        fused = torch.ops.rewrite.alias_free_snake_causal_conv1d(x, *args)
+        activation = run_triton_kernel(x, *op_args(module), left_zeros=10, channels_last_out=True, round_tf32=True)
+        direct = triton_conv1d.causal_conv1d(activation, triton_conv1d.pack_weight(weight), bias, 5, residual)
+        separate = alias_free_snake_causal_conv1d_reference(x, *args)
+        act = torch.nn.functional.pad(alias_free_snake(x, *op_args(module)), (10, 0)).double()
+    assert torch.equal(fused, direct)
+    magnitude = torch.nn.functional.conv1d(act.abs(), weight.double().abs(), dilation=5)
+    activation_bound = FP32_MAX_ABS_EPS * torch.finfo(torch.float32).eps * act.abs().max()
+    activation_bound = activation_bound * weight.double().abs().sum(dim=(1, 2)).max()
+    assert ((fused.double() - separate.double()).abs() <= 2 ** -10 * magnitude + activation_bound).all()
+
+
 def test_rows_stride_accepts_row_cropping_views_only():
     from rewrite.ops.alias_free import rows_stride
 

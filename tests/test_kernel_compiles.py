@@ -24,19 +24,47 @@ from rewrite.ops import alias_free
 
 pointers = ("x_ptr", "x_bias_ptr", "alpha_ptr", "beta_ptr", "taps_ptr", "out_ptr")
 ints = ("rows", "channels", "T", "t_blocks", "x_row_stride", "out_row_stride", "out_offset")
-flags = ("LOGSCALE", "HAS_X_BIAS", "BLOCK_R", "BLOCK_T", "HALO_T", "ZEROS_BLOCK")
-for dtype, has_bias, zeros in (("fp32", True, 16), ("bf16", False, 0), ("fp16", True, 0)):
+flags = ("LOGSCALE", "HAS_X_BIAS", "BLOCK_R", "BLOCK_T", "HALO_T", "ZEROS_BLOCK", "OUT_CHANNELS_LAST", "ROUND_TF32")
+for dtype, has_bias, zeros, last in (("fp32", True, 16, True), ("fp32", False, 0, False), ("bf16", False, 0, False),
+                                     ("fp16", True, 0, True)):
     signature = {**{p: "*" + dtype for p in pointers}, **{i: "i32" for i in ints}, **{f: "constexpr" for f in flags}}
-    constants = {"LOGSCALE": True, "HAS_X_BIAS": has_bias, "BLOCK_R": 4, "BLOCK_T": 64, "HALO_T": 8, "ZEROS_BLOCK": zeros}
+    constants = {"LOGSCALE": True, "HAS_X_BIAS": has_bias, "BLOCK_R": 4, "BLOCK_T": 64, "HALO_T": 8, "ZEROS_BLOCK": zeros,
+                 "OUT_CHANNELS_LAST": last, "ROUND_TF32": last and dtype == "fp32"}
     kernel = triton.compile(ASTSource(alias_free._alias_free_snake_kernel, signature, constexprs=constants),
                             target=GPUTarget("cuda", 90, 32))
-    assert kernel.asm["cubin"], (dtype, has_bias, zeros)
+    assert kernel.asm["cubin"], (dtype, has_bias, zeros, last)
+print("compiled")
+"""
+
+COMPILE_CONV = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from rewrite.ops import triton_conv1d
+
+pointers = ("x_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr")
+ints = ("C", "O", "T", "dilation", "c_blocks", "x_batch_stride", "w_out_stride", "w_in_stride", "w_tap_stride",
+        "res_batch_stride", "res_row_stride", "out_batch_stride", "out_row_stride")
+flags = ("KSIZE", "HAS_BIAS", "HAS_RES", "PRECISION", "BLOCK_O", "BLOCK_T", "BLOCK_C")
+for _, (block_o, block_t, block_c, warps, stages) in triton_conv1d._CONFIGS:
+    for dtype, precision in (("fp32", "tf32"), ("bf16", "ieee")):
+        signature = {**{p: "*" + dtype for p in pointers}, **{i: "i32" for i in ints}, **{f: "constexpr" for f in flags}}
+        constants = {"KSIZE": 7, "HAS_BIAS": True, "HAS_RES": dtype == "fp32", "PRECISION": precision,
+                     "BLOCK_O": block_o, "BLOCK_T": block_t, "BLOCK_C": block_c}
+        kernel = triton.compile(ASTSource(triton_conv1d._conv1d_kernel, signature, constexprs=constants),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+        assert kernel.asm["cubin"] and kernel.metadata.shared <= 227 * 1024, (block_o, block_t, block_c, dtype)
+signature = {"w_ptr": "*fp32", "out_ptr": "*fp32", "C": "i32", "K": "i32", "total": "i32",
+             "ROUND_TF32": "constexpr", "BLOCK": "constexpr"}
+kernel = triton.compile(ASTSource(triton_conv1d._pack_kernel, signature, constexprs={"ROUND_TF32": True, "BLOCK": 1024}),
+                        target=GPUTarget("cuda", 90, 32))
+assert kernel.asm["cubin"]
 print("compiled")
 """
 
 
-def test_alias_free_kernel_compiles_for_sm90():
+@pytest.mark.parametrize("program", (COMPILE_ALIAS_FREE, COMPILE_CONV), ids=("alias_free", "triton_conv1d"))
+def test_kernels_compile_for_sm90(program):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", COMPILE_ALIAS_FREE], env=env, capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-4000:]

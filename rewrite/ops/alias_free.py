@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rewrite.models import auk
-from rewrite.ops import dispatch
+from rewrite.ops import dispatch, triton_conv1d
 from rewrite.ops.dispatch import INTERPRETING, get_backend, set_backend, use_backend
 
 try:  # Triton is optional: without it every call takes the reference path.
@@ -122,6 +122,9 @@ SNAKE_EPS = 1e-9
 HALO = 8  # positions a Triton tile recomputes on its left (the low-pass reaches back 6: 8 keeps alignment)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The fused op's conv: the channels-last Triton conv where `triton_conv1d.chosen` says so, else ATen's (a
+# module switch for probes and tests).
+TRITON_CONV = True
 
 
 def _check_geometry() -> None:
@@ -276,6 +279,11 @@ def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, res
         return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation,
                                                         residual, x_bias)
     left = dilation[0] * (weight.shape[-1] - 1)
+    if TRITON_CONV and triton_conv1d.chosen(weight, x.dtype, dilation[0]):
+        tf32 = triton_conv1d.precision(x.dtype) == "tf32"
+        padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias,
+                                   channels_last_out=True, round_tf32=tf32)
+        return triton_conv1d.causal_conv1d(padded, triton_conv1d.pack_weight(weight), bias, dilation[0], residual)
     padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias)
     if residual is None:
         return torch.ops.aten.conv1d.default(padded, weight, bias, [1], [0], dilation, 1)
@@ -314,7 +322,7 @@ def _snake_conv_fake(x, alpha, beta, taps, logscale, weight, bias, dilation, res
 if triton is not None:
     # libdevice's sinf/expf (what ATen's CUDA kernels call); numpy's under the interpreter
     from rewrite.ops.triton_math import exp as _exp
-    from rewrite.ops.triton_math import round_to
+    from rewrite.ops.triton_math import round_tf32, round_to
     from rewrite.ops.triton_math import sin as _sin
 
     @triton.jit
@@ -374,14 +382,19 @@ if triton is not None:
         x_ptr, x_bias_ptr, alpha_ptr, beta_ptr, taps_ptr, out_ptr, rows, channels, T, t_blocks, x_row_stride,
         out_row_stride, out_offset,
         LOGSCALE: tl.constexpr, HAS_X_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-        HALO_T: tl.constexpr, ZEROS_BLOCK: tl.constexpr,
+        HALO_T: tl.constexpr, ZEROS_BLOCK: tl.constexpr, OUT_CHANNELS_LAST: tl.constexpr = False,
+        ROUND_TF32: tl.constexpr = False,
     ):
         """One ``[BLOCK_R, BLOCK_T - HALO_T]`` output tile: positions ``base + i`` with ``i >= HALO_T``.
 
         Input row ``r`` (of ``B * C``) starts at ``r * x_row_stride``: a contiguous x, or a view that crops
         each row (the causal transposed conv's output). Output row ``r`` starts at ``r * out_row_stride``
         and holds ``out_offset`` zeros (a causal conv's zero pad; the programs of time block 0 write them,
-        ``ZEROS_BLOCK`` >= out_offset, 0 for none) then the ``T`` outputs.
+        ``ZEROS_BLOCK`` >= out_offset, 0 for none) then the ``T`` outputs. With ``OUT_CHANNELS_LAST`` the
+        output is ``[B, out_offset + T, C]`` instead (position-major, what the Triton conv reads;
+        ``out_row_stride`` unused) and the launcher guarantees ``channels % BLOCK_R == 0``, so a row block
+        is ``BLOCK_R`` adjacent channels of one batch row: contiguous along the block for the stores.
+        ``ROUND_TF32`` (fp32 only) stores the outputs rounded to TF32 (for a TF32 conv that reads them).
 
         A 1-D grid (no 65535 limit on any axis): program ``pid`` is row block ``pid // t_blocks``, time
         block ``pid % t_blocks`` (neighbouring programs share input rows).
@@ -410,13 +423,24 @@ if triton is not None:
             acc += tl.load(taps_ptr + 2 * q).to(tl.float32) * tl.gather(v_odd, shift, 1)
 
         mask = row_mask[:, None] & ((i >= HALO_T) & (p < T))[None, :]
-        out_row = out_ptr + r.to(tl.int64)[:, None] * out_row_stride
-        tl.store(out_row + out_offset + p[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        if ROUND_TF32:
+            acc = round_tf32(acc)
+        if OUT_CHANNELS_LAST:
+            row0 = (pid // t_blocks) * BLOCK_R
+            batch = row0 // channels
+            out_row = (out_ptr + batch.to(tl.int64) * (out_offset + T) * channels
+                       + (row0 - batch * channels + tl.arange(0, BLOCK_R))[:, None])
+            position_stride = channels
+        else:
+            out_row = out_ptr + r.to(tl.int64)[:, None] * out_row_stride
+            position_stride = 1
+        tl.store(out_row + (out_offset + p)[None, :] * position_stride, acc.to(out_ptr.dtype.element_ty), mask=mask)
         if ZEROS_BLOCK > 0:
             if t_block == 0:
                 j = tl.arange(0, ZEROS_BLOCK)
                 zeros = tl.zeros([BLOCK_R, ZEROS_BLOCK], out_ptr.dtype.element_ty)
-                tl.store(out_row + j[None, :], zeros, mask=row_mask[:, None] & (j < out_offset)[None, :])
+                tl.store(out_row + j[None, :] * position_stride, zeros,
+                         mask=row_mask[:, None] & (j < out_offset)[None, :])
 
 
 # Launch geometry, measured on an H200 (fp32, the AuK shapes): one warp per program and tiles of at most
@@ -441,6 +465,21 @@ def _launch_config(rows: int, length: int) -> tuple[int, int, int]:
     return block_r, block_t, NUM_WARPS
 
 
+# Channels-last output (the Triton conv's input): a row block must be adjacent channels of one batch row.
+# Measured on an H200 (fp32, 320-frame AuK shapes): 8 channels x 128 positions on 4 warps for C >= 48 (13-32
+# us per activation against 15-40 us for the one-warp tiles), 4 x 64 on one warp for C = 24 (31 against 54).
+CHANNELS_LAST_WIDE = (8, 128, 4)
+CHANNELS_LAST_NARROW = (4, 64, 1)
+
+
+def _launch_config_channels_last(channels: int, length: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_T, num_warps) for a channels-last output; BLOCK_R always divides `channels`."""
+    if channels >= 48 and channels % CHANNELS_LAST_WIDE[0] == 0:
+        return CHANNELS_LAST_WIDE
+    block_r = min(CHANNELS_LAST_NARROW[0], channels & -channels)
+    return (block_r, *CHANNELS_LAST_NARROW[1:])
+
+
 def rows_stride(x: Tensor) -> Optional[int]:
     """The one stride between the ``B * C`` rows of a ``[B, C, T]`` x whose rows are contiguous runs (a
     contiguous x, or a view cropping each row, such as the causal transposed conv's output), else None."""
@@ -453,7 +492,8 @@ def rows_stride(x: Tensor) -> Optional[int]:
 
 
 def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool = True,
-                      left_zeros: int = 0, x_bias: Optional[Tensor] = None) -> Tensor:
+                      left_zeros: int = 0, x_bias: Optional[Tensor] = None, channels_last_out: bool = False,
+                      round_tf32: bool = False, launch: Optional[tuple[int, int, int]] = None) -> Tensor:
     """Launch the fused kernel (no dispatch checks beyond the preconditions it relies on).
 
     ``x``: ``[B, C, T]`` fp32/fp16/bf16 on CUDA (or CPU under ``TRITON_INTERPRET=1``) whose rows are
@@ -462,7 +502,10 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
     to here: the kernel reads ``x + x_bias`` rounded to x's dtype, what ``x.add_(x_bias)`` would hold.
     Returns a new contiguous tensor of x's dtype, ``[B, C, left_zeros + T]`` with zeros in its first
     ``left_zeros`` columns (a causal conv's zero pad, written by the kernel so that no pad pass copies the
-    activation again).
+    activation again). With ``channels_last_out`` the result is ``[B, left_zeros + T, C]`` (contiguous,
+    position-major: the input layout of `rewrite.ops.triton_conv1d`) with the zeros in its first
+    ``left_zeros`` positions. ``round_tf32`` (fp32 only) stores the outputs rounded to the nearest TF32
+    value, for a TF32 conv that reads them (its tensor cores would truncate them). ``launch`` overrides the (BLOCK_R, BLOCK_T, num_warps) choice (probes).
     """
     if triton is None:
         raise RuntimeError("alias_free_snake: triton is not importable")
@@ -477,11 +520,21 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
         x = x.contiguous()
         row_stride = x.shape[2]
     batch, channels, length = x.shape
-    out = x.new_empty((batch, channels, left_zeros + length))
+    shape = (batch, left_zeros + length, channels) if channels_last_out else (batch, channels, left_zeros + length)
+    out = x.new_empty(shape)
     rows = batch * channels
     if rows == 0:
         return out
-    block_r, block_t, num_warps = _launch_config(rows, length)
+    if launch is not None:
+        block_r, block_t, num_warps = launch
+    elif channels_last_out:
+        block_r, block_t, num_warps = _launch_config_channels_last(channels, length)
+    else:
+        block_r, block_t, num_warps = _launch_config(rows, length)
+    if round_tf32 and x.dtype != torch.float32:
+        raise ValueError(f"alias_free_snake: round_tf32 needs an fp32 x, got {x.dtype}")
+    if channels_last_out and channels % block_r:
+        raise ValueError(f"alias_free_snake: a channels-last output needs BLOCK_R={block_r} to divide C={channels}")
     t_blocks = triton.cdiv(length, block_t - HALO)
     grid = (triton.cdiv(rows, block_r) * t_blocks,)
     _alias_free_snake_kernel[grid](
@@ -489,6 +542,7 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
         beta.reshape(-1).contiguous(), taps.reshape(-1).contiguous(), out,
         rows, channels, length, t_blocks, row_stride, left_zeros + length, left_zeros,
         LOGSCALE=logscale, HAS_X_BIAS=x_bias is not None, BLOCK_R=block_r, BLOCK_T=block_t, HALO_T=HALO,
-        ZEROS_BLOCK=triton.next_power_of_2(left_zeros) if left_zeros else 0, num_warps=num_warps,
+        ZEROS_BLOCK=triton.next_power_of_2(left_zeros) if left_zeros else 0, OUT_CHANNELS_LAST=channels_last_out,
+        ROUND_TF32=round_tf32, num_warps=num_warps,
     )
     return out

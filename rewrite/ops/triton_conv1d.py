@@ -1,0 +1,223 @@
+"""A dense causal 1-D convolution over a channels-last, pre-padded input, as one Triton implicit-GEMM kernel.
+
+Computes, for ``padded`` of shape ``[B, left + T, C]`` (position-major; its first ``left = dilation * (K -
+1)`` positions the causal zero pad, as the alias-free activation kernel writes them with
+``channels_last_out=True``), ``weight`` ``[O, C, K]`` (any strides), an optional ``bias`` ``[O]`` and an
+optional ``residual`` ``[B, O, T]``::
+
+    y[b, o, t] = sum_{k, c} weight[o, c, k] * padded[b, t + k * dilation, c]  (+ bias[o])  (+ residual[b, o, t])
+
+which is ``conv1d(padded.transpose(1, 2), weight, bias, dilation=dilation)`` plus the residual, returned as a
+contiguous ``[B, O, T]``: every dense conv of the AuK decoder at level ``channels_last`` but the last (one
+output channel).
+
+Why: cuDNN runs these NCHW fp32 convs as NHWC kernels behind a transpose of the input and of the filter
+on every call and one of the output (2.2 of 11.9 ms of a 320-frame decode on an H200), and picks its
+algorithm by shape, so a window of a tiled decode and the whole clip differ in their last bits. Here the
+activation writes the input channels-last, so an input tile ``[channels, positions]`` of one tap is
+contiguous along the reduction (what the tensor cores read without a transpose), the output comes out in
+the layout the next activation reads, and bias and residual are added in the epilogue. The reduction for
+an output sample runs tap by tap, channel block by channel block: its order depends on (C, K, BLOCK_C) only,
+so every window, batch row and clip length computes a sample the same way. Weights are read through their
+strides: pass ``packed.permute(0, 2, 1)`` of a contiguous ``[O, K, C]`` copy (`pack_weight`) for
+contiguous weight tiles.
+
+Exactness: ``tolerance`` (level ``channels_last`` only). With ``precision="tf32"`` (when
+``torch.backends.cudnn.allow_tf32`` is on, PyTorch's default for convolutions) the products are TF32 like
+cuDNN's, summed in fp32 in another order; bias and residual are added to the fp32 accumulator (one
+rounding less than conv-then-add). fp16/bf16 inputs multiply exactly, accumulate in fp32 and round once.
+Measured on an H200 against an fp64 conv (random weights scaled by 1/sqrt(C K), unit inputs; the AuK
+shapes): max-abs error <= 7.3e-4 of the output's max for TF32, cuDNN's TF32 2.8e-4.
+
+Preconditions (`unsupported_reason`): Triton, one floating dtype for all tensors, ``padded`` contiguous,
+``O >= 16`` (a smaller output wastes a tensor-core tile: the caller keeps ATen's conv), TF32 allowed for
+fp32 (with it off, cuDNN's exact fp32 conv is the faster one).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+try:  # Triton is optional: without it the callers keep ATen's conv.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton ships with the Linux torch wheels
+    triton = None
+
+__all__ = ["MIN_OUT_CHANNELS", "SUPPORTED_DTYPES", "aten_is_faster", "causal_conv1d", "chosen", "launch_config",
+           "pack_weight", "precision", "unsupported_reason"]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MIN_OUT_CHANNELS = 16  # tl.dot's smallest tile side
+
+
+def precision(dtype: torch.dtype) -> str:
+    """``"tf32"`` for fp32 when cuDNN may use TF32 (PyTorch's default for convs), else ``"ieee"`` (half
+    types multiply exactly in fp32 either way)."""
+    if dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+def unsupported_reason(weight: Tensor, dtype: torch.dtype) -> Optional[str]:
+    """None when `causal_conv1d` serves this weight and activation dtype, else why not (the caller keeps
+    ATen's conv)."""
+    if triton is None:
+        return "triton is not importable"
+    if weight.dim() != 3:
+        return f"expected a [O, C, K] weight, got {tuple(weight.shape)}"
+    if weight.shape[0] < MIN_OUT_CHANNELS:
+        return f"{weight.shape[0]} output channels (< {MIN_OUT_CHANNELS}: a tensor-core tile would be mostly empty)"
+    if dtype not in SUPPORTED_DTYPES or weight.dtype != dtype:
+        return f"dtypes {dtype} and {weight.dtype} (one of {SUPPORTED_DTYPES} for both)"
+    if dtype == torch.float32 and precision(dtype) == "ieee":
+        return "TF32 is off (torch.backends.cudnn.allow_tf32): cuDNN's exact fp32 conv is the faster one"
+    return None
+
+
+def aten_is_faster(in_channels: int, ksize: int, dilation: int) -> bool:
+    """Where cuDNN's conv (with its transposes) beat this kernel on an H200, fp32/TF32, the convs of a
+    320-frame AuK decode (each fused with its activation, the Triton side including the weight packing):
+    undilated convs with K >= 7 on 96 channels or more (cuDNN's fastest case: 84-143 us against 94-199 us),
+    and C = 768 with K >= 7 at any dilation (136-174 against 138-208 us). Everywhere else this kernel won,
+    by up to 2x (C = 48, K = 11: 87 against 167 us)."""
+    return ksize >= 7 and (in_channels >= 768 or (dilation == 1 and in_channels >= 96))
+
+
+def chosen(weight: Tensor, dtype: torch.dtype, dilation: int) -> bool:
+    """Whether the fused AuK activation+conv op runs its conv here: supported and not `aten_is_faster`."""
+    return unsupported_reason(weight, dtype) is None and not aten_is_faster(weight.shape[1], weight.shape[2], dilation)
+
+
+def pack_weight(weight: Tensor) -> Tensor:
+    """``weight`` ``[O, C, K]`` as a view of a contiguous ``[O, K, C]`` copy (contiguous weight tiles), its fp32
+    values rounded to the nearest TF32 when the conv runs in TF32 (the tensor cores would truncate them). One
+    kernel; inside a CUDA graph it runs on every replay, so in-place weight updates are seen."""
+    out_channels, channels, ksize = weight.shape
+    packed = weight.new_empty((out_channels, ksize, channels))
+    total = packed.numel()
+    if total:
+        _pack_kernel[(triton.cdiv(total, PACK_BLOCK),)](
+            weight.contiguous(), packed, channels, ksize, total,
+            ROUND_TF32=precision(weight.dtype) == "tf32", BLOCK=PACK_BLOCK)
+    return packed.permute(0, 2, 1)
+
+
+PACK_BLOCK = 1024
+
+
+# (BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) by output channels, the fastest of a sweep on an H200
+# (fp32/TF32, the convs of a 320-frame AuK decode, whose O equals C): (smallest O, config), largest first.
+_CONFIGS = (
+    (512, (128, 128, 64, 8, 3)),
+    (256, (128, 256, 32, 8, 3)),
+    (128, (64, 128, 64, 4, 3)),
+    (64, (128, 64, 32, 4, 3)),
+    (40, (64, 128, 32, 4, 3)),
+    (0, (32, 128, 32, 4, 3)),
+)
+
+
+def launch_config(out_channels: int, in_channels: int, length: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) for a conv of these channels and T outputs."""
+    return next(config for smallest, config in _CONFIGS if out_channels >= smallest)
+
+
+if triton is not None:
+    from rewrite.ops.triton_math import round_tf32
+
+    @triton.jit
+    def _pack_kernel(w_ptr, out_ptr, C, K, total, ROUND_TF32: tl.constexpr, BLOCK: tl.constexpr):
+        """``out[o, k, c] = w[o, c, k]`` (both contiguous), rounded to TF32 when ``ROUND_TF32``."""
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < total
+        channel = i % C
+        tap = (i // C) % K
+        row = i // (C * K)
+        value = tl.load(w_ptr + (row * C + channel) * K + tap, mask=mask, other=0.0)
+        if ROUND_TF32:
+            value = round_tf32(value)
+        tl.store(out_ptr + i, value, mask=mask)
+
+    @triton.jit
+    def _conv1d_kernel(
+        x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
+        C, O, T, dilation, c_blocks,
+        x_batch_stride, w_out_stride, w_in_stride, w_tap_stride,
+        res_batch_stride, res_row_stride, out_batch_stride, out_row_stride,
+        KSIZE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_O: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        """One ``[BLOCK_O, BLOCK_T]`` output tile of one batch row; the reduction runs tap by tap, channel
+        block by channel block (one flat loop, so the pipeliner overlaps loads across taps)."""
+        pid_t = tl.program_id(0)
+        pid_o = tl.program_id(1)
+        batch = tl.program_id(2).to(tl.int64)
+        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_o = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
+        offs_c = tl.arange(0, BLOCK_C)
+        t_mask = offs_t < T
+        o_mask = offs_o < O
+        x_base = x_ptr + batch * x_batch_stride
+        w_rows = w_ptr + offs_o.to(tl.int64)[:, None] * w_out_stride
+        acc = tl.zeros((BLOCK_O, BLOCK_T), dtype=tl.float32)
+        for i in range(KSIZE * c_blocks):
+            tap = i // c_blocks
+            channel = (i - tap * c_blocks) * BLOCK_C + offs_c
+            c_mask = channel < C
+            w = tl.load(w_rows + channel[None, :] * w_in_stride + tap * w_tap_stride,
+                        mask=o_mask[:, None] & c_mask[None, :], other=0.0)
+            positions = (offs_t + tap * dilation).to(tl.int64)
+            x = tl.load(x_base + positions[None, :] * C + channel[:, None], mask=c_mask[:, None] & t_mask[None, :],
+                        other=0.0)
+            acc = tl.dot(w, x, acc, input_precision=PRECISION)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_o, mask=o_mask, other=0.0).to(tl.float32)[:, None]
+        mask = o_mask[:, None] & t_mask[None, :]
+        if HAS_RES:
+            res = res_ptr + batch * res_batch_stride + offs_o.to(tl.int64)[:, None] * res_row_stride + offs_t[None, :]
+            acc += tl.load(res, mask=mask, other=0.0).to(tl.float32)
+        out = out_ptr + batch * out_batch_stride + offs_o.to(tl.int64)[:, None] * out_row_stride + offs_t[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilation: int,
+                  residual: Optional[Tensor] = None, config: Optional[tuple[int, int, int, int, int]] = None) -> Tensor:
+    """``conv1d(padded.transpose(1, 2), weight, bias, dilation=dilation) (+ residual)`` by the Triton kernel
+    (module docstring); ``padded`` ``[B, left + T, C]`` already holds the causal zero pad. Returns a new
+    contiguous ``[B, O, T]``. `config` overrides `launch_config` (probes)."""
+    reason = unsupported_reason(weight, padded.dtype)
+    if reason is not None:
+        raise ValueError(f"causal_conv1d: {reason}")
+    if padded.dim() != 3 or padded.shape[2] != weight.shape[1] or not padded.is_contiguous():
+        raise ValueError(f"causal_conv1d: expected a contiguous [B, L, C={weight.shape[1]}] input, got "
+                         f"{tuple(padded.shape)} with strides {padded.stride()}")
+    batch, padded_length, channels = padded.shape
+    out_channels, _, ksize = weight.shape
+    length = padded_length - dilation * (ksize - 1)
+    if length < 1:
+        raise ValueError(f"causal_conv1d: {padded_length} padded positions hold no output for K={ksize}, "
+                         f"dilation={dilation}")
+    if bias is not None and (bias.shape != (out_channels,) or bias.dtype != padded.dtype):
+        raise ValueError(f"causal_conv1d: bias must be [{out_channels}] {padded.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    if residual is not None:
+        if tuple(residual.shape) != (batch, out_channels, length) or residual.dtype != padded.dtype:
+            raise ValueError(f"causal_conv1d: residual must be {(batch, out_channels, length)} {padded.dtype}, got "
+                             f"{tuple(residual.shape)} {residual.dtype}")
+        if length > 1 and residual.stride(2) != 1:
+            residual = residual.contiguous()
+    out = padded.new_empty((batch, out_channels, length))
+    block_o, block_t, block_c, num_warps, num_stages = config or launch_config(out_channels, channels, length)
+    grid = (triton.cdiv(length, block_t), triton.cdiv(out_channels, block_o), batch)
+    _conv1d_kernel[grid](
+        padded, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
+        channels, out_channels, length, dilation, triton.cdiv(channels, block_c),
+        padded.stride(0), *weight.stride(),
+        *(residual.stride()[:2] if residual is not None else (0, 0)), *out.stride()[:2],
+        KSIZE=ksize, HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRECISION=precision(padded.dtype),
+        BLOCK_O=block_o, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
