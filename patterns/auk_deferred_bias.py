@@ -9,7 +9,8 @@ Replaces: the first conv without its bias, and the second op given ``x_bias=bias
           goes away (`rewrite.ops.alias_free`).
 Exactness: exact against the two ops it replaces: ATen's CUDA conv adds its bias with a separate ``add_``
           after cuDNN, which rounds ``conv + bias`` once to h's dtype; the kernel rounds the same sum the
-          same way (torch.equal in the tests).
+          same way (torch.equal in the tests). Where the op runs the Triton conv instead (tolerance anyway),
+          fp32 stays the same sum rounded once; fp16/bf16 round the conv output before the bias is added.
 Level: channels_last (it rewrites the channels_last-only fused op).
 Guard: bias1 is a ``[C]`` tensor of w1's dtype (C: w1's output channels).
 """

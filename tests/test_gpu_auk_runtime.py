@@ -78,9 +78,10 @@ def test_channels_last_buckets_tiles_and_streaming(vae):
     assert report(whole_runner).last_detail == "CUDA graph, exact length 3000"
     max_abs = (tiled - whole).abs().max().item()
     print(f"60 s clip: tiled vs whole max-abs {max_abs:.3g}, SNR vs eager {_snr_db(tiled, reference_decode(vae, long)):.1f} dB")
-    # Regression bound, not the issue's target: measured 1.01e-4 and 1.05e-4 on an H200 (torch 2.11); the
-    # difference is the TF32 convolutions picking other kernels for other lengths (any perturbation of
-    # the inputs is amplified to TF32's noise floor), see test_tiled_vs_whole_meets_the_issue_bound.
+    # The issue's bound (1e-4) is asserted by test_tiled_vs_whole_meets_the_issue_bound on other latents; this
+    # one is a looser regression bound for this clip (9.8e-5 measured on an H200, torch 2.11, with the Triton
+    # convs; 1.01e-4 to 1.06e-4 before them). What remains is the cuDNN convs (the undilated K >= 7 ones, the
+    # transposed convs and conv_pre) picking other kernels for other lengths, amplified to TF32's noise floor.
     assert max_abs <= 2e-4
 
     pieces = list(optimized.decode_tiles(long))
@@ -95,9 +96,10 @@ def test_channels_last_buckets_tiles_and_streaming(vae):
 
 
 @torch.no_grad()
-@pytest.mark.xfail(reason="issue 6 target (tiled vs whole max-abs <= 1e-4) not met yet: 1.01e-4 to 1.06e-4 "
-                          "measured, TF32 noise floor of the convolutions", strict=False)
 def test_tiled_vs_whole_meets_the_issue_bound(vae):
+    """The issue's bound. Passed on an H200 (torch 2.11) once the Triton convs, whose per-sample reduction order
+    does not depend on the window, replaced most cuDNN convs (it failed at 1.01e-4 to 1.06e-4 before); the
+    margin is small, because the remaining cuDNN convs still choose kernels by length."""
     long = latents(1, 3000, seed=2)
     tiled = optimize(copy.deepcopy(vae), "channels_last").decode(long)
     whole = optimize(copy.deepcopy(vae), "channels_last", tile_frames=4000).decode(long)

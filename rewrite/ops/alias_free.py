@@ -70,6 +70,13 @@ adds its bias with a separate ``add_``). So the result is bit-identical to the s
 pad's fill and copy, the deferred bias pass and the residual add pass. Without the kernel it runs the
 separate reference ops.
 
+Where `rewrite.ops.triton_conv1d.chosen` picks it (16+ output channels, not one of the convs where cuDNN
+measured faster), the conv is not ATen's: the activation kernel writes ``[B, left + T, C]`` (channels-last)
+rounded to TF32 (fp32 with TF32 allowed) and the Triton implicit-GEMM conv reads it, with the weights
+repacked ``[O, K, C]`` (and TF32-rounded) per call, adding bias and residual in its epilogue
+(``tolerance``: TF32 products as cuDNN's, another summation order; see that module). The switch
+``TRITON_CONV`` (module attribute) turns this off for probes and tests.
+
 The kernel reads any x whose ``B * C`` rows are contiguous runs at one stride (`rows_stride`: a contiguous
 x, or a view cropping each row such as the causal transposed conv's output) in place; other layouts are
 copied first.
@@ -86,7 +93,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rewrite.models import auk
-from rewrite.ops import dispatch, triton_conv1d
+from rewrite.ops import compile_ahead, dispatch, triton_conv1d
 from rewrite.ops.dispatch import INTERPRETING, get_backend, set_backend, use_backend
 
 try:  # Triton is optional: without it every call takes the reference path.
@@ -273,7 +280,8 @@ def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, res
     """Triton activation (adding ``x_bias`` as it reads x) writing ``[B, C, left + T]`` with the zero pad in
     place, the same conv1d as `causal_conv1d_reference` on that tensor, and with a residual, the conv's
     bias and the residual added by one kernel with ATen's two roundings: equal, bit for bit, to the
-    separate ops (ATen's CUDA conv adds its bias with a separate ``add_``)."""
+    separate ops (ATen's CUDA conv adds its bias with a separate ``add_``). Where `triton_conv1d.chosen`
+    says so, the activation is written channels-last and TF32-rounded and the Triton conv runs instead."""
     _validate(x, alpha, beta, taps)
     if choose_implementation(x, alpha, beta, taps)[0] != "triton":
         return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation,
@@ -537,7 +545,8 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
         raise ValueError(f"alias_free_snake: a channels-last output needs BLOCK_R={block_r} to divide C={channels}")
     t_blocks = triton.cdiv(length, block_t - HALO)
     grid = (triton.cdiv(rows, block_r) * t_blocks,)
-    _alias_free_snake_kernel[grid](
+    compile_ahead.launch(
+        _alias_free_snake_kernel, grid,
         x, x if x_bias is None else x_bias.reshape(-1).contiguous(), alpha.reshape(-1).contiguous(),
         beta.reshape(-1).contiguous(), taps.reshape(-1).contiguous(), out,
         rows, channels, length, t_blocks, row_stride, left_zeros + length, left_zeros,

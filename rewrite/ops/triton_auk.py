@@ -62,6 +62,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rewrite.ops import compile_ahead
 from rewrite.ops.dispatch import triton
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -150,7 +151,8 @@ def _launch(kernel, rows: int, length: int, *args, **constexprs) -> None:
     block = _block(length)
     col_blocks = triton.cdiv(length, block)
     num_warps = max(1, block // 256)
-    kernel[(rows * col_blocks,)](*args, col_blocks, BLOCK=block, num_warps=num_warps, **_OPTIONS, **constexprs)
+    compile_ahead.launch(kernel, (rows * col_blocks,), *args, col_blocks, BLOCK=block, num_warps=num_warps, **_OPTIONS,
+                         **constexprs)
 
 
 def _check(t: Tensor, name: str) -> None:

@@ -26,8 +26,11 @@ Exactness: ``tolerance`` (level ``channels_last`` only). With ``precision="tf32"
 ``torch.backends.cudnn.allow_tf32`` is on, PyTorch's default for convolutions) the products are TF32 like
 cuDNN's, summed in fp32 in another order; bias and residual are added to the fp32 accumulator (one
 rounding less than conv-then-add). fp16/bf16 inputs multiply exactly, accumulate in fp32 and round once.
-Measured on an H200 against an fp64 conv (random weights scaled by 1/sqrt(C K), unit inputs; the AuK
-shapes): max-abs error <= 7.3e-4 of the output's max for TF32, cuDNN's TF32 2.8e-4.
+The tensor cores truncate fp32 operands to TF32, so the caller rounds them to nearest first (the activation
+kernel's ``round_tf32``, `pack_weight`). On an H200 with truncated operands the error against an fp64 conv
+was up to 7.3e-4 of the output's max where cuDNN's TF32 was 2.8e-4 (AuK shapes, random weights), and the
+decode's SNR fell to 67.6 dB; with rounded operands the full decode is as close to eager as with cuDNN's
+convs (SNR 71.9 dB for both, seeded weights; `rewrite-bench --model auk`).
 
 Preconditions (`unsupported_reason`): Triton, one floating dtype for all tensors, ``padded`` contiguous,
 ``O >= 16`` (a smaller output wastes a tensor-core tile: the caller keeps ATen's conv), TF32 allowed for
@@ -40,6 +43,8 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+
+from rewrite.ops import compile_ahead
 
 try:  # Triton is optional: without it the callers keep ATen's conv.
     import triton
@@ -100,7 +105,8 @@ def pack_weight(weight: Tensor) -> Tensor:
     packed = weight.new_empty((out_channels, ksize, channels))
     total = packed.numel()
     if total:
-        _pack_kernel[(triton.cdiv(total, PACK_BLOCK),)](
+        compile_ahead.launch(
+            _pack_kernel, (triton.cdiv(total, PACK_BLOCK),),
             weight.contiguous(), packed, channels, ksize, total,
             ROUND_TF32=precision(weight.dtype) == "tf32", BLOCK=PACK_BLOCK)
     return packed.permute(0, 2, 1)
@@ -212,7 +218,8 @@ def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilati
     out = padded.new_empty((batch, out_channels, length))
     block_o, block_t, block_c, num_warps, num_stages = config or launch_config(out_channels, channels, length)
     grid = (triton.cdiv(length, block_t), triton.cdiv(out_channels, block_o), batch)
-    _conv1d_kernel[grid](
+    compile_ahead.launch(
+        _conv1d_kernel, grid,
         padded, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
         channels, out_channels, length, dilation, triton.cdiv(channels, block_c),
         padded.stride(0), *weight.stride(),

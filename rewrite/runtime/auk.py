@@ -34,6 +34,7 @@ seen by the replays.
 from __future__ import annotations
 
 import contextlib
+import logging
 import types
 from typing import Iterable, Iterator, Sequence
 
@@ -43,11 +44,14 @@ from torch import nn
 from rewrite.capture.auk import capture_auk_decode, reference_decode
 from rewrite.capture.export import CapturedGraph
 from rewrite.levels import level_enables
+from rewrite.ops import compile_ahead
 from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.graphs import CudaGraphBackend, GraphPool
 from rewrite.runtime.tiles import Window, plan_tiles
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_COMPILE_SHAPES = (160, 320, 640)
 DEFAULT_MAX_GRAPHS = 8
@@ -134,6 +138,7 @@ class AuKRunner:
         self.exact_graphs = GraphPool(self.backend, max_entries=self.max_graphs)  # (batch, frames, dtype, device)
         self.capture_failures: dict[tuple, str] = {}
         self._weight_pointers: dict[tuple, tuple[int, ...]] = {}  # per (dtype, device): when the graphs were captured
+        self._compiled_ahead: set[tuple] = set()  # (dtype, device) whose Triton kernels compiled in parallel
         # A plain reference (a cycle through vae._rewrite_runner, which the GC collects): copy.deepcopy of
         # the VAE then gives the copy a runner bound to the copy, as for the Wan runner's bound methods.
         self.vae = vae
@@ -249,9 +254,27 @@ class AuKRunner:
 
         return step
 
+    def _compile_kernels_ahead(self, batch: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Before the first capture of a (dtype, device): one pass of the graph in which every Triton launch only
+        submits its compile to a thread pool (`rewrite.ops.compile_ahead`), so the kernels compile in parallel
+        instead of one by one during the capture's eager run. Nothing is computed; a failure is logged and
+        left to the capture, which compiles what is missing itself."""
+        if (dtype, device) in self._compiled_ahead or device.type != "cuda":
+            return
+        self._compiled_ahead.add((dtype, device))
+        try:
+            with compile_ahead.compile_ahead() as active, torch.no_grad():
+                if active:
+                    self.run_window(torch.zeros(batch, width, self.vae.config.latent_dim, dtype=dtype, device=device))
+        except Exception as error:  # noqa: BLE001 - only a speed-up: the capture compiles what is missing
+            logger.warning("compiling the Triton kernels ahead failed (%s: %s); they compile during the capture",
+                           type(error).__name__, error)
+
     def _capture(self, pool: GraphPool, key: tuple, batch: int, width: int, dtype: torch.dtype, device: torch.device):
         """The step of `key` from `pool`, captured on first use over a static latent buffer."""
         latent_dim = self.vae.config.latent_dim
+        if key not in pool.steps:
+            self._compile_kernels_ahead(batch, width, dtype, device)
         with cudnn_benchmarking() if self.cudnn_benchmark else contextlib.nullcontext():
             return pool.get(key, lambda: self._step_fn(dtype, device),
                             lambda: [torch.empty(batch, width, latent_dim, dtype=dtype, device=device)])

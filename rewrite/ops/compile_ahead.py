@@ -1,0 +1,74 @@
+"""Compile a graph's Triton kernels in parallel before its first real run.
+
+A decode graph launches dozens of distinct Triton kernel specializations (the AuK ``channels_last`` graph:
+about 40 variants of the conv and activation kernels, 1-2 s of compiling each on a cold cache), and an eager
+run compiles them one after the other as it reaches them. Inside `compile_ahead`, the launches made through
+`launch` only *submit* their compile to a thread pool (Triton's ``AsyncCompileMode``, which deduplicates
+by Triton's own cache key) and run nothing; on exit the context waits for all of them. So a caller runs its
+graph once inside the context (the outputs of those kernels are left uninitialized: the pass computes
+nothing useful) and then for real. The compilers (LLVM, ptxas) release the GIL, so threads scale with the
+cores.
+
+Kernels launched directly rather than through `launch` compile and run as usual inside the context.
+Without Triton's ``AsyncCompileMode`` (older Triton), under the interpreter, or off CUDA, the context does
+nothing and says so (it yields False).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator, Optional
+
+from rewrite.ops.dispatch import INTERPRETING, triton
+
+try:
+    from triton.runtime._async_compile import AsyncCompileMode
+except ImportError:  # pragma: no cover - Triton without async compilation
+    AsyncCompileMode = None
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["available", "compile_ahead", "launch"]
+
+_active = False
+
+
+def available() -> bool:
+    """Whether `compile_ahead` can compile in parallel here (Triton with AsyncCompileMode, not interpreting)."""
+    return triton is not None and AsyncCompileMode is not None and not INTERPRETING
+
+
+def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+    """``kernel[grid](*args, **kwargs)``, or inside `compile_ahead` only its compile, submitted to the pool."""
+    if _active:
+        kernel.warmup(*args, grid=grid, **kwargs)
+    else:
+        kernel[grid](*args, **kwargs)
+
+
+@contextlib.contextmanager
+def compile_ahead(workers: Optional[int] = None) -> Iterator[bool]:
+    """Within: `launch` submits compiles instead of launching; on exit, wait for them. Yields whether it is
+    active (False: run nothing inside, the launches would simply run). A compile that fails is logged and
+    left to the real run, which compiles it again and raises there."""
+    global _active
+    if not available() or _active:
+        yield False
+        return
+    workers = workers or min(32, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="triton-compile") as pool:
+        mode = AsyncCompileMode(pool)
+        mode.__enter__()
+        _active = True
+        try:
+            yield True
+        finally:
+            _active = False
+            try:
+                mode.__exit__(None, None, None)  # waits for every submitted compile
+            except Exception as error:  # a failed compile: the real run compiles it again and raises there
+                logger.warning("compile_ahead: a kernel compile failed (%s: %s); it is compiled again on first use",
+                               type(error).__name__, error)
