@@ -137,3 +137,12 @@ def test_launch_configs_cover_every_channel_count():
     for out_channels in (16, 24, 40, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1536):
         block_o, block_t, block_c, warps, stages = triton_conv1d.launch_config(out_channels, out_channels, 1000)
         assert min(block_o, block_t, block_c) >= 16 and warps in (1, 2, 4, 8) and stages >= 1
+
+
+@pytest.mark.skipif(triton_conv1d.triton is None, reason="needs triton")
+def test_the_unspecialized_argument_is_the_dilation():
+    import inspect
+
+    kernel = triton_conv1d._conv1d_kernel
+    names = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
+    assert names[triton_conv1d.DILATION_ARG] == "dilation"

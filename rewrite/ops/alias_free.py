@@ -458,6 +458,9 @@ TILE_ELEMENTS = 256  # positions (outputs plus halo) x rows per program
 BLOCK_T_CHOICES = (16, 32, 64, 128, 256)
 TILE_OVERHEAD = 64  # per-tile cost, in positions, when choosing BLOCK_T
 NUM_WARPS = 1
+# The zero margin block: one size for every AuK pad (at most 5 * (11 - 1) = 50), so the pads do not each
+# compile a kernel variant of their own (the price: masked lanes in the zero stores of time block 0 only).
+MIN_ZEROS_BLOCK = 64
 
 
 def _launch_config(rows: int, length: int) -> tuple[int, int, int]:
@@ -551,7 +554,8 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
         beta.reshape(-1).contiguous(), taps.reshape(-1).contiguous(), out,
         rows, channels, length, t_blocks, row_stride, left_zeros + length, left_zeros,
         LOGSCALE=logscale, HAS_X_BIAS=x_bias is not None, BLOCK_R=block_r, BLOCK_T=block_t, HALO_T=HALO,
-        ZEROS_BLOCK=triton.next_power_of_2(left_zeros) if left_zeros else 0, OUT_CHANNELS_LAST=channels_last_out,
+        ZEROS_BLOCK=max(MIN_ZEROS_BLOCK, triton.next_power_of_2(left_zeros)) if left_zeros else 0,
+        OUT_CHANNELS_LAST=channels_last_out,
         ROUND_TF32=round_tf32, num_warps=num_warps,
     )
     return out

@@ -132,6 +132,8 @@ def launch_config(out_channels: int, in_channels: int, length: int) -> tuple[int
     return next(config for smallest, config in _CONFIGS if out_channels >= smallest)
 
 
+DILATION_ARG = 8  # position of `dilation` in _conv1d_kernel's signature
+
 if triton is not None:
     from rewrite.ops.triton_math import round_tf32
 
@@ -148,7 +150,9 @@ if triton is not None:
             value = round_tf32(value)
         tl.store(out_ptr + i, value, mask=mask)
 
-    @triton.jit
+    # dilation (argument 8) is not specialized: Triton would compile dilation == 1 apart, one more variant per
+    # conv shape. An index, which every Triton version takes (tests check it names "dilation").
+    @triton.jit(do_not_specialize=[DILATION_ARG])
     def _conv1d_kernel(
         x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
         C, O, T, dilation, c_blocks,
