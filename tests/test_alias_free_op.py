@@ -345,8 +345,8 @@ def test_channels_last_output_is_the_plain_output_transposed(channels, dtype):
 
 
 @needs_kernel
-@pytest.mark.parametrize("with_residual", (True, False))
-def test_snake_causal_conv_runs_the_triton_conv_where_chosen(with_residual):
+@pytest.mark.parametrize("with_residual, with_x_bias", ((True, False), (False, True)))
+def test_snake_causal_conv_runs_the_triton_conv_where_chosen(with_residual, with_x_bias):
     """With 16+ output channels the op runs the activation channels-last, TF32-rounded, and the Triton conv:
     torch.equal to those two calls, and within the conv's TF32 tolerance of the separate reference ops
     (``|error| <= 2**-10 * (|w| * |act|)``: each TF32 operand carries a relative rounding error of at most
@@ -360,14 +360,17 @@ def test_snake_causal_conv_runs_the_triton_conv_where_chosen(with_residual):
     weight = (torch.randn(24, 24, 3, generator=g) * 0.2).to(KERNEL_DEVICE)
     bias = torch.randn(24, generator=g).to(KERNEL_DEVICE)
     residual = torch.randn(x.shape[0], 24, x.shape[2], generator=g).to(KERNEL_DEVICE) if with_residual else None
+    x_bias = torch.randn(24, generator=g).to(KERNEL_DEVICE) if with_x_bias else None
     assert triton_conv1d.chosen(weight, x.dtype, 5)
-    args = (*op_args(module), True, weight, bias, [5], residual, None)
+    args = (*op_args(module), True, weight, bias, [5], residual, x_bias)
     with torch.no_grad(), use_backend("triton"):
         fused = torch.ops.rewrite.alias_free_snake_causal_conv1d(x, *args)
-        activation = run_triton_kernel(x, *op_args(module), left_zeros=10, channels_last_out=True, round_tf32=True)
+        activation = run_triton_kernel(x, *op_args(module), left_zeros=10, x_bias=x_bias, channels_last_out=True,
+                                       round_tf32=True)
         direct = triton_conv1d.causal_conv1d(activation, triton_conv1d.pack_weight(weight), bias, 5, residual)
         separate = alias_free_snake_causal_conv1d_reference(x, *args)
-        act = torch.nn.functional.pad(alias_free_snake(x, *op_args(module)), (10, 0)).double()
+        source = x if x_bias is None else x + x_bias.view(1, -1, 1)
+        act = torch.nn.functional.pad(alias_free_snake(source, *op_args(module)), (10, 0)).double()
     assert torch.equal(fused, direct)
     magnitude = torch.nn.functional.conv1d(act.abs(), weight.double().abs(), dilation=5)
     activation_bound = FP32_MAX_ABS_EPS * torch.finfo(torch.float32).eps * act.abs().max()

@@ -442,7 +442,8 @@ if triton is not None:
         else:
             out_row = out_ptr + r.to(tl.int64)[:, None] * out_row_stride
             position_stride = 1
-        tl.store(out_row + (out_offset + p)[None, :] * position_stride, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        positions = (out_offset + p).to(tl.int64)  # times C when channels-last: past 2**31 on long clips
+        tl.store(out_row + positions[None, :] * position_stride, acc.to(out_ptr.dtype.element_ty), mask=mask)
         if ZEROS_BLOCK > 0:
             if t_block == 0:
                 j = tl.arange(0, ZEROS_BLOCK)
