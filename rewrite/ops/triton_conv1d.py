@@ -85,10 +85,11 @@ def unsupported_reason(weight: Tensor, dtype: torch.dtype) -> Optional[str]:
 
 def aten_is_faster(in_channels: int, ksize: int, dilation: int) -> bool:
     """Where cuDNN's conv (with its transposes) beat this kernel on an H200, fp32/TF32, the convs of a
-    320-frame AuK decode (each fused with its activation, the Triton side including the weight packing):
-    undilated convs with K >= 7 on 96 channels or more (cuDNN's fastest case: 84-143 us against 94-199 us),
-    and C = 768 with K >= 7 at any dilation (136-174 against 138-208 us). Everywhere else this kernel won,
-    by up to 2x (C = 48, K = 11: 87 against 167 us)."""
+    320-frame AuK decode, each timed with its activation, the Triton side including the weight packing and
+    the channels-last activation (probe before this rule): undilated convs with K >= 7 on 96 channels or
+    more (cuDNN's fastest case: 84-143 us against 102-201 us) and C = 768 with K >= 7 at any dilation
+    (136-174 against 140-210 us). Elsewhere this kernel won, by up to 1.9x (C = 48, K = 11: 87 against
+    168 us with this rule in place); C = 192, K = 3, undilated is a near tie it loses (87 against 83 us)."""
     return ksize >= 7 and (in_channels >= 768 or (dilation == 1 and in_channels >= 96))
 
 
