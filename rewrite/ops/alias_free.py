@@ -484,7 +484,7 @@ CHANNELS_LAST_WIDE = (8, 128, 4)
 CHANNELS_LAST_NARROW = (4, 64, 1)
 
 
-def _launch_config_channels_last(channels: int, length: int) -> tuple[int, int, int]:
+def _launch_config_channels_last(channels: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_T, num_warps) for a channels-last output; BLOCK_R always divides `channels`."""
     if channels >= 48 and channels % CHANNELS_LAST_WIDE[0] == 0:
         return CHANNELS_LAST_WIDE
@@ -517,7 +517,8 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
     activation again). With ``channels_last_out`` the result is ``[B, left_zeros + T, C]`` (contiguous,
     position-major: the input layout of `rewrite.ops.triton_conv1d`) with the zeros in its first
     ``left_zeros`` positions. ``round_tf32`` (fp32 only) stores the outputs rounded to the nearest TF32
-    value, for a TF32 conv that reads them (its tensor cores would truncate them). ``launch`` overrides the (BLOCK_R, BLOCK_T, num_warps) choice (probes).
+    value, for a TF32 conv that reads them (its tensor cores would truncate them). ``launch`` overrides the
+    (BLOCK_R, BLOCK_T, num_warps) choice (probes).
     """
     if triton is None:
         raise RuntimeError("alias_free_snake: triton is not importable")
@@ -527,6 +528,8 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
     if x_bias is not None and (x_bias.numel() != x.shape[1] or x_bias.dtype != x.dtype or x_bias.device != x.device):
         raise ValueError(f"alias_free_snake: x_bias must hold C={x.shape[1]} values of x's dtype and device, "
                          f"got {tuple(x_bias.shape)} {x_bias.dtype} on {x_bias.device}")
+    if round_tf32 and x.dtype != torch.float32:
+        raise ValueError(f"alias_free_snake: round_tf32 needs an fp32 x, got {x.dtype}")
     row_stride = rows_stride(x)
     if row_stride is None:
         x = x.contiguous()
@@ -540,11 +543,9 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
     if launch is not None:
         block_r, block_t, num_warps = launch
     elif channels_last_out:
-        block_r, block_t, num_warps = _launch_config_channels_last(channels, length)
+        block_r, block_t, num_warps = _launch_config_channels_last(channels)
     else:
         block_r, block_t, num_warps = _launch_config(rows, length)
-    if round_tf32 and x.dtype != torch.float32:
-        raise ValueError(f"alias_free_snake: round_tf32 needs an fp32 x, got {x.dtype}")
     if channels_last_out and channels % block_r:
         raise ValueError(f"alias_free_snake: a channels-last output needs BLOCK_R={block_r} to divide C={channels}")
     t_blocks = triton.cdiv(length, block_t - HALO)

@@ -128,8 +128,8 @@ _CONFIGS = (
 )
 
 
-def launch_config(out_channels: int, in_channels: int, length: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) for a conv of these channels and T outputs."""
+def launch_config(out_channels: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) for a conv with `out_channels` outputs."""
     return next(config for smallest, config in _CONFIGS if out_channels >= smallest)
 
 
@@ -221,7 +221,7 @@ def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilati
         if length > 1 and residual.stride(2) != 1:
             residual = residual.contiguous()
     out = padded.new_empty((batch, out_channels, length))
-    block_o, block_t, block_c, num_warps, num_stages = config or launch_config(out_channels, channels, length)
+    block_o, block_t, block_c, num_warps, num_stages = config or launch_config(out_channels)
     grid = (triton.cdiv(length, block_t), triton.cdiv(out_channels, block_o), batch)
     compile_ahead.launch(
         _conv1d_kernel, grid,

@@ -244,8 +244,10 @@ class AuKRunner:
         (wave,) = graph(graph.weights(self.vae), z)
         return wave
 
-    def _step_fn(self, dtype: torch.dtype, device: torch.device):
-        """The function a CUDA graph captures: the decode graph over the weights as they are now."""
+    def _step_fn(self, batch: int, width: int, dtype: torch.dtype, device: torch.device):
+        """The function a CUDA graph captures: the decode graph over the weights as they are now (its Triton
+        kernels compiled ahead first, once per dtype and device)."""
+        self._compile_kernels_ahead(batch, width, dtype, device)
         graph = self.graphs[(dtype, device)]
         weights = graph.weights(self.vae)
 
@@ -273,10 +275,8 @@ class AuKRunner:
     def _capture(self, pool: GraphPool, key: tuple, batch: int, width: int, dtype: torch.dtype, device: torch.device):
         """The step of `key` from `pool`, captured on first use over a static latent buffer."""
         latent_dim = self.vae.config.latent_dim
-        if key not in pool.steps:
-            self._compile_kernels_ahead(batch, width, dtype, device)
         with cudnn_benchmarking() if self.cudnn_benchmark else contextlib.nullcontext():
-            return pool.get(key, lambda: self._step_fn(dtype, device),
+            return pool.get(key, lambda: self._step_fn(batch, width, dtype, device),
                             lambda: [torch.empty(batch, width, latent_dim, dtype=dtype, device=device)])
 
     def _pool_for(self, batch: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple[GraphPool, tuple]:
