@@ -43,13 +43,14 @@ from triton.compiler import ASTSource
 from rewrite.ops import triton_conv1d
 
 pointers = ("x_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr")
-ints = ("C", "O", "T", "dilation", "c_blocks", "x_batch_stride", "w_out_stride", "w_in_stride", "w_tap_stride",
-        "res_batch_stride", "res_row_stride", "out_batch_stride", "out_row_stride")
-flags = ("KSIZE", "HAS_BIAS", "HAS_RES", "PRECISION", "BLOCK_O", "BLOCK_T", "BLOCK_C")
+ints = ("C", "O", "T", "dilation", "c_blocks", "ksize", "splits", "split_iters", "x_batch_stride", "w_out_stride",
+        "w_in_stride", "w_tap_stride", "res_batch_stride", "res_row_stride", "out_batch_stride", "out_row_stride",
+        "out_split_stride")
+flags = ("HAS_BIAS", "HAS_RES", "PRECISION", "BLOCK_O", "BLOCK_T", "BLOCK_C")
 for _, (block_o, block_t, block_c, warps, stages) in triton_conv1d._CONFIGS:
     for dtype, precision in (("fp32", "tf32"), ("bf16", "ieee")):
         signature = {**{p: "*" + dtype for p in pointers}, **{i: "i32" for i in ints}, **{f: "constexpr" for f in flags}}
-        constants = {"KSIZE": 7, "HAS_BIAS": True, "HAS_RES": dtype == "fp32", "PRECISION": precision,
+        constants = {"HAS_BIAS": True, "HAS_RES": dtype == "fp32", "PRECISION": precision,
                      "BLOCK_O": block_o, "BLOCK_T": block_t, "BLOCK_C": block_c}
         kernel = triton.compile(ASTSource(triton_conv1d._conv1d_kernel, signature, constexprs=constants),
                                 target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
@@ -57,6 +58,13 @@ for _, (block_o, block_t, block_c, warps, stages) in triton_conv1d._CONFIGS:
 signature = {"w_ptr": "*fp32", "out_ptr": "*fp32", "C": "i32", "K": "i32", "total": "i32",
              "ROUND_TF32": "constexpr", "BLOCK": "constexpr"}
 kernel = triton.compile(ASTSource(triton_conv1d._pack_kernel, signature, constexprs={"ROUND_TF32": True, "BLOCK": 1024}),
+                        target=GPUTarget("cuda", 90, 32))
+assert kernel.asm["cubin"]
+signature = {"partial_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*fp32", "out_ptr": "*fp32",
+             **{i: "i32" for i in ("O", "T", "total", "splits", "res_batch_stride", "res_row_stride")},
+             "HAS_BIAS": "constexpr", "HAS_RES": "constexpr", "BLOCK": "constexpr"}
+kernel = triton.compile(ASTSource(triton_conv1d._sum_splits_kernel, signature,
+                                  constexprs={"HAS_BIAS": True, "HAS_RES": True, "BLOCK": triton_conv1d.SUM_BLOCK}),
                         target=GPUTarget("cuda", 90, 32))
 assert kernel.asm["cubin"]
 print("compiled")

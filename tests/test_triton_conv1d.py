@@ -44,11 +44,11 @@ def case(batch, channels, out_channels, ksize, dilation, length, seed=0, residua
     return on(padded), on(weight), on(b), on(r)
 
 
-def run(padded, weight, bias, dilation, residual, config=SMALL):
+def run(padded, weight, bias, dilation, residual, config=SMALL, splits=None):
     """The kernel on a channels-last, TF32-rounded copy of an NCL ``padded`` (as the activation kernel writes
     it for the conv: unrounded, the tensor cores would truncate, the interpreter would not)."""
     return causal_conv1d(tf32(padded).transpose(1, 2).contiguous(), pack_weight(weight), bias, dilation, residual,
-                         config)
+                         config, splits)
 
 
 @needs_kernel
@@ -58,11 +58,13 @@ def run(padded, weight, bias, dilation, residual, config=SMALL):
     (1, 48, 32, 11, 5, 1, True, False),  # one output sample
     (3, 16, 64, 3, 1, 70, False, False),
 ])
-@pytest.mark.parametrize("config", (SMALL, None), ids=("small-blocks", "default"))
+@pytest.mark.parametrize("config, splits", ((SMALL, 1), (None, None), (SMALL, 3)),
+                         ids=("small-blocks", "default", "split-reduction"))
 def test_conv_matches_fp64_within_the_sum_bound(batch, channels, out_channels, ksize, dilation, length, residual,
-                                                bias, config):
+                                                bias, config, splits):
+    """Any summation order of the n terms stays within the bound, split slices and their sum included."""
     padded, weight, b, r = case(batch, channels, out_channels, ksize, dilation, length, residual=residual, bias=bias)
-    got = run(padded, weight, b, dilation, r, config)
+    got = run(padded, weight, b, dilation, r, config, splits)
     x64, w64 = tf32(padded).double(), tf32(weight).double()
     want = F.conv1d(x64, w64, None if b is None else b.double(), dilation=dilation)
     magnitude = F.conv1d(x64.abs(), w64.abs(), None if b is None else b.double().abs(), dilation=dilation)
@@ -74,17 +76,32 @@ def test_conv_matches_fp64_within_the_sum_bound(batch, channels, out_channels, k
 
 
 @needs_kernel
-def test_a_window_and_a_batch_row_compute_each_sample_as_the_whole_does():
-    """The reduction order of a sample depends on nothing but (C, K, BLOCK_C): a window of the clip (shifted by
-    whole time blocks, so that even a CPU BLAS sees the same tile columns) and each batch row alone give
-    torch.equal samples. This is what makes tiled decodes agree with whole ones beyond the halos."""
+@pytest.mark.parametrize("splits", (1, 2, 4))
+def test_a_window_and_a_batch_row_compute_each_sample_as_the_whole_does(splits):
+    """The reduction order of a sample depends on nothing but (C, K, BLOCK_C, splits): a window of the clip
+    (shifted by whole time blocks, so that even a CPU BLAS sees the same tile columns) and each batch row alone
+    give torch.equal samples. This is what makes tiled decodes agree with whole ones beyond the halos."""
     padded, weight, bias, residual = case(2, 24, 40, 7, 3, 150, residual=True)
-    whole = run(padded, weight, bias, 3, residual)
+    whole = run(padded, weight, bias, 3, residual, splits=splits)
     shift, width, left = 2 * SMALL[1], 50, 3 * 6
-    window = run(padded[..., shift:shift + left + width], weight, bias, 3, residual[..., shift:shift + width])
+    window = run(padded[..., shift:shift + left + width], weight, bias, 3, residual[..., shift:shift + width],
+                 splits=splits)
     assert torch.equal(window, whole[..., shift:shift + width])
-    alone = run(padded[1:], weight, bias, 3, residual[1:])
+    alone = run(padded[1:], weight, bias, 3, residual[1:], splits=splits)
     assert torch.equal(alone, whole[1:])
+
+
+@needs_kernel
+def test_more_splits_than_reduction_steps_leave_no_empty_slice():
+    """K = 3 taps of one input channel are 3 loop steps: asking for 8 slices runs 3, each a single tap, and the
+    result is the sum of the three per-tap convs in tap order (each exact: one product of TF32 values per
+    sample), then bias, then residual."""
+    padded, weight, bias, residual = case(1, 1, 16, 3, 1, 20)
+    got = run(padded, weight, bias, 1, residual, splits=8)
+    x, w = tf32(padded), tf32(weight)
+    taps = [F.conv1d(x[..., k:k + 20], w[..., k:k + 1]) for k in range(3)]
+    want = ((taps[0] + taps[1]) + taps[2]) + bias[:, None] + residual
+    assert torch.equal(got, want)
 
 
 @needs_kernel
@@ -137,6 +154,8 @@ def test_launch_configs_cover_every_channel_count():
     for out_channels in (16, 24, 40, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1536):
         block_o, block_t, block_c, warps, stages = triton_conv1d.launch_config(out_channels)
         assert min(block_o, block_t, block_c) >= 16 and warps in (1, 2, 4, 8) and stages >= 1
+        for ksize in (3, 7, 11):
+            assert triton_conv1d.reduction_splits(out_channels, ksize) >= 1
 
 
 @pytest.mark.skipif(triton_conv1d.triton is None, reason="needs triton")

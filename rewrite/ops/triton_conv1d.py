@@ -53,7 +53,7 @@ except ImportError:  # pragma: no cover - triton ships with the Linux torch whee
     triton = None
 
 __all__ = ["MIN_OUT_CHANNELS", "SUPPORTED_DTYPES", "aten_is_faster", "causal_conv1d", "chosen", "launch_config",
-           "pack_weight", "precision", "unsupported_reason"]
+           "pack_weight", "precision", "reduction_splits", "unsupported_reason"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MIN_OUT_CHANNELS = 16  # tl.dot's smallest tile side
@@ -114,6 +114,7 @@ def pack_weight(weight: Tensor) -> Tensor:
 
 
 PACK_BLOCK = 1024
+SUM_BLOCK = 1024
 
 
 # (BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) by output channels, the fastest of a sweep on an H200
@@ -126,11 +127,23 @@ _CONFIGS = (
     (40, (64, 128, 32, 4, 3)),
     (0, (32, 128, 32, 4, 3)),
 )
+# Reduction splits by (smallest O, smallest K), largest first; 1 where not listed. A split conv runs its
+# reduction in `splits` contiguous slices of the (tap, channel block) loop, each program writing an fp32
+# partial, and one more kernel sums the partials in slice order and adds bias and residual: more programs
+# for the convs whose output tiles do not fill the GPU.
+_SPLITS: tuple[tuple[int, int, int], ...] = ()
 
 
 def launch_config(out_channels: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) for a conv with `out_channels` outputs."""
     return next(config for smallest, config in _CONFIGS if out_channels >= smallest)
+
+
+def reduction_splits(out_channels: int, ksize: int) -> int:
+    """How many slices the reduction of a conv with `out_channels` outputs and `ksize` taps runs in. A function
+    of the weight's shape only, so every window, batch and clip length sums a sample in the same order."""
+    return next((splits for smallest_o, smallest_k, splits in _SPLITS
+                 if out_channels >= smallest_o and ksize >= smallest_k), 1)
 
 
 DILATION_ARG = 8  # position of `dilation` in _conv1d_kernel's signature
@@ -152,21 +165,26 @@ if triton is not None:
         tl.store(out_ptr + i, value, mask=mask)
 
     # dilation (argument 8) is not specialized: Triton would compile dilation == 1 apart, one more variant per
-    # conv shape. An index, which every Triton version takes (tests check it names "dilation").
+    # conv shape. An index, which every Triton version takes (tests check it names "dilation"). The tap count
+    # is a plain argument too (only the loop's trip count depends on it): one variant serves K = 3, 7 and 11.
     @triton.jit(do_not_specialize=[DILATION_ARG])
     def _conv1d_kernel(
         x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
-        C, O, T, dilation, c_blocks,
+        C, O, T, dilation, c_blocks, ksize, splits, split_iters,
         x_batch_stride, w_out_stride, w_in_stride, w_tap_stride,
-        res_batch_stride, res_row_stride, out_batch_stride, out_row_stride,
-        KSIZE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRECISION: tl.constexpr,
+        res_batch_stride, res_row_stride, out_batch_stride, out_row_stride, out_split_stride,
+        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_O: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
-        """One ``[BLOCK_O, BLOCK_T]`` output tile of one batch row; the reduction runs tap by tap, channel
-        block by channel block (one flat loop, so the pipeliner overlaps loads across taps)."""
+        """One ``[BLOCK_O, BLOCK_T]`` output tile of one batch row and one reduction slice; the reduction runs
+        tap by tap, channel block by channel block (one flat loop, so the pipeliner overlaps loads across
+        taps). With ``splits > 1`` slice ``s`` covers loop steps ``[s * split_iters, (s + 1) * split_iters)``
+        and stores its fp32 partial at ``out_ptr + s * out_split_stride`` (bias and residual come later)."""
         pid_t = tl.program_id(0)
         pid_o = tl.program_id(1)
-        batch = tl.program_id(2).to(tl.int64)
+        pid_z = tl.program_id(2)
+        batch = (pid_z // splits).to(tl.int64)
+        split = pid_z % splits
         offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         offs_o = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
         offs_c = tl.arange(0, BLOCK_C)
@@ -175,7 +193,9 @@ if triton is not None:
         x_base = x_ptr + batch * x_batch_stride
         w_rows = w_ptr + offs_o.to(tl.int64)[:, None] * w_out_stride
         acc = tl.zeros((BLOCK_O, BLOCK_T), dtype=tl.float32)
-        for i in range(KSIZE * c_blocks):
+        first = split * split_iters
+        last = tl.minimum(first + split_iters, ksize * c_blocks)
+        for i in range(first, last):
             tap = i // c_blocks
             channel = (i - tap * c_blocks) * BLOCK_C + offs_c
             c_mask = channel < C
@@ -191,15 +211,38 @@ if triton is not None:
         if HAS_RES:
             res = res_ptr + batch * res_batch_stride + offs_o.to(tl.int64)[:, None] * res_row_stride + offs_t[None, :]
             acc += tl.load(res, mask=mask, other=0.0).to(tl.float32)
-        out = out_ptr + batch * out_batch_stride + offs_o.to(tl.int64)[:, None] * out_row_stride + offs_t[None, :]
+        out = (out_ptr + split.to(tl.int64) * out_split_stride + batch * out_batch_stride
+               + offs_o.to(tl.int64)[:, None] * out_row_stride + offs_t[None, :])
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _sum_splits_kernel(partial_ptr, bias_ptr, res_ptr, out_ptr, O, T, total, splits,
+                           res_batch_stride, res_row_stride,
+                           HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        """``out = ((partial[0] + partial[1]) + ...) + bias + residual`` over a contiguous ``[B, O, T]``
+        (partials ``[splits, B, O, T]`` fp32), the slices summed in order."""
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < total
+        acc = tl.load(partial_ptr + i, mask=mask, other=0.0)
+        for s in range(1, splits):
+            acc += tl.load(partial_ptr + s * total + i, mask=mask, other=0.0)
+        row = i // T
+        channel = row % O
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + channel, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RES:
+            position = i - row * T
+            acc += tl.load(res_ptr + (row // O) * res_batch_stride + channel * res_row_stride + position, mask=mask,
+                           other=0.0).to(tl.float32)
+        tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilation: int,
-                  residual: Optional[Tensor] = None, config: Optional[tuple[int, int, int, int, int]] = None) -> Tensor:
+                  residual: Optional[Tensor] = None, config: Optional[tuple[int, int, int, int, int]] = None,
+                  splits: Optional[int] = None) -> Tensor:
     """``conv1d(padded.transpose(1, 2), weight, bias, dilation=dilation) (+ residual)`` by the Triton kernel
     (module docstring); ``padded`` ``[B, left + T, C]`` already holds the causal zero pad. Returns a new
-    contiguous ``[B, O, T]``. `config` overrides `launch_config` (probes)."""
+    contiguous ``[B, O, T]``. `config` overrides `launch_config` and `splits` `reduction_splits` (probes)."""
     reason = unsupported_reason(weight, padded.dtype)
     if reason is not None:
         raise ValueError(f"causal_conv1d: {reason}")
@@ -222,14 +265,29 @@ def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilati
             residual = residual.contiguous()
     out = padded.new_empty((batch, out_channels, length))
     block_o, block_t, block_c, num_warps, num_stages = config or launch_config(out_channels)
-    grid = (triton.cdiv(length, block_t), triton.cdiv(out_channels, block_o), batch)
+    splits = reduction_splits(out_channels, ksize) if splits is None else splits
+    c_blocks = triton.cdiv(channels, block_c)
+    steps = ksize * c_blocks
+    split_iters = triton.cdiv(steps, max(1, min(splits, steps)))
+    splits = triton.cdiv(steps, split_iters)  # no empty slice
+    target = out if splits == 1 else padded.new_empty((splits, batch, out_channels, length), dtype=torch.float32)
+    res_strides = residual.stride()[:2] if residual is not None else (0, 0)
+    fused = splits == 1
+    grid = (triton.cdiv(length, block_t), triton.cdiv(out_channels, block_o), batch * splits)
     compile_ahead.launch(
         _conv1d_kernel, grid,
-        padded, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
-        channels, out_channels, length, dilation, triton.cdiv(channels, block_c),
-        padded.stride(0), *weight.stride(),
-        *(residual.stride()[:2] if residual is not None else (0, 0)), *out.stride()[:2],
-        KSIZE=ksize, HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRECISION=precision(padded.dtype),
+        padded, weight, bias if bias is not None else weight, residual if residual is not None else out, target,
+        channels, out_channels, length, dilation, c_blocks, ksize, splits, split_iters,
+        padded.stride(0), *weight.stride(), *res_strides, *target.stride()[-3:-1], batch * out_channels * length,
+        HAS_BIAS=fused and bias is not None, HAS_RES=fused and residual is not None,
+        PRECISION=precision(padded.dtype),
         BLOCK_O=block_o, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps, num_stages=num_stages,
     )
+    if not fused:
+        total = out.numel()
+        compile_ahead.launch(
+            _sum_splits_kernel, (triton.cdiv(total, SUM_BLOCK),),
+            target, bias if bias is not None else weight, residual if residual is not None else out, out,
+            out_channels, length, total, splits, *res_strides,
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK=SUM_BLOCK)
     return out
