@@ -143,8 +143,10 @@ def test_bad_inputs_raise_naming_the_expected_layout():
 
 
 def test_dispatch_rule_keeps_cudnn_for_its_fast_cases():
-    assert aten_is_faster(768, 3, 1) is False and aten_is_faster(768, 7, 5) is True
-    assert aten_is_faster(384, 11, 1) is True and aten_is_faster(384, 11, 5) is False
+    assert aten_is_faster(768, 3, 1) is False and aten_is_faster(768, 7, 5) is False
+    assert aten_is_faster(768, 11, 1) is True and aten_is_faster(768, 7, 1) is False
+    assert aten_is_faster(384, 7, 1) is True and aten_is_faster(384, 11, 5) is False
+    assert aten_is_faster(192, 11, 1) is False and aten_is_faster(96, 7, 1) is True
     assert aten_is_faster(48, 11, 1) is False and aten_is_faster(96, 3, 1) is False
     assert chosen(torch.zeros(48, 48, 11), torch.float32, 1)
     assert not chosen(torch.zeros(1, 24, 7), torch.float32, 1)  # conv_post: one output channel
@@ -152,9 +154,9 @@ def test_dispatch_rule_keeps_cudnn_for_its_fast_cases():
 
 def test_launch_configs_cover_every_channel_count():
     for out_channels in (16, 24, 40, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1536):
-        block_o, block_t, block_c, warps, stages = triton_conv1d.launch_config(out_channels)
-        assert min(block_o, block_t, block_c) >= 16 and warps in (1, 2, 4, 8) and stages >= 1
-        for ksize in (3, 7, 11):
+        for ksize in (1, 3, 7, 11):
+            block_o, block_t, block_c, warps, stages = triton_conv1d.launch_config(out_channels, ksize)
+            assert min(block_o, block_t, block_c) >= 16 and warps in (1, 2, 4, 8) and stages >= 1
             assert triton_conv1d.reduction_splits(out_channels, ksize) >= 1
 
 

@@ -83,14 +83,22 @@ def unsupported_reason(weight: Tensor, dtype: torch.dtype) -> Optional[str]:
     return None
 
 
+# Undilated convs where cuDNN's conv (with its transposes, its bias and residual pass, and the cheaper NCL
+# activation before it) measured faster than this kernel (with its weight packing and the channels-last
+# activation) on an H200, fp32/TF32, AuK shapes at 320 and 640 frames: (smallest C, largest C, smallest K).
+# C = 384, K = 7 / 11: 81 / 102 us against 89 / 123 (320 frames); C = 768, K = 11: 139 against 146; C = 96,
+# K = 7 / 11, op with its activation: 84 / 94 against 102 / 127 (an older probe, the configs of that time).
+# Everywhere else this kernel won: dilated convs by up to 1.5x (C = 384, K = 11, d = 5: 115 against 176 us),
+# C = 768 K = 7 undilated 92 against 104, C = 192 K = 7 undilated 81 against 91 (K = 11: 116 against 111 at
+# 320 frames but 212 against 229 at 640, kept here).
+_CUDNN_FASTER_UNDILATED = ((96, 191, 7), (256, 767, 7), (768, None, 11))
+
+
 def aten_is_faster(in_channels: int, ksize: int, dilation: int) -> bool:
-    """Where cuDNN's conv (with its transposes) beat this kernel on an H200, fp32/TF32, the convs of a
-    320-frame AuK decode, each timed with its activation, the Triton side including the weight packing and
-    the channels-last activation (probe before this rule): undilated convs with K >= 7 on 96 channels or
-    more (cuDNN's fastest case: 84-143 us against 102-201 us) and C = 768 with K >= 7 at any dilation
-    (136-174 against 140-210 us). Elsewhere this kernel won, by up to 1.9x (C = 48, K = 11: 87 against
-    168 us with this rule in place); C = 192, K = 3, undilated is a near tie it loses (87 against 83 us)."""
-    return ksize >= 7 and (in_channels >= 768 or (dilation == 1 and in_channels >= 96))
+    """Whether cuDNN's conv measured faster for this shape (`_CUDNN_FASTER_UNDILATED`): undilated convs only."""
+    return dilation == 1 and any(
+        in_channels >= smallest and (largest is None or in_channels <= largest) and ksize >= min_k
+        for smallest, largest, min_k in _CUDNN_FASTER_UNDILATED)
 
 
 def chosen(weight: Tensor, dtype: torch.dtype, dilation: int) -> bool:
@@ -117,33 +125,38 @@ PACK_BLOCK = 1024
 SUM_BLOCK = 1024
 
 
-# (BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) by output channels, the fastest of a sweep on an H200
-# (fp32/TF32, the convs of a 320-frame AuK decode, whose O equals C): (smallest O, config), largest first.
+# Launch configurations: ((smallest O, smallest K), ((BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages),
+# splits)), the first that fits. The fastest of sweeps on an H200 (fp32/TF32, the AuK convs at 320 and 640
+# frames, whose O equals C; 11 tile shapes x 1-4 splits for C >= 192). A split conv runs its reduction in
+# `splits` contiguous slices of the (tap, channel block) loop, each program writing an fp32 partial, and one
+# more kernel sums the partials in slice order and adds bias and residual: three times the programs for the
+# large-C convs whose output tiles would not fill the GPU (C = 768, T = 1600: 78 tiles of 128 x 256 for 132
+# SMs). Measured: C = 768 K = 11 d = 5, 214 us unsplit (128 x 128 tiles) -> 142 us; C = 384 K = 11 d = 5,
+# 143 -> 115 us; C = 192 K = 3, 64 x 64 tiles, 53 -> 41 us.
 _CONFIGS = (
-    (512, (128, 128, 64, 8, 3)),
-    (256, (128, 256, 32, 8, 3)),
-    (128, (64, 128, 64, 4, 3)),
-    (64, (128, 64, 32, 4, 3)),
-    (40, (64, 128, 32, 4, 3)),
-    (0, (32, 128, 32, 4, 3)),
+    ((512, 1), ((128, 256, 32, 8, 3), 3)),
+    ((256, 7), ((128, 256, 32, 8, 3), 3)),
+    ((128, 1), ((64, 64, 64, 4, 3), 1)),
+    ((64, 1), ((128, 64, 32, 4, 3), 1)),
+    ((40, 1), ((64, 128, 32, 4, 3), 1)),
+    ((0, 1), ((32, 128, 32, 4, 3), 1)),
 )
-# Reduction splits by (smallest O, smallest K), largest first; 1 where not listed. A split conv runs its
-# reduction in `splits` contiguous slices of the (tap, channel block) loop, each program writing an fp32
-# partial, and one more kernel sums the partials in slice order and adds bias and residual: more programs
-# for the convs whose output tiles do not fill the GPU.
-_SPLITS: tuple[tuple[int, int, int], ...] = ()
 
 
-def launch_config(out_channels: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) for a conv with `out_channels` outputs."""
-    return next(config for smallest, config in _CONFIGS if out_channels >= smallest)
+def _config(out_channels: int, ksize: int) -> tuple[tuple[int, int, int, int, int], int]:
+    return next(entry for (smallest_o, smallest_k), entry in _CONFIGS
+                if out_channels >= smallest_o and ksize >= smallest_k)
+
+
+def launch_config(out_channels: int, ksize: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) for a conv with `out_channels` outputs, `ksize` taps."""
+    return _config(out_channels, ksize)[0]
 
 
 def reduction_splits(out_channels: int, ksize: int) -> int:
     """How many slices the reduction of a conv with `out_channels` outputs and `ksize` taps runs in. A function
     of the weight's shape only, so every window, batch and clip length sums a sample in the same order."""
-    return next((splits for smallest_o, smallest_k, splits in _SPLITS
-                 if out_channels >= smallest_o and ksize >= smallest_k), 1)
+    return _config(out_channels, ksize)[1]
 
 
 DILATION_ARG = 8  # position of `dilation` in _conv1d_kernel's signature
@@ -264,7 +277,7 @@ def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilati
         if length > 1 and residual.stride(2) != 1:
             residual = residual.contiguous()
     out = padded.new_empty((batch, out_channels, length))
-    block_o, block_t, block_c, num_warps, num_stages = config or launch_config(out_channels)
+    block_o, block_t, block_c, num_warps, num_stages = config or launch_config(out_channels, ksize)
     splits = reduction_splits(out_channels, ksize) if splits is None else splits
     c_blocks = triton.cdiv(channels, block_c)
     steps = ksize * c_blocks
