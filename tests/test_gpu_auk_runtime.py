@@ -104,3 +104,19 @@ def test_tiled_vs_whole_meets_the_issue_bound(vae):
     tiled = optimize(copy.deepcopy(vae), "channels_last").decode(long)
     whole = optimize(copy.deepcopy(vae), "channels_last", tile_frames=4000).decode(long)
     assert (tiled - whole).abs().max().item() <= 1e-4
+
+
+@torch.no_grad()
+def test_in_place_weight_updates_after_capture_are_seen_by_the_packed_triton_convs(vae):
+    """The Triton convs read weights the runner packed before the capture (`PackedWeightCache`), not the
+    parameters: an in-place update after the capture must be re-packed before the next replay."""
+    model = copy.deepcopy(vae)
+    optimized = optimize(model, "channels_last")
+    z = latents(1, 320, seed=3)
+    optimized.decode(z)
+    assert len(optimized._rewrite_runner.packed_weights) > 0  # the graph's Triton convs read cached packs
+    for block in model.decoder.resblocks:
+        block.convs1[1].weight.mul_(-0.5)  # dilated convs: Triton-run at every stage width
+    out = optimized.decode(z)
+    assert report(optimized).last_detail == "CUDA graph, bucket 320"
+    assert _snr_db(out, reference_decode(model, z)) >= 70

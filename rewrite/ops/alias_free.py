@@ -32,8 +32,11 @@ Implementations:
 
 Exactness: ``tolerance`` (enabled at level ``channels_last``). The Triton path sums the 6-term
 upsample and the 12-term low-pass in its own order, with FMA contraction, where cuDNN uses another
-order, so it is not bit-identical. The sine and exponentials are libdevice's ``sinf``/``expf`` (what
-ATen's CUDA kernels call), and ``1/(exp(beta)+1e-9)`` is an IEEE division. Measured fp32 on an H200
+order, so it is not bit-identical. The exponentials are libdevice's ``expf`` (what ATen's CUDA kernels
+call), ``1/(exp(beta)+1e-9)`` is an IEEE division, and the sine is the hardware's ``sin.approx.f32`` after a
+two-constant range reduction (`rewrite.ops.triton_math.sin_fast`, absolute error about 2**-20.9): libdevice's
+``sinf`` made the kernel 21-27% slower (H200, AuK shapes, e.g. C = 192, T = 19200: 26.1 against 20.2 us) for
+a difference of 1.6e-7 x max|y| between the two (the numbers below were measured with ``sinf``). Measured fp32 on an H200
 (torch 2.11, Triton 3.6), 240 random cases (log-scale alpha, beta ~ N(0, 0.5), x ~ 2 N(0, 1), T from 1
 to 20000): Triton vs eager max-abs <= 2.8 eps32 * max|y|, relative L2 <= 3.1e-7, and both are within
 7 eps32 * max|y| of an fp64 evaluation (the fused path is as accurate as eager). On the full-size AuK
@@ -73,7 +76,8 @@ separate reference ops.
 Where `rewrite.ops.triton_conv1d.chosen` picks it (16+ output channels, not one of the convs where cuDNN
 measured faster), the conv is not ATen's: the activation kernel writes ``[B, left + T, C]`` (channels-last)
 rounded to TF32 (fp32 with TF32 allowed) and the Triton implicit-GEMM conv reads it, with the weights
-repacked ``[O, K, C]`` (and TF32-rounded) per call, adding bias and residual in its epilogue
+repacked ``[O, K, C]`` (and TF32-rounded) per call, or taken from the runner's
+`rewrite.ops.triton_conv1d.PackedWeightCache` when one is active, adding bias and residual in its epilogue
 (``tolerance``: TF32 products as cuDNN's, another summation order; see that module). The switch
 ``TRITON_CONV`` (module attribute) turns this off for probes and tests.
 
@@ -291,7 +295,7 @@ def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, res
         tf32 = triton_conv1d.precision(x.dtype) == "tf32"
         padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias,
                                    channels_last_out=True, round_tf32=tf32)
-        return triton_conv1d.causal_conv1d(padded, triton_conv1d.pack_weight(weight), bias, dilation[0], residual)
+        return triton_conv1d.causal_conv1d(padded, triton_conv1d.packed_weight(weight), bias, dilation[0], residual)
     padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias)
     if residual is None:
         return torch.ops.aten.conv1d.default(padded, weight, bias, [1], [0], dilation, 1)
@@ -328,10 +332,11 @@ def _snake_conv_fake(x, alpha, beta, taps, logscale, weight, bias, dilation, res
 
 
 if triton is not None:
-    # libdevice's sinf/expf (what ATen's CUDA kernels call); numpy's under the interpreter
+    # libdevice's expf (what ATen's CUDA kernels call) and the hardware sine after a range reduction
+    # (triton_math.sin_fast); numpy's under the interpreter
     from rewrite.ops.triton_math import exp as _exp
     from rewrite.ops.triton_math import round_tf32, round_to
-    from rewrite.ops.triton_math import sin as _sin
+    from rewrite.ops.triton_math import sin_fast as _sin
 
     @triton.jit
     def _snake_params(alpha_ptr, beta_ptr, channel, row_mask, LOGSCALE: tl.constexpr):

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - Triton without async compilation
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["available", "compile_ahead", "launch"]
+__all__ = ["active", "available", "compile_ahead", "launch"]
 
 _active = False
 
@@ -39,6 +39,11 @@ _active = False
 def available() -> bool:
     """Whether `compile_ahead` can compile in parallel here (Triton with AsyncCompileMode, not interpreting)."""
     return triton is not None and AsyncCompileMode is not None and not INTERPRETING
+
+
+def active() -> bool:
+    """Whether a `compile_ahead` pass is under way (launches only compile: their outputs stay unwritten)."""
+    return _active
 
 
 def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:

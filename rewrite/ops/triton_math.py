@@ -1,7 +1,8 @@
 """Triton device functions that must compute what ATen's CUDA kernels compute, shared by every kernel.
 
 `exp` and `sin` are libdevice's `expf`/`sinf` (the functions ATen's CUDA kernels call, so results are
-bit-identical); under the CPU interpreter, which does not provide libdevice, they are numpy's. `round_to`
+bit-identical); under the CPU interpreter, which does not provide libdevice, they are numpy's. `sin_fast` is
+the hardware approximation (``sin.approx.f32``) after a range reduction, for kernels of the ``tolerance`` class. `round_to`
 converts fp32 to a narrower dtype rounding to nearest even, as ATen does; the interpreter truncates to
 bf16, so there the rounding is done on the bits first (NaN/inf are not expected in interpreter tests).
 `round_tf32` rounds fp32 to the nearest TF32 value (ties away from zero, as ``cvt.rna.tf32.f32``), for
@@ -35,6 +36,25 @@ if triton is not None:
             return tl.sin(x)
         else:
             return libdevice.sin(x)
+
+    # 2*pi split so that k * _TWO_PI_HI is exact in fp32 for |k| < 2**15 (6.28125 = 201/32 has 8 significant bits)
+    _INV_TWO_PI = tl.constexpr(0.15915494309189535)
+    _TWO_PI_HI = tl.constexpr(6.28125)
+    _TWO_PI_LO = tl.constexpr(0.0019353071795864769)
+
+    @triton.jit
+    def sin_fast(x):
+        """sin(x) by the hardware's ``sin.approx.f32`` after a two-constant reduction into [-pi, pi]: absolute
+        error about 2**-20.9 (PTX ISA) for |x| up to ~2e5, a few instructions where libdevice's ``sinf`` takes
+        tens. Not bit-equal to ATen's sin: for ``tolerance`` kernels only. numpy's sin under the interpreter."""
+        if _INTERPRET:
+            return tl.sin(x)
+        else:
+            k = libdevice.rint(x * _INV_TWO_PI)
+            r = tl.fma(k, -_TWO_PI_HI, x)
+            r = tl.fma(k, -_TWO_PI_LO, r)
+            return tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=f,f", [r], dtype=tl.float32, is_pure=True,
+                                             pack=1)
 
     @triton.jit
     def round_to(y, dtype: tl.constexpr):

@@ -44,7 +44,7 @@ from torch import nn
 from rewrite.capture.auk import capture_auk_decode, reference_decode
 from rewrite.capture.export import CapturedGraph
 from rewrite.levels import level_enables
-from rewrite.ops import compile_ahead
+from rewrite.ops import compile_ahead, triton_conv1d
 from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
@@ -139,6 +139,9 @@ class AuKRunner:
         self.capture_failures: dict[tuple, str] = {}
         self._weight_pointers: dict[tuple, tuple[int, ...]] = {}  # per (dtype, device): when the graphs were captured
         self._compiled_ahead: set[tuple] = set()  # (dtype, device) whose Triton kernels compiled in parallel
+        # Conv weights packed for the Triton convs (channels_last), kept between calls: the graphs read them, and
+        # `_replay` re-packs those whose version counter changed before replaying.
+        self.packed_weights = triton_conv1d.PackedWeightCache()
         # A plain reference (a cycle through vae._rewrite_runner, which the GC collects): copy.deepcopy of
         # the VAE then gives the copy a runner bound to the copy, as for the Wan runner's bound methods.
         self.vae = vae
@@ -241,7 +244,8 @@ class AuKRunner:
     def run_window(self, z: torch.Tensor) -> torch.Tensor:
         """Normalised latents `[B, frames, latent_dim]` -> waveform `[B, frames * hop]`, the graph run eagerly."""
         graph = self.graphs[(z.dtype, z.device)]
-        (wave,) = graph(graph.weights(self.vae), z)
+        with triton_conv1d.packed_weight_cache(self.packed_weights):
+            (wave,) = graph(graph.weights(self.vae), z)
         return wave
 
     def _step_fn(self, batch: int, width: int, dtype: torch.dtype, device: torch.device):
@@ -252,7 +256,8 @@ class AuKRunner:
         weights = graph.weights(self.vae)
 
         def step(z: torch.Tensor) -> list[torch.Tensor]:
-            return graph(weights, z)
+            with triton_conv1d.packed_weight_cache(self.packed_weights):
+                return graph(weights, z)
 
         return step
 
@@ -305,6 +310,7 @@ class AuKRunner:
         static[:, :frames].copy_(z)
         if frames < width:
             static[:, frames:].copy_(pad.expand(batch, width - frames, -1))
+        self.packed_weights.refresh()  # weights updated in place since the last call: re-pack what the graph reads
         return step.replay()[0]
 
     # ---- decode -------------------------------------------------------------------------------------
