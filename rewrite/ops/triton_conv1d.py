@@ -175,12 +175,13 @@ class PackedWeightCache:
         packed; returns how many. Entries whose weight died or moved to another storage or dtype are dropped
         (graphs that read the old weight are the runner's to retire)."""
         repacked = 0
+        tf32_allowed = torch.backends.cudnn.allow_tf32
         for key, entry in list(self._entries.items()):
             weight = entry[0]()
             if weight is None or weight.data_ptr() != entry[1] or weight.dtype != entry[4].dtype:
                 self._entries.pop(key, None)
                 continue
-            state = (_version(weight), precision(weight.dtype) == "tf32")
+            state = (_version(weight), tf32_allowed and weight.dtype == torch.float32)
             if (entry[2], entry[3]) != state:
                 pack_weight(weight, entry[4])
                 entry[2:4] = state

@@ -142,6 +142,7 @@ class AuKRunner:
         # Conv weights packed for the Triton convs (channels_last), kept between calls: the graphs read them, and
         # `_replay` re-packs those whose version counter changed before replaying.
         self.packed_weights = triton_conv1d.PackedWeightCache()
+        self._decoder_modules: list | None = None  # vae.decoder.named_modules(), listed once for the hook guard
         # A plain reference (a cycle through vae._rewrite_runner, which the GC collects): copy.deepcopy of
         # the VAE then gives the copy a runner bound to the copy, as for the Wan runner's bound methods.
         self.vae = vae
@@ -212,9 +213,11 @@ class AuKRunner:
         first = next(vae.parameters(), None)
         if first is not None and (first.dtype != z.dtype or first.device != z.device):
             return uniform_tensors_reason(vae, z)
+        if self._decoder_modules is None or self._decoder_modules[0][1] is not vae.decoder:
+            self._decoder_modules = list(vae.decoder.named_modules(prefix="decoder"))
         reason = (
             guards.autograd_reason(vae, z)
-            or guards.hook_reason(vae.decoder, "decoder")
+            or guards.hook_reason(vae.decoder, "decoder", modules=self._decoder_modules)
             or guards.capture_in_progress_reason(z.device)
         )
         if reason is None and self.graph_for(z.dtype, z.device) is None:
@@ -224,15 +227,19 @@ class AuKRunner:
                 weights = self.graphs[(z.dtype, z.device)].weights(vae)
             except AttributeError as error:  # e.g. a parameter replaced by a plain tensor attribute
                 return f"a graph weight is no longer a parameter or buffer of that name: {error}"
+            key = (z.dtype, z.device)
+            pointers = tuple(0 if w is None else w.data_ptr() for w in weights)
+            if pointers == self._weight_pointers.get(key):
+                return None  # the tensors checked last time, in place: same dtypes and devices
             if any(w.dtype != z.dtype or w.device != z.device for w in weights if w is not None):
                 reason = uniform_tensors_reason(vae, z) or "graph weights unlike the latents"
             else:
-                self._retire_if_replaced((z.dtype, z.device), weights)
+                self._retire_if_replaced(key, pointers)
         return reason
 
-    def _retire_if_replaced(self, key: tuple, weights: list) -> None:
-        """Retire every CUDA graph when a weight tensor was replaced since the graphs were captured."""
-        pointers = tuple(0 if w is None else w.data_ptr() for w in weights)
+    def _retire_if_replaced(self, key: tuple, pointers: tuple[int, ...]) -> None:
+        """Retire every CUDA graph when a weight tensor was replaced since the graphs were captured (`pointers`:
+        the graph weights' data pointers now). A tensor's dtype or device cannot change without its storage."""
         previous = self._weight_pointers.get(key)
         if previous is not None and previous != pointers:
             self.bucket_graphs.retire()

@@ -22,10 +22,13 @@ def autograd_reason(module: nn.Module, *inputs: torch.Tensor) -> str | None:
     return None
 
 
-def hook_reason(region: nn.Module, region_name: str, allowed_forward: object = None) -> str | None:
-    """Forward hooks or instance-level forward wrappers inside `region` (export would bake or drop them)."""
+def hook_reason(region: nn.Module, region_name: str, allowed_forward: object = None,
+                modules: list[tuple[str, nn.Module]] | None = None) -> str | None:
+    """Forward hooks or instance-level forward wrappers inside `region` (export would bake or drop them).
+    `modules`: ``region.named_modules(prefix=region_name)`` listed ahead by a caller that checks on every call
+    (walking the tree is most of the cost; the graphs follow the tree as captured anyway)."""
     hooked = []
-    for name, mod in region.named_modules(prefix=region_name):
+    for name, mod in region.named_modules(prefix=region_name) if modules is None else modules:
         if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
             hooked.append(f"{name} (hooks)")
         instance_forward = mod.__dict__.get("forward")
