@@ -17,10 +17,12 @@ algorithm by shape, so a window of a tiled decode and the whole clip differ in t
 activation writes the input channels-last, so an input tile ``[channels, positions]`` of one tap is
 contiguous along the reduction (what the tensor cores read without a transpose), the output comes out in
 the layout the next activation reads, and bias and residual are added in the epilogue. The reduction for
-an output sample runs tap by tap, channel block by channel block: its order depends on (C, K, BLOCK_C) only,
-so every window, batch row and clip length computes a sample the same way. Weights are read through their
-strides: pass ``packed.permute(0, 2, 1)`` of a contiguous ``[O, K, C]`` copy (`pack_weight`) for
-contiguous weight tiles.
+an output sample runs tap by tap, channel block by channel block, in `reduction_splits` contiguous slices
+whose fp32 partials a second kernel sums in slice order (one slice: no partials): its order depends on (C, K,
+BLOCK_C, splits), all functions of the weight's shape, so every window, batch row and clip length computes a
+sample the same way. Weights are read through their strides: pass ``packed.permute(0, 2, 1)`` of a
+contiguous ``[O, K, C]`` copy (`pack_weight`, or kept between calls by `PackedWeightCache`) for contiguous
+weight tiles.
 
 Exactness: ``tolerance`` (level ``channels_last`` only). With ``precision="tf32"`` (when
 ``torch.backends.cudnn.allow_tf32`` is on, PyTorch's default for convolutions) the products are TF32 like
