@@ -292,9 +292,8 @@ def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, res
                                                         residual, x_bias)
     left = dilation[0] * (weight.shape[-1] - 1)
     if TRITON_CONV and triton_conv1d.chosen(weight, x.dtype, dilation[0]):
-        tf32 = triton_conv1d.precision(x.dtype) == "tf32"
         padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias,
-                                   channels_last_out=True, round_tf32=tf32)
+                                   channels_last_out=True, round_tf32=triton_conv1d.rounds_to_tf32(x.dtype))
         return triton_conv1d.causal_conv1d(padded, triton_conv1d.packed_weight(weight), bias, dilation[0], residual)
     padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias)
     if residual is None:

@@ -57,7 +57,7 @@ except ImportError:  # pragma: no cover - triton ships with the Linux torch whee
     triton = None
 
 __all__ = ["MIN_OUT_CHANNELS", "SUPPORTED_DTYPES", "aten_is_faster", "causal_conv1d", "chosen", "launch_config",
-           "pack_weight", "packed_weight", "packed_weight_cache", "PackedWeightCache", "precision", "reduction_splits", "unsupported_reason"]
+           "pack_weight", "packed_weight", "packed_weight_cache", "PackedWeightCache", "precision", "reduction_splits", "rounds_to_tf32", "unsupported_reason"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MIN_OUT_CHANNELS = 16  # tl.dot's smallest tile side
@@ -69,6 +69,11 @@ def precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
         return "tf32"
     return "ieee"
+
+
+def rounds_to_tf32(dtype: torch.dtype) -> bool:
+    """Whether operands of this dtype are rounded to TF32 for the conv (`precision` is ``"tf32"``)."""
+    return precision(dtype) == "tf32"
 
 
 def unsupported_reason(weight: Tensor, dtype: torch.dtype) -> Optional[str]:
@@ -122,7 +127,7 @@ def pack_weight(weight: Tensor, out: Optional[Tensor] = None) -> Tensor:
         compile_ahead.launch(
             _pack_kernel, (triton.cdiv(total, PACK_BLOCK),),
             weight.contiguous(), packed, channels, ksize, total,
-            ROUND_TF32=precision(weight.dtype) == "tf32", BLOCK=PACK_BLOCK)
+            ROUND_TF32=rounds_to_tf32(weight.dtype), BLOCK=PACK_BLOCK)
     return packed.permute(0, 2, 1)
 
 
@@ -154,7 +159,7 @@ class PackedWeightCache:
         version = _version(weight)
         if version is None:
             return pack_weight(weight)
-        state = (version, precision(weight.dtype) == "tf32")
+        state = (version, rounds_to_tf32(weight.dtype))
         entry = self._entries.get(id(weight))
         same_buffer = entry is not None and entry[0]() is weight and entry[1] == weight.data_ptr() \
             and entry[4].dtype == weight.dtype and entry[4].shape == (weight.shape[0], weight.shape[2], weight.shape[1])
@@ -163,9 +168,7 @@ class PackedWeightCache:
         if not may_pack:
             return pack_weight(weight)
         if same_buffer:
-            pack_weight(weight, entry[4])
-            entry[2:4] = state
-            return entry[4].permute(0, 2, 1)
+            return _repack(entry, weight, state)
         packed = pack_weight(weight)
         key = id(weight)
         self._entries[key] = [weakref.ref(weight, lambda _, key=key: self._entries.pop(key, None)),
@@ -177,18 +180,24 @@ class PackedWeightCache:
         packed; returns how many. Entries whose weight died or moved to another storage or dtype are dropped
         (graphs that read the old weight are the runner's to retire)."""
         repacked = 0
-        tf32_allowed = torch.backends.cudnn.allow_tf32
+        rounding = {dtype: rounds_to_tf32(dtype) for dtype in SUPPORTED_DTYPES}  # the global flag read once
         for key, entry in list(self._entries.items()):
             weight = entry[0]()
             if weight is None or weight.data_ptr() != entry[1] or weight.dtype != entry[4].dtype:
                 self._entries.pop(key, None)
                 continue
-            state = (_version(weight), tf32_allowed and weight.dtype == torch.float32)
+            state = (_version(weight), rounding.get(weight.dtype, False))
             if (entry[2], entry[3]) != state:
-                pack_weight(weight, entry[4])
-                entry[2:4] = state
+                _repack(entry, weight, state)
                 repacked += 1
         return repacked
+
+
+def _repack(entry: list, weight: Tensor, state: tuple[int, bool]) -> Tensor:
+    """Pack `weight` into its cache entry's buffer, record `state` (version, TF32); the ``[O, C, K]`` view."""
+    pack_weight(weight, entry[4])
+    entry[2:4] = state
+    return entry[4].permute(0, 2, 1)
 
 
 def _version(weight: Tensor) -> Optional[int]:

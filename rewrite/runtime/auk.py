@@ -251,9 +251,13 @@ class AuKRunner:
     def run_window(self, z: torch.Tensor) -> torch.Tensor:
         """Normalised latents `[B, frames, latent_dim]` -> waveform `[B, frames * hop]`, the graph run eagerly."""
         graph = self.graphs[(z.dtype, z.device)]
-        with triton_conv1d.packed_weight_cache(self.packed_weights):
-            (wave,) = graph(graph.weights(self.vae), z)
+        (wave,) = self._run(graph, graph.weights(self.vae), z)
         return wave
+
+    def _run(self, graph: CapturedGraph, weights: list, z: torch.Tensor) -> list[torch.Tensor]:
+        """The decode graph over `weights`, its Triton convs reading this runner's packed weights."""
+        with triton_conv1d.packed_weight_cache(self.packed_weights):
+            return graph(weights, z)
 
     def _step_fn(self, batch: int, width: int, dtype: torch.dtype, device: torch.device):
         """The function a CUDA graph captures: the decode graph over the weights as they are now (its Triton
@@ -263,8 +267,7 @@ class AuKRunner:
         weights = graph.weights(self.vae)
 
         def step(z: torch.Tensor) -> list[torch.Tensor]:
-            with triton_conv1d.packed_weight_cache(self.packed_weights):
-                return graph(weights, z)
+            return self._run(graph, weights, z)
 
         return step
 
