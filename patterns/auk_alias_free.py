@@ -1,6 +1,9 @@
 """Alias-free SnakeBeta activation of the AuK decoder (`AliasFreeSnakeBeta`, 109 per full decoder).
 
-Matches:  u = slice(mul(conv_transpose1d(pad(x, [5, 5], "replicate"), expand(taps, [C, -1, -1]), None,
+Matches:  rewrite::alias_free_snake_module(x, alpha, beta, taps, True): the module call as the AuK capture
+          records it (`rewrite.capture.auk`, the default); or, in a graph captured with
+          ``activations_as_ops=False`` (patterns named ``[..., aten]``), its ATen ops:
+          u = slice(mul(conv_transpose1d(pad(x, [5, 5], "replicate"), expand(taps, [C, -1, -1]), None,
                                          [2], [0], [0], C), 2), 2, 15, -15)
           a = exp(view(alpha, [1, -1, 1]));  b = exp(view(beta, [1, -1, 1]))
           v = u + mul(reciprocal(b + 1e-9), 1.0) * pow(sin(u * a), 2)
@@ -13,9 +16,9 @@ Exactness: [exact] exact (the op runs the same ATen calls); [fused] tolerance (t
           filters in its own order; see rewrite.ops.alias_free for the measured error).
 Level: [exact] lossless; [fused] channels_last. Same search: [fused] is listed first, so at channels_last
           it takes every site and [exact] matches none.
-Guard: x is [B, C, T] with C == the bound channel count; alpha and beta hold C values of x's dtype; taps
-          holds 12 values of x's dtype. A model with `snake_logscale=False` (no exp) matches nothing and keeps
-          its ATen ops.
+Guard: x is [B, C, T] (with C == the bound channel count for the ATen form); alpha and beta hold C values
+          of x's dtype; taps holds 12 values of x's dtype. A model with `snake_logscale=False` (no exp) matches
+          nothing and keeps the module op (its ATen calls) or its ATen ops.
 """
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ from rewrite.ops import auk as _ops  # noqa: F401  (registers torch.ops.rewrite.
 from rewrite.ops.auk import DOWN_PAD, NUM_TAPS, RATIO, SNAKE_EPS, UP_CROP, UP_PAD
 
 aten = torch.ops.aten
+
+
+def search_module_op(x, alpha, beta, taps, impl):
+    return torch.ops.rewrite.alias_free_snake_module.default(x, alpha, beta, taps, True)
+
+
+def replace_module_op(x, alpha, beta, taps, impl):
+    return replace(x, alpha, beta, taps, None, impl)
 
 
 def search(x, alpha, beta, taps, channels, impl):
@@ -53,7 +64,7 @@ def replace(x, alpha, beta, taps, channels, impl):
 
 def guard(match) -> str | None:
     x = match.inputs["x"].meta["val"]
-    channels = match.scalars["channels"]
+    channels = match.scalars["channels"] if "channels" in match.scalars else (x.shape[1] if x.dim() == 3 else None)
     if x.dim() != 3 or x.shape[1] != channels:
         return f"x {tuple(x.shape)} is not [B, {channels}, T]"
     for name in ("alpha", "beta"):
@@ -66,12 +77,16 @@ def guard(match) -> str | None:
     return None
 
 
-def _named(impl: str, exactness: str, level: str):
-    """One pattern named `alias_free_activation[impl]` (family `alias_free_activation`)."""
-    [pattern] = variants(search, replace, guard, name="alias_free_activation", exactness=exactness, level=level,
-                         scalars=("channels",), module_types=("AliasFreeSnakeBeta",), impl=(impl,))
-    return dataclasses.replace(pattern, name=f"alias_free_activation[{impl}]")
+def _named(impl: str, exactness: str, level: str, form: str):
+    """One pattern named `alias_free_activation[impl]` (the module op) or `alias_free_activation[impl, aten]`
+    (family `alias_free_activation`)."""
+    search_fn, replace_fn, scalars = ((search_module_op, replace_module_op, ()) if form == "op"
+                                      else (search, replace, ("channels",)))
+    [pattern] = variants(search_fn, replace_fn, guard, name="alias_free_activation", exactness=exactness, level=level,
+                         scalars=scalars, module_types=("AliasFreeSnakeBeta",), impl=(impl,))
+    return dataclasses.replace(pattern, name=f"alias_free_activation[{impl}{', aten' if form == 'aten' else ''}]")
 
 
 # [fused] first: at channels_last it must win over [exact], which has the same search.
-PATTERNS = (_named("fused", "tolerance", "channels_last"), _named("exact", "exact", "lossless"))
+PATTERNS = tuple(_named(impl, exactness, level, form) for form in ("op", "aten")
+                 for impl, exactness, level in (("fused", "tolerance", "channels_last"), ("exact", "exact", "lossless")))

@@ -8,6 +8,7 @@ object; `level="off"` removes everything `optimize` installed, leaving the modul
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 from torch import nn
@@ -20,6 +21,10 @@ logger = logging.getLogger("rewrite")
 
 
 def _is_wan(module: nn.Module) -> bool:
+    # A Wan VAE exists only once diffusers is imported; importing it here for another model would cost
+    # seconds (12 s on the GPU machine's host) for nothing.
+    if "diffusers" not in sys.modules:
+        return False
     try:
         from diffusers import AutoencoderKLWan
     except ImportError:  # pragma: no cover - diffusers is a dependency

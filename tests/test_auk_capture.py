@@ -229,6 +229,35 @@ def test_full_size_match_counts_on_the_meta_device():
     assert nonzero(graph.matches) == LOSSLESS
 
 
+def _structure(graph) -> list[tuple]:
+    """The graph's call_function nodes in order, with node arguments numbered by position (names differ
+    between captures)."""
+    index = {n: i for i, n in enumerate(graph.graph_module.graph.nodes)}
+    as_data = lambda a: f"%{index[a]}" if isinstance(a, fx.Node) else repr(a)  # noqa: E731
+    return [(str(n.target), tuple(fx.node.map_aggregate(n.args, as_data)), tuple(sorted(n.kwargs)))
+            for n in graph.graph_module.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("level", ["lossless", "channels_last"])
+def test_activation_op_and_aten_captures_rewrite_to_the_same_graph(tiny_graph, level):
+    """The capture records each activation as `alias_free_snake_module`; with `activations_as_ops=False` it
+    records the module's ATen ops, which the `[..., aten]` patterns match: both rewrite to the same graph."""
+    vae, captured = tiny_graph
+    assert sum(n.target == torch.ops.rewrite.alias_free_snake_module.default
+               for n in captured.graph_module.graph.nodes) == 109
+    as_ops = copy_graph(captured)
+    rewrite_graph(as_ops, level)
+    as_aten = capture_auk_decode(vae, torch.float32, torch.device("cpu"), activations_as_ops=False)
+    canonicalize(as_aten.graph_module)
+    assert not any(n.target == torch.ops.rewrite.alias_free_snake_module.default for n in as_aten.graph_module.graph.nodes)
+    rewrite_graph(as_aten, level)
+    impl = "exact" if level == "lossless" else "fused"
+    assert as_aten.matches[f"alias_free_activation[{impl}, aten]"] == 109
+    assert as_aten.matches[f"alias_free_activation[{impl}]"] == 0
+    assert _structure(as_aten) == _structure(as_ops)
+    assert not any("forward" in m.__dict__ for m in vae.modules())  # the capture's instance forwards are gone
+
+
 def test_capture_keeps_batch_and_frames_symbolic(tiny_graph):
     _, graph = tiny_graph
     [z] = [n for n in graph.graph_module.graph.nodes if n.op == "placeholder" and n.name == "z"]

@@ -386,3 +386,62 @@ def test_cudnn_benchmarking_restores_the_global_flag():
     with cudnn_benchmarking():
         assert torch.backends.cudnn.benchmark is True
     assert torch.backends.cudnn.benchmark == before
+
+
+def _hook(*args):
+    return None
+
+
+CHANGES = {
+    "forward hook": lambda vae: vae.decoder.resblocks[0].convs1[0].register_forward_hook(_hook),
+    "forward pre-hook": lambda vae: vae.decoder.conv_post.register_forward_pre_hook(_hook),
+    "instance forward": lambda vae: setattr(vae.decoder.conv_pre, "forward", vae.decoder.conv_pre.forward),
+    "global hook": lambda vae: torch.nn.modules.module.register_module_forward_hook(_hook),
+    "assigned weights": lambda vae: vae.load_state_dict({k: v * 0.5 for k, v in vae.state_dict().items()}, assign=True),
+    "weight data swapped": lambda vae: setattr(vae.decoder.conv_pre.weight, "data", vae.decoder.conv_pre.weight.data * 0.5),
+    "submodule replaced": lambda vae: setattr(vae.decoder, "conv_post", copy.deepcopy(vae.decoder.conv_post)),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@torch.no_grad()
+def test_a_change_after_an_accepted_call_is_checked_in_full(micro_vae, change):
+    """The guards' cheap re-check (`AcceptedState`) must notice everything the full checks look at: hooks and
+    forward wrappers send the call to the reference path, replaced weights retire the graphs."""
+    vae, backend = optimized(micro_vae, "lossless")
+    z = latents(1, 20)
+    vae.decode(z)
+    runner = vae._rewrite_runner
+    accepted = runner._accepted[(z.dtype, z.device)]
+    assert accepted.holds(vae.decoder)
+    handle = CHANGES[change](vae)
+    try:
+        assert not accepted.holds(vae.decoder)
+        out = vae.decode(z)
+        assert torch.equal(out, reference_decode(vae, z))
+        hooked = "hook" in change or change == "instance forward"
+        assert report(vae).last_path == ("reference" if hooked else "graphs"), change
+        if not hooked:
+            assert runner.exact_graphs.generation == 1 and len(backend.captured) == 2
+            assert runner._accepted[(z.dtype, z.device)].holds(vae.decoder)  # accepted again, for the new weights
+    finally:
+        if handle is not None and hasattr(handle, "remove"):
+            handle.remove()
+
+
+@torch.no_grad()
+def test_pad_latent_follows_in_place_updates_of_the_latent_statistics(micro_vae):
+    """The runner keeps the pad latent and the padded tail of a graph's static input between calls; both must
+    follow in-place updates of the latent statistics."""
+    vae, backend = optimized(micro_vae, compile_shapes=(64,))
+    runner = vae._rewrite_runner
+    first = runner.pad_latent()
+    assert torch.equal(first, vae.pad_latent()) and runner.pad_latent() is first  # cached
+    for step, seed in enumerate((1, 2, 3)):
+        if step == 2:
+            vae.global_mean.add_(0.25)  # in place: a new pad latent, and the static tail written again
+            assert not torch.equal(runner.pad_latent(), first)
+        z = latents(2, 50, seed=seed)
+        padded = torch.cat([z, vae.pad_latent().expand(2, 14, -1)], dim=1)
+        assert torch.equal(vae.decode(z), reference_decode(vae, padded)[:, : 50 * HOP]), step
+    assert len(backend.captured) == 1

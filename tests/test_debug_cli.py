@@ -30,7 +30,7 @@ from rewrite.tools import debug
 aten = torch.ops.aten
 GRAPHS = ["chunk0", "steady"]
 CAPTURE = dict(debug.MODELS)  # the real adapters (the fixture below swaps debug.MODELS for cached ones)
-_CAPTURED: dict[tuple[str, str, torch.dtype], list[CapturedGraph]] = {}
+_CAPTURED: dict[tuple[str, str, torch.dtype, bool], list[CapturedGraph]] = {}
 
 
 # --------------------------------------------------------------------------------------------- fixtures
@@ -42,18 +42,20 @@ def copy_graph(graph: CapturedGraph) -> CapturedGraph:
     return dataclasses.replace(graph, graph_module=module, matches={}, passes=[])
 
 
-def captured(model: str, config: str = "tiny", dtype: torch.dtype = torch.float32) -> list[CapturedGraph]:
+def captured(model: str, config: str = "tiny", dtype: torch.dtype = torch.float32,
+             aten_activations: bool = False) -> list[CapturedGraph]:
     """Fresh copies of the model's graphs, captured once per session."""
-    key = (model, config, dtype)
+    key = (model, config, dtype, aten_activations)
     if key not in _CAPTURED:
-        _CAPTURED[key] = CAPTURE[model](config, dtype)
+        _CAPTURED[key] = CAPTURE[model](config, dtype, aten_activations=aten_activations)
     return [copy_graph(g) for g in _CAPTURED[key]]
 
 
 @pytest.fixture(autouse=True)
 def cached_models(monkeypatch):
     """Every model adapter of the CLI serves the session's cached capture."""
-    adapters = {name: (lambda config, dtype, name=name: captured(name, config, dtype)) for name in CAPTURE}
+    adapters = {name: (lambda config, dtype, aten_activations=False, name=name:
+                       captured(name, config, dtype, aten_activations)) for name in CAPTURE}
     monkeypatch.setattr(debug, "MODELS", adapters)
 
 
@@ -203,16 +205,26 @@ def test_auk_json_counts_and_subgraphs(capsys):
     assert len(graph["subgraphs"]) == sum(AUK_LOSSLESS.values())
     first = next(s for s in graph["subgraphs"] if s["pattern"] == "alias_free_activation[exact]")
     assert first["module"] == "decoder.resblocks.0.activations.0" and first["cross_check"]
-    assert first["module_type"].endswith("AliasFreeSnakeBeta") and first["scalars"] == {"channels": 64}
+    assert first["module_type"].endswith("AliasFreeSnakeBeta") and first["scalars"] == {}
+    assert [n["op"] for n in first["nodes"]] == ["rewrite.alias_free_snake_module.default"]
+
+
+def test_auk_aten_activations_show_the_activations_aten_ops(capsys):
+    report = run_json(capsys, "auk", "--aten-activations", "--pattern", "alias_free_activation")
+    [graph] = report["graphs"]
+    assert graph["matches"] == {"alias_free_activation[exact]": 0, "alias_free_activation[exact, aten]": 109}
+    first = graph["subgraphs"][0]
+    assert first["pattern"] == "alias_free_activation[exact, aten]" and first["scalars"] == {"channels": 64}
     assert [n["op"] for n in first["nodes"]][:2] == ["aten.pad.default", "aten.expand.default"]
 
 
 def test_auk_full_config_at_channels_last(capsys):
     report = run_json(capsys, "auk", "--config", "full", "--level", "channels_last", "--pattern", "alias_free_activation")
     [graph] = report["graphs"]
-    assert graph["matches"] == {"alias_free_activation[fused]": 109, "alias_free_activation[exact]": 0}
+    assert graph["matches"] == {"alias_free_activation[fused]": 109, "alias_free_activation[exact]": 0,
+                                "alias_free_activation[fused, aten]": 0, "alias_free_activation[exact, aten]": 0}
     first = graph["subgraphs"][0]
-    assert first["scalars"] == {"channels": 768} and first["module"] == "decoder.resblocks.0.activations.0"
+    assert first["pattern"] == "alias_free_activation[fused]" and first["module"] == "decoder.resblocks.0.activations.0"
 
 
 # --------------------------------------------------------------------------------------------- filters

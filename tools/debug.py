@@ -16,7 +16,10 @@ same whole graphs with ``pattern`` and ``match`` attributes on matched nodes.
 Usage: ``rewrite-debug wan2.1 [--config full] [--pattern rms_norm --near-misses] [--json]``,
 ``rewrite-debug auk [--config full] [--level channels_last]`` (one graph, ``decode``).
 
-Models are adapters in ``MODELS``: name -> ``(config, dtype) -> list[CapturedGraph]``.
+``--aten-activations`` (AuK) captures each alias-free activation as its 15 ATen ops, the
+``alias_free_activation[..., aten]`` patterns' form, instead of the one op node `optimize` captures.
+
+Models are adapters in ``MODELS``: name -> ``(config, dtype, aten_activations) -> list[CapturedGraph]``.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ PALETTE = ("lightblue", "palegreen", "lightsalmon", "plum", "khaki", "lightpink"
 #: near misses shown per pattern and graph in the text output (--json lists all)
 NEAR_MISSES_SHOWN = 10
 
-ModelAdapter = Callable[[str, torch.dtype], list[CapturedGraph]]
+ModelAdapter = Callable[..., list[CapturedGraph]]  # (config, dtype, aten_activations=False)
 
 
 # --------------------------------------------------------------------------------------------- models
@@ -61,7 +64,7 @@ ModelAdapter = Callable[[str, torch.dtype], list[CapturedGraph]]
 def wan_adapter(version: str) -> ModelAdapter:
     """Capture a random-init Wan decoder (``build_wan(version, config)``) on the CPU: chunk0 and steady."""
 
-    def capture(config: str, dtype: torch.dtype) -> list[CapturedGraph]:
+    def capture(config: str, dtype: torch.dtype, aten_activations: bool = False) -> list[CapturedGraph]:
         from rewrite.capture.wan import capture_wan_decoder
         from rewrite.models.wan import build_wan
 
@@ -73,16 +76,18 @@ def wan_adapter(version: str) -> ModelAdapter:
     return capture
 
 
-def auk_adapter(config: str, dtype: torch.dtype) -> list[CapturedGraph]:
+def auk_adapter(config: str, dtype: torch.dtype, aten_activations: bool = False) -> list[CapturedGraph]:
     """Capture the AuK decode graph: tiny on the CPU (random init), full on the meta device (no weights:
-    export runs on fake tensors, so the 114.5 M-parameter decoder is never allocated)."""
+    export runs on fake tensors, so the 114.5 M-parameter decoder is never allocated). Each alias-free
+    activation is one ``alias_free_snake_module`` node, as `optimize` captures it, or with
+    ``aten_activations`` its ATen ops."""
     from rewrite.capture.auk import capture_auk_decode
     from rewrite.models.auk import AuKConfig, AuKVAE
 
     device = torch.device("meta" if config == "full" else "cpu")
     with device:
         vae = AuKVAE(AuKConfig() if config == "full" else AuKConfig.tiny())
-    return [capture_auk_decode(vae.to(dtype), dtype, device)]
+    return [capture_auk_decode(vae.to(dtype), dtype, device, activations_as_ops=not aten_activations)]
 
 
 MODELS: dict[str, ModelAdapter] = {
@@ -417,13 +422,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dot", metavar="DIR", type=Path, help="write DOT files of the graphs and matches here")
     parser.add_argument("--graphml", metavar="FILE", type=Path, help="write the graphs as GraphML")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    parser.add_argument("--aten-activations", action="store_true",
+                        help="auk: capture each alias-free activation as its ATen ops, not as one op node")
     return parser
 
 
 def capture(args: argparse.Namespace) -> list[CapturedGraph]:
     start = time.perf_counter()
     progress(f"capturing {args.model} ({args.config}, {args.dtype}) on the CPU ...")
-    graphs = MODELS[args.model](args.config, DTYPES[args.dtype])
+    graphs = MODELS[args.model](args.config, DTYPES[args.dtype], aten_activations=args.aten_activations)
     progress(f"captured {', '.join(f'{g.name} ({g.node_count} nodes)' for g in graphs)} "
              f"in {time.perf_counter() - start:.1f} s")
     return graphs

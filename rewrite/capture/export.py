@@ -10,7 +10,9 @@ in-place weight updates after capture take effect on the next decode, and the st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import operator
 import time
 from typing import Any, Callable, Sequence
 
@@ -52,6 +54,19 @@ class CapturedGraph:
         values = binding.read(self.constants)
         return values if values is not None else self._weights_by_name(root)
 
+    def weight_locations(self, root: torch.nn.Module) -> "WeightLocations | None":
+        """Where the param/buffer placeholders' tensors live in `root` now (after `weights(root)` resolved them),
+        for a caller that re-checks cheaply that they are still there; None when they do not resolve plainly."""
+        binding = self._binding
+        if binding is None or binding.root is not root or not binding.tree_unchanged():
+            binding = self._binding = _WeightBinding.resolve(root, self.input_kinds)
+        if any(kind == "missing" for kind, _ in binding.slots):
+            return None
+        slots = [(owner._parameters if kind == "param" else owner._buffers, attr)
+                 for kind, (owner, attr) in ((k, w) for k, w in binding.slots if k in ("param", "buffer"))]
+        return WeightLocations([p._modules for p, _, _ in binding.edges], [n for _, n, _ in binding.edges],
+                               [c for _, _, c in binding.edges], [d for d, _ in slots], [a for _, a in slots])
+
     def _weights_by_name(self, root: torch.nn.Module) -> list[torch.Tensor | None]:
         """`weights` the slow way: raises `get_parameter`'s AttributeError, prefixed with the name, for a name
         that no longer resolves to a parameter (buffer), e.g. one replaced by a plain tensor attribute."""
@@ -77,6 +92,26 @@ class CapturedGraph:
         for value, (kind, _) in zip(weights, self.input_kinds):
             args.append(next(user) if kind == "user" else value)
         return list(self.graph_module(*args))
+
+
+@dataclasses.dataclass
+class WeightLocations:
+    """The module-tree edges leading to a graph's weights and the dicts (``_parameters``/``_buffers``) holding
+    them, as parallel lists: `tensors` and `tree_unchanged` compare them with C-level loops (``map``), a few
+    tens of nanoseconds per weight, for a guard that runs on every decode."""
+
+    edge_dicts: list[dict]  # parent._modules of each edge
+    edge_names: list[str]
+    edge_children: list[torch.nn.Module]
+    slot_dicts: list[dict]  # owner._parameters or owner._buffers of each param/buffer placeholder
+    slot_names: list[str]
+
+    def tree_unchanged(self) -> bool:
+        return all(map(operator.is_, map(dict.get, self.edge_dicts, self.edge_names), self.edge_children))
+
+    def tensors(self) -> list:
+        """The param/buffer tensors there now (None where a name no longer holds one)."""
+        return list(map(dict.get, self.slot_dicts, self.slot_names))
 
 
 @dataclasses.dataclass
@@ -147,6 +182,23 @@ def _dynamic_spec(value: Any, dims: Sequence[int]) -> Any:
     return None
 
 
+@contextlib.contextmanager
+def _without_stack_traces():
+    """Export without recording a Python stack trace per node (``torch.fx.config.do_not_emit_stack_traces``,
+    where this torch has it): symbolizing them was about a tenth of the AuK export. Nothing here reads
+    ``node.meta["stack_trace"]``; ``nn_module_stack``, which the patterns use, is still recorded."""
+    config = getattr(torch.fx, "config", None)
+    if not hasattr(config, "do_not_emit_stack_traces"):
+        yield
+        return
+    previous = config.do_not_emit_stack_traces
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = previous
+
+
 def export_step(
     name: str,
     step: torch.nn.Module,
@@ -163,9 +215,10 @@ def export_step(
     """
     tensors = [t for t in torch.utils._pytree.tree_leaves(example_inputs) if isinstance(t, torch.Tensor)]
     start = time.perf_counter()
-    program: ExportedProgram = torch.export.export(
-        step, example_inputs, dynamic_shapes=_dynamic_spec(example_inputs, dynamic_dims), strict=False
-    )
+    with _without_stack_traces():
+        program: ExportedProgram = torch.export.export(
+            step, example_inputs, dynamic_shapes=_dynamic_spec(example_inputs, dynamic_dims), strict=False
+        )
     seconds = time.perf_counter() - start
     input_kinds = []
     for spec in program.graph_signature.input_specs:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import types
+import weakref
 from typing import Iterable, Iterator, Sequence
 
 import torch
@@ -143,6 +144,10 @@ class AuKRunner:
         # `_replay` re-packs those whose version counter changed before replaying.
         self.packed_weights = triton_conv1d.PackedWeightCache()
         self._decoder_modules: list | None = None  # vae.decoder.named_modules(), listed once for the hook guard
+        # per (dtype, device): what the full guards accepted last, re-checked cheaply by the next call
+        self._accepted: dict[tuple, guards.AcceptedState] = {}
+        self._pad: tuple | None = None  # (mean, log_std, their versions and pointers, pad latent): `pad_latent`
+        self._static_tails: dict[tuple, tuple] = {}  # graph key -> (weakref(step), frames, pad) its input's tail holds
         # A plain reference (a cycle through vae._rewrite_runner, which the GC collects): copy.deepcopy of
         # the VAE then gives the copy a runner bound to the copy, as for the Wan runner's bound methods.
         self.vae = vae
@@ -213,6 +218,12 @@ class AuKRunner:
         first = next(vae.parameters(), None)
         if first is not None and (first.dtype != z.dtype or first.device != z.device):
             return uniform_tensors_reason(vae, z)
+        key = (z.dtype, z.device)
+        accepted = self._accepted.get(key)
+        if (accepted is not None and accepted.holds(vae.decoder) and guards.autograd_reason(vae, z) is None
+                and guards.capture_in_progress_reason(z.device) is None):
+            return None  # nothing the checks below look at has changed since they accepted a call
+        self._accepted.pop(key, None)
         if self._decoder_modules is None or self._decoder_modules[0][1] is not vae.decoder:
             self._decoder_modules = list(vae.decoder.named_modules(prefix="decoder"))
         reason = (
@@ -227,14 +238,14 @@ class AuKRunner:
                 weights = self.graphs[(z.dtype, z.device)].weights(vae)
             except AttributeError as error:  # e.g. a parameter replaced by a plain tensor attribute
                 return f"a graph weight is no longer a parameter or buffer of that name: {error}"
-            key = (z.dtype, z.device)
             pointers = tuple(0 if w is None else w.data_ptr() for w in weights)
-            if pointers == self._weight_pointers.get(key):
-                return None  # the tensors checked last time, in place: same dtypes and devices
-            if any(w.dtype != z.dtype or w.device != z.device for w in weights if w is not None):
-                reason = uniform_tensors_reason(vae, z) or "graph weights unlike the latents"
-            else:
+            if pointers != self._weight_pointers.get(key):  # else the tensors checked last time: same dtypes, devices
+                if any(w.dtype != z.dtype or w.device != z.device for w in weights if w is not None):
+                    return uniform_tensors_reason(vae, z) or "graph weights unlike the latents"
                 self._retire_if_replaced(key, pointers)
+            locations = self.graphs[key].weight_locations(vae)
+            if locations is not None:
+                self._accepted[key] = guards.AcceptedState(vae.decoder, self._decoder_modules, locations)
         return reason
 
     def _retire_if_replaced(self, key: tuple, pointers: tuple[int, ...]) -> None:
@@ -318,10 +329,25 @@ class AuKRunner:
             return self.run_window(window)
         (static,) = step.inputs
         static[:, :frames].copy_(z)
-        if frames < width:
-            static[:, frames:].copy_(pad.expand(batch, width - frames, -1))
+        tail = self._static_tails.get(key)
+        if frames < width and (tail is None or tail[0]() is not step or tail[1] != frames or tail[2] is not pad):
+            static[:, frames:].copy_(pad.expand(batch, width - frames, -1))  # the graph never writes its input
+            self._static_tails[key] = (weakref.ref(step), frames, pad)
         self.packed_weights.refresh()  # weights updated in place since the last call: re-pack what the graph reads
         return step.replay()[0]
+
+    def pad_latent(self) -> torch.Tensor:
+        """`AuKVAE.pad_latent()`, computed again only when the latent statistics changed (other tensors, or
+        in-place writes: their version counters), so a padded decode launches no kernels for it."""
+        mean, log_std = self.vae.global_mean, self.vae.global_log_std
+        try:
+            state = (mean._version, log_std._version, mean.data_ptr(), log_std.data_ptr())
+        except RuntimeError:  # inference tensors have no version counter
+            return self.vae.pad_latent()
+        cached = self._pad
+        if cached is None or cached[0] is not mean or cached[1] is not log_std or cached[2] != state:
+            cached = self._pad = (mean, log_std, state, self.vae.pad_latent())
+        return cached[3]
 
     # ---- decode -------------------------------------------------------------------------------------
     def decode(self, z: torch.Tensor) -> torch.Tensor:
@@ -341,7 +367,7 @@ class AuKRunner:
             wave = self._replay(z, frames, None).clone()
             self._took(f"CUDA graph, exact length {frames}", (batch, frames, z.dtype, z.device))
             return wave
-        pad = vae.pad_latent()
+        pad = self.pad_latent()
         if frames <= self.tile_frames:
             width = next((b for b in self.compile_shapes if b >= frames), frames)
             wave = self._replay(z, width, pad)[:, : frames * hop].clone()
@@ -387,7 +413,7 @@ class AuKRunner:
                 or not self.backend.can_capture(z.device)):
             yield 0, self.decode(z)
             return
-        hop, pad = vae.config.hop_length, vae.pad_latent()
+        hop, pad = vae.config.hop_length, self.pad_latent()
         windows = self.plan(frames)
         for i, w in enumerate(windows):
             window = z[:, w.window_start : w.window_start + w.window_frames]

@@ -6,6 +6,9 @@ for the log and the report. None of them looks at tensor values, only at the cal
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 import torch
 from torch import nn
 from torch.nn.modules import module as _module_globals
@@ -58,3 +61,47 @@ def capture_in_progress_reason(device: torch.device) -> str | None:
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return "called inside another CUDA graph capture"
     return None
+
+
+class AcceptedState:
+    """What the full guards of a decode accepted, re-checked on later calls in C-level loops (``map``/``any``
+    over prepared lists: tens of nanoseconds per module or weight, where the Python walk of `hook_reason` and
+    the weight lookup cost ~0.5 ms per decode on the GPU machine's host).
+
+    `holds(region)` is True while: `region` is the same module object; no global module hook; no hook in any
+    of the listed modules' hook dicts (``register_*_hook`` adds to those dicts in place); no module gained an
+    instance ``forward``; the module-tree edges leading to the weights hold the same children; every weight
+    name holds the same tensor object with the same data pointer (`CapturedGraph.weight_locations`). When it
+    is False the caller runs its full checks, which word the reason. Not covered, as in the full checks: a
+    module added deep inside the region after the listing, hook dicts replaced wholesale (not an API).
+    """
+
+    def __init__(self, region: nn.Module, modules: list[tuple[str, nn.Module]], locations) -> None:
+        self.region = region
+        listed = [m for _, m in modules]
+        self.hook_dicts = [d for m in listed for d in (m._forward_hooks, m._forward_pre_hooks,
+                                                        m._backward_hooks, m._backward_pre_hooks)]
+        self.module_dicts = [m.__dict__ for m in listed]
+        self.locations = locations
+        self.tensors = locations.tensors()
+        self.pointers = list(map(torch.Tensor.data_ptr, self.tensors))
+
+    def __deepcopy__(self, memo: dict) -> "AcceptedState":
+        """A state that never holds: a copied model's modules are new objects, checked afresh."""
+        copied = AcceptedState.__new__(AcceptedState)
+        copied.region = None
+        return copied
+
+    def holds(self, region: nn.Module) -> bool:
+        if region is not self.region:
+            return False
+        if _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks:
+            return False
+        if any(self.hook_dicts) or any(map(operator.contains, self.module_dicts, itertools.repeat("forward"))):
+            return False
+        if not self.locations.tree_unchanged():
+            return False
+        now = self.locations.tensors()
+        if not all(map(operator.is_, now, self.tensors)):
+            return False
+        return list(map(torch.Tensor.data_ptr, now)) == self.pointers
