@@ -386,3 +386,22 @@ def test_rows_stride_accepts_row_cropping_views_only():
     assert rows_stride(full.transpose(1, 2).contiguous().transpose(1, 2)) is None  # channels-last rows
     assert rows_stride(full[:, :2]) is None  # batch stride is not channels * row stride
     assert rows_stride(full[..., ::2]) is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("channels_last", (False, True), ids=("ncl", "channels-last"))
+def test_a_valid_frame_limit_skips_time_blocks_past_it_and_changes_nothing_before(channels_last):
+    """Inside `valid_length.valid_frames`, time blocks whose first output lies at or past the limit return at
+    once; block 0 still writes the zero margin and every output before the limit is the unlimited one."""
+    from rewrite.ops import valid_length
+
+    with torch.no_grad():
+        module, x = make_case(8, 400, device=KERNEL_DEVICE)  # 400 positions of a 50-frame window: 8 per frame
+        kwargs = dict(left_zeros=6, channels_last_out=channels_last)
+        whole = run_triton_kernel(x, *op_args(module), **kwargs)
+        frames = torch.tensor([10], dtype=torch.int32, device=KERNEL_DEVICE)
+        with valid_length.valid_frames(frames, 50, 3):  # positions below (10 + 3) * 8 = 104
+            assert valid_length.kernel_args(400, x.device)[1:] == (8, 24)
+            limited = run_triton_kernel(x, *op_args(module), **kwargs)
+    axis = 1 if channels_last else 2
+    assert torch.equal(limited.narrow(axis, 0, 6 + 104), whole.narrow(axis, 0, 6 + 104))

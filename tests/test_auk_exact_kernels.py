@@ -210,6 +210,7 @@ def test_autograd_needed_runs_the_reference(kernel_allowed_on_cpu):
             assert torch.equal(alias_free_snake_exact(x, alpha, beta, taps, True), expected)
 
 
+@needs_interpreter  # it runs the kernels on CPU tensors (the fixture only pretends the interpreter is on)
 def test_unsupported_inputs_give_reasons(kernel_allowed_on_cpu):
     with torch.no_grad():
         x, alpha, beta, taps = make_inputs(2, 3, 20, torch.float64)

@@ -23,11 +23,13 @@ from triton.compiler import ASTSource
 from rewrite.ops import alias_free
 
 pointers = ("x_ptr", "x_bias_ptr", "alpha_ptr", "beta_ptr", "taps_ptr", "out_ptr")
-ints = ("rows", "channels", "T", "t_blocks", "x_row_stride", "out_row_stride", "out_offset")
+ints = ("rows", "channels", "T", "t_blocks", "x_row_stride", "out_row_stride", "out_offset", "limit_ptr", "limit_scale",
+        "limit_extra")
 flags = ("LOGSCALE", "HAS_X_BIAS", "BLOCK_R", "BLOCK_T", "HALO_T", "ZEROS_BLOCK", "OUT_CHANNELS_LAST", "ROUND_TF32")
 for dtype, has_bias, zeros, last in (("fp32", True, 16, True), ("fp32", False, 0, False), ("bf16", False, 0, False),
                                      ("fp16", True, 0, True)):
     signature = {**{p: "*" + dtype for p in pointers}, **{i: "i32" for i in ints}, **{f: "constexpr" for f in flags}}
+    signature["limit_ptr"] = "*i32"
     constants = {"LOGSCALE": True, "HAS_X_BIAS": has_bias, "BLOCK_R": 4, "BLOCK_T": 64, "HALO_T": 8, "ZEROS_BLOCK": zeros,
                  "OUT_CHANNELS_LAST": last, "ROUND_TF32": last and dtype == "fp32"}
     kernel = triton.compile(ASTSource(alias_free._alias_free_snake_kernel, signature, constexprs=constants),
@@ -45,11 +47,12 @@ from rewrite.ops import triton_conv1d
 pointers = ("x_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr")
 ints = ("C", "O", "T", "dilation", "c_blocks", "ksize", "splits", "split_iters", "x_batch_stride", "w_out_stride",
         "w_in_stride", "w_tap_stride", "res_batch_stride", "res_row_stride", "out_batch_stride", "out_row_stride",
-        "out_split_stride")
+        "out_split_stride", "limit_ptr", "limit_scale", "limit_extra")
 flags = ("HAS_BIAS", "HAS_RES", "PRECISION", "BLOCK_O", "BLOCK_T", "BLOCK_C")
 for _, ((block_o, block_t, block_c, warps, stages), _splits) in triton_conv1d._CONFIGS:
     for dtype, precision in (("fp32", "tf32"), ("bf16", "ieee")):
         signature = {**{p: "*" + dtype for p in pointers}, **{i: "i32" for i in ints}, **{f: "constexpr" for f in flags}}
+        signature["limit_ptr"] = "*i32"
         constants = {"HAS_BIAS": True, "HAS_RES": dtype == "fp32", "PRECISION": precision,
                      "BLOCK_O": block_o, "BLOCK_T": block_t, "BLOCK_C": block_c}
         kernel = triton.compile(ASTSource(triton_conv1d._conv1d_kernel, signature, constexprs=constants),

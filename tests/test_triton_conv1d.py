@@ -161,9 +161,48 @@ def test_launch_configs_cover_every_channel_count():
 
 
 @pytest.mark.skipif(triton_conv1d.triton is None, reason="needs triton")
-def test_the_unspecialized_argument_is_the_dilation():
+def test_the_unspecialized_arguments_are_the_dilation_and_the_limit():
     import inspect
+
+    from rewrite.ops import alias_free
 
     kernel = triton_conv1d._conv1d_kernel
     names = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
     assert names[triton_conv1d.DILATION_ARG] == "dilation"
+    assert names[triton_conv1d.LIMIT_ARGS : triton_conv1d.LIMIT_ARGS + 2] == ["limit_scale", "limit_extra"]
+    kernel = alias_free._alias_free_snake_kernel
+    names = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
+    assert names[14:16] == ["limit_scale", "limit_extra"]
+
+
+@needs_kernel
+@pytest.mark.parametrize("splits", (1, 3))
+def test_a_valid_frame_limit_skips_tiles_past_it_and_changes_nothing_before(splits):
+    """Inside `valid_length.valid_frames`, tiles starting at or past ``(frames + margin) * scale`` return at once
+    (their outputs keep whatever the buffer held); every tile before is computed as without the limit."""
+    from rewrite.ops import valid_length
+
+    padded, weight, bias, residual = case(1, 24, 32, 7, 3, 160, residual=True)  # 160 positions: 8 per frame
+    whole = run(padded, weight, bias, 3, residual, splits=splits)
+    frames = torch.tensor([5], dtype=torch.int32, device=DEVICE)
+    with valid_length.valid_frames(frames, 20, 2):  # computes positions below (5 + 2) * 8 = 56: tiles of 32 -> 64
+        assert valid_length.kernel_args(160, padded.device)[1:] == (8, 16)
+        limited = run(padded, weight, bias, 3, residual, splits=splits)
+    assert torch.equal(limited[..., :64], whole[..., :64])
+    frames.fill_(20)  # the whole window valid: nothing skipped (the graph reads the value when it runs)
+    with valid_length.valid_frames(frames, 20, 2):
+        assert torch.equal(run(padded, weight, bias, 3, residual, splits=splits), whole)
+    with valid_length.valid_frames(frames, 7, 2):  # 160 positions are no multiple of 7 frames: no limit
+        assert valid_length.kernel_args(160, padded.device)[1] == 0
+
+
+def test_valid_frames_rejects_what_it_cannot_use():
+    from rewrite.ops import valid_length
+
+    with pytest.raises(ValueError, match="int32"):
+        with valid_length.valid_frames(torch.zeros(1), 20, 2):
+            pass
+    with pytest.raises(ValueError, match="bucket"):
+        with valid_length.valid_frames(torch.zeros(1, dtype=torch.int32), 0, 2):
+            pass
+    assert valid_length.kernel_args(160, torch.device("cpu"))[1:] == (0, 0)  # outside: no limit

@@ -97,7 +97,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rewrite.models import auk
-from rewrite.ops import compile_ahead, dispatch, triton_conv1d
+from rewrite.ops import compile_ahead, dispatch, triton_conv1d, valid_length
 from rewrite.ops.dispatch import INTERPRETING, get_backend, set_backend, use_backend
 
 try:  # Triton is optional: without it every call takes the reference path.
@@ -389,10 +389,12 @@ if triton is not None:
         v_odd = tl.where(p[None, :] <= 0, v0, _snake(up_odd, a, inv_b))
         return v_even, v_odd
 
-    @triton.jit
+    # The limit arguments (14, 15: see `rewrite.ops.valid_length`) are not specialized: one variant for every
+    # layer's scale.
+    @triton.jit(do_not_specialize=[14, 15])
     def _alias_free_snake_kernel(
         x_ptr, x_bias_ptr, alpha_ptr, beta_ptr, taps_ptr, out_ptr, rows, channels, T, t_blocks, x_row_stride,
-        out_row_stride, out_offset,
+        out_row_stride, out_offset, limit_ptr, limit_scale, limit_extra,
         LOGSCALE: tl.constexpr, HAS_X_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
         HALO_T: tl.constexpr, ZEROS_BLOCK: tl.constexpr, OUT_CHANNELS_LAST: tl.constexpr = False,
         ROUND_TF32: tl.constexpr = False,
@@ -409,9 +411,14 @@ if triton is not None:
         ``ROUND_TF32`` (fp32 only) stores the outputs rounded to TF32 (for a TF32 conv that reads them).
 
         A 1-D grid (no 65535 limit on any axis): program ``pid`` is row block ``pid // t_blocks``, time
-        block ``pid % t_blocks`` (neighbouring programs share input rows).
+        block ``pid % t_blocks`` (neighbouring programs share input rows). With ``limit_scale > 0`` a time
+        block whose first output lies at or past ``limit_ptr[0] * limit_scale + limit_extra`` returns at once
+        (`rewrite.ops.valid_length`; block 0, which writes the zeros, never does).
         """
         pid = tl.program_id(0)
+        if limit_scale > 0:
+            if (pid % t_blocks) * (BLOCK_T - HALO_T) >= tl.load(limit_ptr) * limit_scale + limit_extra:
+                return
         r = (pid // t_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
         row_mask = r < rows
         channel = r % channels
@@ -559,6 +566,7 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
         x, x if x_bias is None else x_bias.reshape(-1).contiguous(), alpha.reshape(-1).contiguous(),
         beta.reshape(-1).contiguous(), taps.reshape(-1).contiguous(), out,
         rows, channels, length, t_blocks, row_stride, left_zeros + length, left_zeros,
+        *valid_length.kernel_args(length, x.device),
         LOGSCALE=logscale, HAS_X_BIAS=x_bias is not None, BLOCK_R=block_r, BLOCK_T=block_t, HALO_T=HALO,
         ZEROS_BLOCK=max(MIN_ZEROS_BLOCK, triton.next_power_of_2(left_zeros)) if left_zeros else 0,
         OUT_CHANNELS_LAST=channels_last_out,

@@ -50,7 +50,7 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import compile_ahead
+from rewrite.ops import compile_ahead, valid_length
 
 try:  # Triton is optional: without it the callers keep ATen's conv.
     import triton
@@ -296,6 +296,7 @@ def reduction_splits(out_channels: int, ksize: int) -> int:
 
 
 DILATION_ARG = 8  # position of `dilation` in _conv1d_kernel's signature
+LIMIT_ARGS = 23  # position of `limit_scale` (then `limit_extra`), not specialized either
 
 if triton is not None:
     from rewrite.ops.triton_math import round_tf32
@@ -316,20 +317,26 @@ if triton is not None:
     # dilation (argument 8) is not specialized: Triton would compile dilation == 1 apart, one more variant per
     # conv shape. An index, which every Triton version takes (tests check it names "dilation"). The tap count
     # is a plain argument too (only the loop's trip count depends on it): one variant serves K = 3, 7 and 11.
-    @triton.jit(do_not_specialize=[DILATION_ARG])
+    @triton.jit(do_not_specialize=[DILATION_ARG, LIMIT_ARGS, LIMIT_ARGS + 1])
     def _conv1d_kernel(
         x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
         C, O, T, dilation, c_blocks, ksize, splits, split_iters,
         x_batch_stride, w_out_stride, w_in_stride, w_tap_stride,
         res_batch_stride, res_row_stride, out_batch_stride, out_row_stride, out_split_stride,
+        limit_ptr, limit_scale, limit_extra,
         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_O: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         """One ``[BLOCK_O, BLOCK_T]`` output tile of one batch row and one reduction slice; the reduction runs
         tap by tap, channel block by channel block (one flat loop, so the pipeliner overlaps loads across
         taps). With ``splits > 1`` slice ``s`` covers loop steps ``[s * split_iters, (s + 1) * split_iters)``
-        and stores its fp32 partial at ``out_ptr + s * out_split_stride`` (bias and residual come later)."""
+        and stores its fp32 partial at ``out_ptr + s * out_split_stride`` (bias and residual come later). With
+        ``limit_scale > 0`` a tile starting at or past ``limit_ptr[0] * limit_scale + limit_extra`` returns at
+        once (`rewrite.ops.valid_length`)."""
         pid_t = tl.program_id(0)
+        if limit_scale > 0:
+            if pid_t * BLOCK_T >= tl.load(limit_ptr) * limit_scale + limit_extra:
+                return
         pid_o = tl.program_id(1)
         pid_z = tl.program_id(2)
         batch = (pid_z // splits).to(tl.int64)
@@ -428,6 +435,7 @@ def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilati
         padded, weight, bias if bias is not None else weight, residual if residual is not None else out, target,
         channels, out_channels, length, dilation, c_blocks, ksize, splits, split_iters,
         padded.stride(0), *weight.stride(), *res_strides, *target.stride()[-3:-1], batch * out_channels * length,
+        *valid_length.kernel_args(length, padded.device),
         HAS_BIAS=fused and bias is not None, HAS_RES=fused and residual is not None,
         PRECISION=precision(padded.dtype),
         BLOCK_O=block_o, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps, num_stages=num_stages,

@@ -45,11 +45,11 @@ from torch import nn
 from rewrite.capture.auk import capture_auk_decode, reference_decode
 from rewrite.capture.export import CapturedGraph
 from rewrite.levels import level_enables
-from rewrite.ops import compile_ahead, triton_conv1d
+from rewrite.ops import compile_ahead, triton_conv1d, valid_length
 from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
-from rewrite.runtime.graphs import CudaGraphBackend, GraphPool
+from rewrite.runtime.graphs import CudaGraphBackend, GraphPool, static_buffer_mode
 from rewrite.runtime.tiles import Window, plan_tiles
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,8 @@ DEFAULT_COMPILE_SHAPES = (160, 320, 640)
 DEFAULT_MAX_GRAPHS = 8
 #: most windows of one width replayed as one batched graph (chunks are powers of two up to this)
 MAX_TILE_BATCH = 8
+#: latent frames computed past a padded window's clip end beyond the decode's right context (rounding slack)
+VALID_MARGIN_EXTRA = 2
 
 
 def uniform_tensors_reason(vae: nn.Module, z: torch.Tensor) -> str | None:
@@ -148,6 +150,8 @@ class AuKRunner:
         self._accepted: dict[tuple, guards.AcceptedState] = {}
         self._pad: tuple | None = None  # (mean, log_std, their versions and pointers, pad latent): `pad_latent`
         self._static_tails: dict[tuple, tuple] = {}  # graph key -> (weakref(step), frames, pad) its input's tail holds
+        self._valid: dict[torch.device, torch.Tensor] = {}  # valid latent frames of the window, read by the graphs
+        self._valid_written: dict[torch.device, int] = {}
         # A plain reference (a cycle through vae._rewrite_runner, which the GC collects): copy.deepcopy of
         # the VAE then gives the copy a runner bound to the copy, as for the Wan runner's bound methods.
         self.vae = vae
@@ -272,15 +276,30 @@ class AuKRunner:
 
     def _step_fn(self, batch: int, width: int, dtype: torch.dtype, device: torch.device):
         """The function a CUDA graph captures: the decode graph over the weights as they are now (its Triton
-        kernels compiled ahead first, once per dtype and device)."""
+        kernels compiled ahead first, once per dtype and device). At ``channels_last`` its Triton kernels read
+        the window's valid frame count from `_valid_frames` (`rewrite.ops.valid_length`): they skip the padded
+        tail past the decode's right context, which no kept sample depends on."""
         self._compile_kernels_ahead(batch, width, dtype, device)
         graph = self.graphs[(dtype, device)]
         weights = graph.weights(self.vae)
+        if not self.bucketed:
+            return lambda z: self._run(graph, weights, z)
+        valid, margin = self._valid_frames(device), self.context[1] + VALID_MARGIN_EXTRA
 
         def step(z: torch.Tensor) -> list[torch.Tensor]:
-            return self._run(graph, weights, z)
+            with valid_length.valid_frames(valid, width, margin):
+                return self._run(graph, weights, z)
 
         return step
+
+    def _valid_frames(self, device: torch.device) -> torch.Tensor:
+        """The device's one-element count of valid latent frames that the channels_last graphs read."""
+        valid = self._valid.get(device)
+        if valid is None:
+            with static_buffer_mode():
+                valid = self._valid[device] = torch.zeros(1, dtype=torch.int32, device=device)
+            self._valid_written[device] = 0
+        return valid
 
     def _compile_kernels_ahead(self, batch: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
         """Before the first capture of a (dtype, device): one pass of the graph in which every Triton launch only
@@ -333,6 +352,9 @@ class AuKRunner:
         if frames < width and (tail is None or tail[0]() is not step or tail[1] != frames or tail[2] is not pad):
             static[:, frames:].copy_(pad.expand(batch, width - frames, -1))  # the graph never writes its input
             self._static_tails[key] = (weakref.ref(step), frames, pad)
+        if self.bucketed and self._valid_written.get(z.device) != frames:
+            self._valid_frames(z.device).fill_(frames)
+            self._valid_written[z.device] = frames
         self.packed_weights.refresh()  # weights updated in place since the last call: re-pack what the graph reads
         return step.replay()[0]
 
