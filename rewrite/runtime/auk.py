@@ -21,7 +21,9 @@ Routes (the captured graph is one decode of normalised latents, batch and frames
     `decode_context_frames()`, the last window shrunk to a bucket), equal-width windows stacked along the
     batch and replayed together as one batched graph (batches of at most ``MAX_TILE_BATCH`` windows, see
     `tile_batches`). Padding changes only the last samples of the clip (the activations'
-    replicate padding sees decoded pad frames instead of the clip end) and tiling only the rounding.
+    replicate padding sees decoded pad frames instead of the clip end) and tiling only the rounding. The
+    channels_last graphs' Triton kernels skip a padded window's tail past the clip end plus the right
+    decode context (`rewrite.ops.valid_length`), which changes no kept sample.
 Graph memory: every bucket-sized graph lives in one shared private pool (captured largest first by
 `warmup`); exact-length graphs (lossless, or a width no bucket serves) live in another pool that is retired
 as a whole generation when it holds ``max_graphs`` graphs (never one graph at a time, see
@@ -213,10 +215,12 @@ class AuKRunner:
     def fallback_reason(self, z: torch.Tensor) -> str | None:
         """Why this call cannot run through the graph, or None (exports the graph on first use).
 
-        Cheap enough to run on every decode: the parameters' dtype/device agreement is checked on the
-        graph's own weight list (`CapturedGraph.weights`, owners resolved once), the full module walk of
-        `uniform_tensors_reason` runs only to word a reason once something disagrees. With that list at
-        hand it also retires every CUDA graph when a weight tensor was replaced since they were captured.
+        Cheap enough to run on every decode: a call whose full checks passed leaves a
+        `guards.AcceptedState`, and the next call only re-checks that nothing those checks look at changed
+        (C-level loops over prepared lists); otherwise the full checks run: the parameters' dtype/device
+        agreement on the graph's own weight list (`CapturedGraph.weights`, owners resolved once), the full
+        module walk of `uniform_tensors_reason` only to word a reason once something disagrees. With that
+        list at hand they also retire every CUDA graph when a weight tensor was replaced since the captures.
         """
         vae = self.vae
         first = next(vae.parameters(), None)
