@@ -12,6 +12,7 @@ when one objects, the call runs diffusers' reference code and the reason is logg
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import torch
@@ -21,6 +22,7 @@ from rewrite.capture.export import CapturedGraph
 from rewrite.capture.wan import capture_wan_decoder, reference_forward
 from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
+from rewrite.runtime.cache_writes import write_caches_in_place
 from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.graphs import GraphCache, StaticStep, static_buffer_mode
 
@@ -157,9 +159,11 @@ class _WanEagerSteps:
 class _WanCudaGraphs:
     """The chunk-0 and steady graphs of one shape, over a static latent buffer and static caches.
 
-    Each captured step ends by copying its new caches into the static cache buffers (after every read of
-    the old ones: a T=1 stage's new cache holds its old last frame), so consecutive replays advance the
-    decode exactly as the uncaptured loop does. Both graphs share one memory pool (they never overlap).
+    Each captured step copies its new caches into the static cache buffers (after every read of the old
+    ones: a T=1 stage's new cache holds its old last frame), so consecutive replays advance the decode exactly
+    as the uncaptured loop does. The steady graph does it inside, each cache as soon as the old one is dead
+    (`rewrite.runtime.cache_writes`: the new caches are not all alive at once, which set the peak memory);
+    chunk 0 copies at its end. Both graphs share one memory pool (they never overlap).
     """
 
     def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor):
@@ -175,10 +179,15 @@ class _WanCudaGraphs:
                 static.copy_(value)
             return [y]
 
+        placeholders = [n for n in steady.graph_module.graph.nodes if n.op == "placeholder"]
+        user_inputs = [n.name for n, (kind, _) in zip(placeholders, steady.input_kinds) if kind == "user"]
+        module, late = write_caches_in_place(steady.graph_module, user_inputs)
+        steady_in_place = dataclasses.replace(steady, graph_module=module)
+
         def following(x, *caches):
-            y, *new = steady(weights, x, *caches)
-            for static, value in zip(caches, new):
-                static.copy_(value)
+            y, *new = steady_in_place(weights, x, *caches)  # writes the other caches itself
+            for index, value in zip(late, new):
+                caches[index].copy_(value)
             return [y]
 
         pool = torch.cuda.graph_pool_handle()

@@ -1,0 +1,100 @@
+"""`rewrite.runtime.cache_writes`: steady-step graphs that write their new caches early, exactly.
+
+The tiny Wan decoders' steady graphs (captured and rewritten at `lossless` on the CPU) run before and after
+the transform on the same inputs: the output and the caches left in the buffers must be `torch.equal` to the
+original's output and new caches. Small hand-made graphs check the aliasing rules.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+
+from rewrite.capture.wan import capture_wan_decoder
+from rewrite.models.wan import build_wan
+from rewrite.pipeline import rewrite_graph
+from rewrite.runtime.cache_writes import write_caches_in_place
+
+aten = torch.ops.aten
+
+
+def user_input_names(graph) -> list[str]:
+    placeholders = [n for n in graph.graph_module.graph.nodes if n.op == "placeholder"]
+    return [n.name for n, (kind, _) in zip(placeholders, graph.input_kinds) if kind == "user"]
+
+
+@pytest.mark.parametrize("version", ["wan2.1", "wan2.2"])
+def test_steady_graph_writes_every_cache_early_and_exactly(version):
+    vae = build_wan(version, "tiny")
+    _, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    rewrite_graph(steady, "lossless")
+    names = user_input_names(steady)
+    module, late = write_caches_in_place(steady.graph_module, names)
+    assert late == []  # no Wan cache is a view of another
+    copies = [n for n in module.graph.nodes if n.target is aten.copy_.default]
+    assert len(copies) == len(names) - 1
+    # each copy comes after every node that reads its cache buffer
+    order = {n: i for i, n in enumerate(module.graph.nodes)}
+    for copy_node in copies:
+        cache = copy_node.args[0]
+        assert all(order[user] <= order[copy_node] for user in cache.users if user.op != "output")
+    weights = steady.weights(vae.decoder)
+    placeholders = [n for n in steady.graph_module.graph.nodes if n.op == "placeholder"]
+    shapes = {n.name: n.meta["val"] for n in placeholders}
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn([int(s) for s in (d.node.hint if isinstance(d, torch.SymInt) else d for d in shapes[name].shape)],
+                          generator=generator) for name in names]
+    with torch.no_grad():
+        y, *new = steady(weights, *inputs)
+        buffers = [t.clone() for t in inputs]
+        in_place = type(steady)(**{**steady.__dict__, "graph_module": module})
+        (y2,) = in_place(weights, *buffers)
+    assert torch.equal(y2, y)
+    assert torch.equal(buffers[0], inputs[0])  # x is not a cache: untouched
+    for written, expected in zip(buffers[1:], new):
+        assert torch.equal(written, expected)
+
+
+def _graph(fn, n_inputs: int) -> fx.GraphModule:
+    graph = fx.Graph()
+    inputs = [graph.placeholder(f"in{i}") for i in range(n_inputs)]
+    graph.output(tuple(fn(graph, *inputs)))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_a_new_cache_that_views_an_old_one_is_left_to_the_end():
+    def body(g, x, c0, c1):
+        y = g.call_function(aten.add.Tensor, (x, c0))
+        new0 = g.call_function(aten.slice.Tensor, (c1, 0, 1, None))  # a view of cache 1
+        new1 = g.call_function(aten.mul.Tensor, (c1, 2))
+        return [y, new0, new1]
+
+    module, late = write_caches_in_place(_graph(body, 3), ["in0", "in1", "in2"])
+    assert late == [0, 1]  # cache 0's new value views cache 1: both stay outputs
+    assert not any(n.target is aten.copy_.default for n in module.graph.nodes)
+
+
+def test_an_output_that_views_a_cache_moves_nothing():
+    def body(g, x, c0):
+        y = g.call_function(aten.view.default, (c0, [-1]))
+        return [y, g.call_function(aten.add.Tensor, (x, c0))]
+
+    module, late = write_caches_in_place(_graph(body, 2), ["in0", "in1"])
+    assert late == [0]
+
+
+def test_a_copy_waits_for_readers_of_views_of_its_cache():
+    def body(g, x, c0):
+        view = g.call_function(aten.slice.Tensor, (c0, 0, 0, 2))
+        new0 = g.call_function(aten.mul.Tensor, (x, 3))
+        late_reader = g.call_function(aten.add.Tensor, (view, view))
+        return [late_reader, new0]
+
+    module, late = write_caches_in_place(_graph(body, 2), ["in0", "in1"])
+    nodes = list(module.graph.nodes)
+    copy_index = next(i for i, n in enumerate(nodes) if n.target is aten.copy_.default)
+    assert late == [] and copy_index > next(i for i, n in enumerate(nodes) if n.target is aten.add.Tensor)
+    x, c0 = torch.arange(4.0), torch.arange(4.0) + 10
+    (y,) = module(x, c0)
+    assert torch.equal(y, torch.tensor([20.0, 22.0])) and torch.equal(c0, x * 3)
