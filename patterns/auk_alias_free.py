@@ -64,7 +64,7 @@ def replace(x, alpha, beta, taps, channels, impl):
 
 def guard(match) -> str | None:
     x = match.inputs["x"].meta["val"]
-    channels = match.scalars["channels"] if "channels" in match.scalars else (x.shape[1] if x.dim() == 3 else None)
+    channels = match.scalars.get("channels", x.shape[1] if x.dim() == 3 else None)  # unbound in the op form
     if x.dim() != 3 or x.shape[1] != channels:
         return f"x {tuple(x.shape)} is not [B, {channels}, T]"
     for name in ("alpha", "beta"):

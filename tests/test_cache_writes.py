@@ -19,17 +19,12 @@ from rewrite.runtime.cache_writes import write_caches_in_place
 aten = torch.ops.aten
 
 
-def user_input_names(graph) -> list[str]:
-    placeholders = [n for n in graph.graph_module.graph.nodes if n.op == "placeholder"]
-    return [n.name for n, (kind, _) in zip(placeholders, graph.input_kinds) if kind == "user"]
-
-
 @pytest.mark.parametrize("version", ["wan2.1", "wan2.2"])
 def test_steady_graph_writes_every_cache_early_and_exactly(version):
     vae = build_wan(version, "tiny")
     _, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
     rewrite_graph(steady, "lossless")
-    names = user_input_names(steady)
+    names = steady.user_input_names
     module, late = write_caches_in_place(steady.graph_module, names)
     assert late == []  # no Wan cache is a view of another
     copies = [n for n in module.graph.nodes if n.target is aten.copy_.default]

@@ -41,6 +41,19 @@ class CapturedGraph:
     def node_count(self) -> int:
         return len(self.graph_module.graph.nodes)
 
+    @property
+    def user_input_names(self) -> list[str]:
+        """The names of the user (non-weight) placeholders, in call order."""
+        placeholders = [n for n in self.graph_module.graph.nodes if n.op == "placeholder"]
+        return [n.name for n, (kind, _) in zip(placeholders, self.input_kinds) if kind == "user"]
+
+    def _binding_for(self, root: torch.nn.Module) -> "_WeightBinding":
+        """The weight binding of `root`, resolved again when the root or the module tree along the names changed."""
+        binding = self._binding
+        if binding is None or binding.root is not root or not binding.tree_unchanged():
+            binding = self._binding = _WeightBinding.resolve(root, self.input_kinds)
+        return binding
+
     def weights(self, root: torch.nn.Module) -> list[torch.Tensor | None]:
         """The non-user placeholders' values, read from `root` now (by fully qualified name).
 
@@ -48,18 +61,14 @@ class CapturedGraph:
         along those names is unchanged (checked on every call, a dict lookup per edge), so a decode does
         not pay `get_parameter`'s path walk for each of hundreds of tensors.
         """
-        binding = self._binding
-        if binding is None or binding.root is not root or not binding.tree_unchanged():
-            binding = self._binding = _WeightBinding.resolve(root, self.input_kinds)
+        binding = self._binding_for(root)
         values = binding.read(self.constants)
         return values if values is not None else self._weights_by_name(root)
 
     def weight_locations(self, root: torch.nn.Module) -> "WeightLocations | None":
         """Where the param/buffer placeholders' tensors live in `root` now (after `weights(root)` resolved them),
         for a caller that re-checks cheaply that they are still there; None when they do not resolve plainly."""
-        binding = self._binding
-        if binding is None or binding.root is not root or not binding.tree_unchanged():
-            binding = self._binding = _WeightBinding.resolve(root, self.input_kinds)
+        binding = self._binding_for(root)
         if any(kind == "missing" for kind, _ in binding.slots):
             return None
         slots = [(owner._parameters if kind == "param" else owner._buffers, attr)

@@ -70,6 +70,8 @@ def write_caches_in_place(graph_module: fx.GraphModule, user_inputs: list[str]) 
         for j, aliases in enumerate(alias_sets):
             if value in aliases:
                 kept.update((i, j))
+    # Positions before any insertion serve every cache: a copy inserted for cache i reads only cache i and
+    # its fresh new value, so it never is a reader of another written cache (that one would be in `kept`).
     order = {n: k for k, n in enumerate(graph.nodes)}
     for i, (cache, value) in enumerate(zip(caches, new)):
         if i in kept:
@@ -78,7 +80,6 @@ def write_caches_in_place(graph_module: fx.GraphModule, user_inputs: list[str]) 
         last = max([value, cache, *readers], key=order.__getitem__)
         with graph.inserting_after(last):
             graph.call_function(torch.ops.aten.copy_.default, (cache, value))
-        order = {n: k for k, n in enumerate(graph.nodes)}
     remaining = sorted(kept)
     output.args = (tuple([y, *(new[i] for i in remaining)]),)
     graph.lint()

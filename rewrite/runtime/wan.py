@@ -179,9 +179,7 @@ class _WanCudaGraphs:
                 static.copy_(value)
             return [y]
 
-        placeholders = [n for n in steady.graph_module.graph.nodes if n.op == "placeholder"]
-        user_inputs = [n.name for n, (kind, _) in zip(placeholders, steady.input_kinds) if kind == "user"]
-        module, late = write_caches_in_place(steady.graph_module, user_inputs)
+        module, late = write_caches_in_place(steady.graph_module, steady.user_input_names)
         steady_in_place = dataclasses.replace(steady, graph_module=module)
 
         def following(x, *caches):
