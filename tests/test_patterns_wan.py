@@ -29,9 +29,13 @@ def _expected(norms: int, caches_t1: int, caches: int, residuals: int, wan22: bo
     common = {"rms_norm[act=silu]": norms, "rms_norm[act=None]": 1, "conv3d_residual": residuals,
               "upsample_nearest2x": 3}
     # chunk 0: the two temporal upsamplers only mark their slot ("Rep") and run no causal conv
-    chunk0 = dict(common, **{"causal_conv_input[mode=chunk0]": caches_t1 + caches - 2})
+    # every causal conv then takes its input assembly in (`causal_conv3d`), with or without the residual
+    chunk0 = dict(common, **{"causal_conv_input[mode=chunk0]": caches_t1 + caches - 2,
+                             "causal_conv3d[cache=None]": residuals,
+                             "causal_conv3d[residual=None, cache=None]": caches_t1 + caches - 2 - residuals})
     steady = dict(common, **{"causal_conv_input[mode=steady_t1]": caches_t1,
-                             "causal_conv_input[mode=steady]": caches, "temporal_interleave": 2})
+                             "causal_conv_input[mode=steady]": caches, "temporal_interleave": 2,
+                             "causal_conv3d": residuals, "causal_conv3d[residual=None]": caches_t1 + caches - residuals})
     if wan22:
         chunk0.update({"dup_up_add[chunk=steady]": 1, "dup_up_add[chunk=first]": 2})
         steady["dup_up_add[chunk=steady]"] = 3

@@ -99,12 +99,19 @@ def test_bias_residual_is_exact(dtype, layout, shape):
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("upcast", (False, True))
-def test_upsample_nearest2x_is_exact(dtype, upcast):
+@pytest.mark.parametrize("layout", ("contiguous", "frames_of_ncdhw", "channels_last"))
+def test_upsample_nearest2x_is_exact(dtype, upcast, layout):
+    """Any input strides; the steady graph's input is [t, c, h, w] viewed out of an NCDHW tensor."""
     x = _randn(3, 4, 5, 7, dtype=dtype, generator=torch.Generator().manual_seed(2))
+    if layout == "frames_of_ncdhw":
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    elif layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
     with use_backend("reference"):
         expected = torch.ops.rewrite.upsample_nearest2x(x, upcast)
     with use_backend("triton"):
         actual = torch.ops.rewrite.upsample_nearest2x(x, upcast)
+    assert actual.stride() == expected.stride()
     assert torch.equal(actual, expected)
 
 

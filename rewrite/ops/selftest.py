@@ -6,6 +6,12 @@ fp32 over 2**24 patterns spread over the whole range plus the special values (fp
 enumerate on every start; the formula and libdevice `expf` are the ones ATen's CUDA kernel uses). The
 result is cached per (device, dtype); it is never computed during a CUDA graph capture (the fused SiLU is
 then simply not used).
+
+`channels_last_conv_is_exact(input_shape, weight_shape, dtype, device)`: cuDNN's conv3d on channels-last
+(NDHWC) input and weight is used in place of the NCDHW conv only for shapes where, on the running device
+and cuDNN settings, both give `torch.equal` outputs on seeded random data (a different cuDNN kernel choice
+for the other layout would show up as differing low bits). Checked once per shape outside CUDA graph
+captures (inside one, the NCDHW conv is used), cached per process.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import torch
 
 _RESULTS: dict[tuple[str, torch.dtype], bool] = {}
+_CONV_RESULTS: dict[tuple, bool] = {}
 
 
 def _bit_patterns(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -48,6 +55,41 @@ def silu_is_exact(device: torch.device, dtype: torch.dtype) -> bool:
     return _RESULTS[key]
 
 
+def _conv_settings() -> tuple:
+    cudnn = torch.backends.cudnn
+    return cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32
+
+
+def channels_last_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
+                             device: torch.device) -> bool:
+    """Whether conv3d of seeded random NCDHW operands equals conv3d of the same values in NDHWC (no bias)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    fan_in = weight_shape[1] * weight_shape[2] * weight_shape[3] * weight_shape[4]
+    weight = torch.randn(weight_shape, generator=generator, device=device, dtype=torch.float32).mul_(fan_in ** -0.5)
+    weight = weight.to(dtype)
+    x = torch.randn(input_shape, generator=generator, device=device, dtype=dtype)
+    expected = torch.nn.functional.conv3d(x, weight)
+    x = x.contiguous(memory_format=torch.channels_last_3d)  # the NCDHW copy is freed here
+    actual = torch.nn.functional.conv3d(x, weight.contiguous(memory_format=torch.channels_last_3d))
+    return torch.equal(actual, expected)
+
+
+def channels_last_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
+                                device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    key = (tuple(input_shape), tuple(weight_shape), dtype, str(device), _conv_settings())
+    if key not in _CONV_RESULTS:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        with torch.no_grad():
+            _CONV_RESULTS[key] = channels_last_conv_check(tuple(input_shape), tuple(weight_shape), dtype, device)
+    return _CONV_RESULTS[key]
+
+
 def results() -> dict[str, bool]:
     """What the self-tests found so far in this process (for reports)."""
-    return {f"silu {dtype} on {device}": ok for (device, dtype), ok in _RESULTS.items()}
+    found = {f"silu {dtype} on {device}": ok for (device, dtype), ok in _RESULTS.items()}
+    for (x_shape, w_shape, dtype, device, _), ok in _CONV_RESULTS.items():
+        found[f"channels-last conv3d {list(x_shape)} * {list(w_shape)} {dtype} on {device}"] = ok
+    return found

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from rewrite.ops import aten_reduction
 from rewrite.ops.dispatch import triton
 
 BLOCK = 1024
@@ -95,6 +96,82 @@ if triton is not None:
         tl.store(out_ptr + (b * so0 + c * so1 + t * so2) + s, _round(y, dtype), mask=mask)
 
     @triton.jit
+    def _fold_halves(s, N: tl.constexpr, P: tl.constexpr):
+        """[N, P] -> [N // 2, P]: row y plus row y + N // 2 (one step of ATen's `block_y_reduce` tree)."""
+        lo, hi = tl.split(tl.permute(tl.reshape(s, [2, N // 2, P]), [1, 2, 0]))
+        return lo + hi
+
+    @triton.jit
+    def _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
+        """fp32 L2 norm over the C channels of BLOCK_P pixels, summed in ATen's order (`aten_reduction`):
+        accumulator row i * SPLIT + y holds thread y's accumulator i, over channels 4 SPLIT k + i SPLIT + y."""
+        GROUP: tl.constexpr = 4 * SPLIT
+        rows = tl.arange(0, GROUP)
+        acc = tl.zeros([GROUP, BLOCK_P], dtype=tl.float32)
+        for c0 in range(0, C, GROUP):
+            c = c0 + rows
+            m = (c < C)[:, None] & pmask[None, :]
+            v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
+            acc = tl.fma(v, v, acc)  # masked channels add +0.0 to a non-negative sum: no change
+        even, odd = tl.split(tl.permute(tl.reshape(acc, [2, 2, SPLIT, BLOCK_P]), [2, 3, 0, 1]))
+        acc0, acc2 = tl.split(even)
+        acc1, acc3 = tl.split(odd)
+        s = ((acc0 + acc1) + acc2) + acc3
+        if SPLIT >= 16:
+            s = _fold_halves(s, 16, BLOCK_P)
+        if SPLIT >= 8:
+            s = _fold_halves(s, 8, BLOCK_P)
+        if SPLIT >= 4:
+            s = _fold_halves(s, 4, BLOCK_P)
+        if SPLIT >= 2:
+            s = _fold_halves(s, 2, BLOCK_P)
+        return tl.sqrt_rn(tl.reshape(s, [BLOCK_P]))
+
+    @triton.jit
+    def _rms_norm_fused_kernel(x_ptr, gamma_ptr, out_ptr, C, T, HW, sx0, sx1, sx2, so0, so1, so2, scale, bias, eps,
+                               UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
+                               BLOCK_P: tl.constexpr):
+        """The whole Wan RMS norm for BLOCK_P pixels of one (b, t) plane (contiguous (h, w) planes, plane
+        number along axis 0 as in `_rms_norm_plane_kernel`): the channel norm in ATen's order, then the
+        epilogue of `_rms_norm_epilogue_kernel` (same arithmetic, element for element) over a second read."""
+        plane = tl.program_id(0)
+        b = (plane // T).to(tl.int64)
+        t = (plane % T).to(tl.int64)
+        hw = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+        pmask = hw < HW
+        x_pix = b * sx0 + t * sx2 + hw
+        o_pix = b * so0 + t * so2 + hw
+        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, BLOCK_P)
+        norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
+        GROUP: tl.constexpr = 4 * SPLIT
+        rows = tl.arange(0, GROUP)
+        for c0 in range(0, C, GROUP):
+            c = c0 + rows
+            m = (c < C)[:, None] & pmask[None, :]
+            x = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0)
+            dtype = x.dtype
+            y = tl.math.div_rn(x.to(tl.float32), norm)
+            if UPCAST:
+                y = _round(y, dtype).to(tl.float32)  # .to(x.dtype) after the fp32 normalize
+            y = _round(y * scale, dtype).to(tl.float32)
+            gamma = tl.load(gamma_ptr + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
+            y = _round(y * gamma, dtype).to(tl.float32)
+            y = _round(y + bias, dtype).to(tl.float32)
+            if SILU:
+                y = tl.math.div_rn(y, 1.0 + _exp(-y))
+            tl.store(out_ptr + o_pix[None, :] + c[:, None].to(tl.int64) * so1, _round(y, dtype), mask=m)
+
+    @triton.jit
+    def _channel_norm_kernel(x_ptr, norm_ptr, C, T, HW, sx0, sx1, sx2, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
+        """The channel norm alone (contiguous [B, T, H, W] fp32 output), for tests against ATen's."""
+        plane = tl.program_id(0)
+        hw = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+        pmask = hw < HW
+        x_pix = (plane // T).to(tl.int64) * sx0 + (plane % T).to(tl.int64) * sx2 + hw
+        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, BLOCK_P)
+        tl.store(norm_ptr + plane.to(tl.int64) * HW + hw, norm, mask=pmask)
+
+    @triton.jit
     def _silu_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = i < numel
@@ -134,6 +211,66 @@ if triton is not None:
         tl.store(out_ptr + offsets, value, mask=out_mask)
 
     @triton.jit
+    def _causal_pad_cl_kernel(x_ptr, cache_ptr, out_ptr, C, TO, HO, WO, TC, H, W, PT, PH, PW, TS,
+                              sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
+                              HAS_CACHE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+        """`_causal_pad_kernel` writing the padded input channels-last: out is [B, TO, HO, WO, C] in memory.
+
+        One output row (b, t, h) per program along axis 0, a BLOCK_W x BLOCK_C tile of it: read along w from
+        the source frame's strided layout, stored along c (Triton moves the tile between the two layouts).
+        TS = TC + (frames of x): the source frames; rows, columns and frames outside them are the zero pad.
+        """
+        row = tl.program_id(0)
+        h = row % HO
+        r = row // HO
+        t = r % TO
+        b = (r // TO).to(tl.int64)
+        w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        out_mask = (w < WO)[:, None] & (c < C)[None, :]
+        hs = h - PH
+        ws = w - PW
+        ts = t - PT
+        inside = out_mask & ((ws >= 0) & (ws < W))[:, None]
+        value = tl.zeros([BLOCK_W, BLOCK_C], dtype=out_ptr.dtype.element_ty)  # the zero pad
+        if (hs >= 0) & (hs < H) & (ts >= 0) & (ts < TS):
+            if ts >= TC:
+                base = b * sx0 + (ts - TC) * sx2 + hs * sx3
+                value = tl.load(x_ptr + base + c[None, :].to(tl.int64) * sx1 + ws[:, None] * sx4, mask=inside,
+                                other=0.0)
+            elif HAS_CACHE:
+                base = b * sc0 + ts * sc2 + hs * sc3
+                value = tl.load(cache_ptr + base + c[None, :].to(tl.int64) * sc1 + ws[:, None] * sc4, mask=inside,
+                                other=0.0)
+        offsets = (row.to(tl.int64) * WO + w[:, None]) * C + c[None, :]
+        tl.store(out_ptr + offsets, value, mask=out_mask)
+
+    @triton.jit
+    def _conv_epilogue_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, C, T, S, sy0, sy1, sy2, sys_, sr0, sr1, sr2, srs,
+                              so0, so1, so2, sos, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                              BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+        """out = round(round(y + bias) + residual) (each part optional) with ATen's roundings (the conv's
+        bias `add_`, then the residual add), for tensors whose (h, w) positions are one strided run of S
+        (`s*s` strides): reads the channels-last conv output along c and writes the output (and reads the
+        residual) in their own layouts. One (b, t) plane per program along axis 0, a BLOCK_S x BLOCK_C tile."""
+        plane = tl.program_id(0)
+        b = (plane // T).to(tl.int64)
+        t = (plane % T).to(tl.int64)
+        sp = (tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
+        c = (tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+        mask = (sp < S)[:, None] & (c < C)[None, :]
+        y = tl.load(y_ptr + (b * sy0 + t * sy2) + sp[:, None] * sys_ + c[None, :] * sy1, mask=mask, other=0.0)
+        dtype = y.dtype
+        acc = y.to(tl.float32)
+        if HAS_BIAS:  # ATen's conv adds the bias with a separate add_: one rounding
+            bias = tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)[None, :]
+            acc = _round(acc + bias, dtype).to(tl.float32)
+        if HAS_RESIDUAL:
+            r = tl.load(res_ptr + (b * sr0 + t * sr2) + sp[:, None] * srs + c[None, :] * sr1, mask=mask, other=0.0)
+            acc = acc + r.to(tl.float32)
+        tl.store(out_ptr + (b * so0 + t * so2) + sp[:, None] * sos + c[None, :] * so1, _round(acc, dtype), mask=mask)
+
+    @triton.jit
     def _bias_residual_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, numel, C, T, H, W,
                               sy0, sy1, sy2, sy3, sy4, sr0, sr1, sr2, sr3, sr4, so0, so1, so2, so3, so4,
                               HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
@@ -166,12 +303,13 @@ if triton is not None:
         tl.store(out_ptr + (b * so0 + c * so1 + t * so2) + s, _round(acc + r.to(tl.float32), dtype), mask=mask)
 
     @triton.jit
-    def _upsample2x_kernel(x_ptr, out_ptr, numel, C, HO, WO, sx0, sx1, sx2, sx3, BLOCK: tl.constexpr):
+    def _upsample2x_kernel(x_ptr, out_ptr, numel, C, HO, WO, sx0, sx1, sx2, sx3, so0, so1, so2, so3,
+                           BLOCK: tl.constexpr):
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = i < numel
         n, c, _, h, w = _position(i, C, 1, HO, WO)
         value = tl.load(x_ptr + n * sx0 + c * sx1 + (h // 2) * sx2 + (w // 2) * sx3, mask=mask, other=0.0)
-        tl.store(out_ptr + i, value, mask=mask)
+        tl.store(out_ptr + n * so0 + c * so1 + h * so2 + w * so3, value, mask=mask)
 
     @triton.jit
     def _dup_up_add_kernel(main_ptr, x_ptr, out_ptr, numel, C, T, H, W, REPEATS, FT, FS, FIRST,
@@ -229,19 +367,75 @@ def reference_layout(key: tuple, fn: Callable, *tensors: Tensor) -> tuple[int, .
     return strides
 
 
-def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
-             act: str | None, fused_silu: bool = True) -> Tensor:
-    """The Wan RMS norm: ATen's fp32 reduction, then one fused epilogue kernel (+ SiLU when `fused_silu`)."""
+FUSED_NORM = True  # the one-kernel norm where `aten_reduction.plan` reproduces ATen's order (A/B switch)
+
+
+def _norm_plan(x: Tensor, upcast: bool):
+    """ATen's summation order for this CUDA norm input, or None (then ATen's reduction kernel runs)."""
+    if not FUSED_NORM or not x.is_cuda or (x.dtype != torch.float32) != upcast or not _planes_contiguous(_as5d(x)):
+        return None
+    return aten_reduction.plan(x, torch.float32)
+
+
+def _pixels_block(split: int, pixels: int) -> int:
+    """Pixels per program of the fused norm: a [4 split, pixels] fp32 accumulator of at most 2048 values
+    (16 registers a thread at 4 warps), and 32 where a plane is too small to fill the GPU with large ones."""
+    return 32 if pixels < 16 * 1024 else max(32, min(256, 2048 // (4 * split)))
+
+
+def channel_norm(x: Tensor, split: int) -> Tensor:
+    """fp32 L2 norm over dim 1 in ATen's order for `split` (see `aten_reduction`), shape [B, 1, T, H, W].
+    x's (h, w) planes must be contiguous."""
+    x5 = _as5d(x)
+    b, c, t, h, w = x5.shape
+    norm = torch.empty((b, 1, t, h, w), dtype=torch.float32, device=x.device)
+    block = _pixels_block(split, h * w)
+    if norm.numel():
+        _channel_norm_kernel[(b * t, triton.cdiv(h * w, block))](
+            x5, norm, c, t, h * w, *x5.stride()[:3], SPLIT=split, BLOCK_P=block, enable_fp_fusion=False)
+    return norm.view([b, 1, *x.shape[2:]])
+
+
+def rms_norm_fused(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool, silu: bool,
+                   split: int) -> Tensor:
+    """The whole Wan RMS norm (+ SiLU when `silu`) in one kernel whose channel sums follow ATen's order for
+    `split` (`aten_reduction.plan`): reads x twice (the second time mostly from L2), writes the output once.
+    x's (h, w) planes must be contiguous (contiguous and frame-major layouts)."""
     from rewrite.ops.wan import rms_norm_reference
 
-    xf = x.float() if upcast else x
-    norm = torch.linalg.vector_norm(xf, 2, [1], True).contiguous()
+    strides = reference_layout(("rms_norm", upcast, None),
+                               lambda a, g: rms_norm_reference(a, g, 1.0, 0.0, 1e-12, upcast, None), x, gamma)
+    out = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
+    x5, o5 = _as5d(x), _as5d(out)
+    b, c, t, h, w = x5.shape
+    if not _planes_contiguous(x5, o5):
+        raise ValueError("rms_norm_fused: x and the output need contiguous (h, w) planes")
+    block = _pixels_block(split, h * w)
+    if out.numel():
+        _rms_norm_fused_kernel[(b * t, triton.cdiv(h * w, block))](
+            x5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias), float(eps),
+            UPCAST=upcast, SILU=silu, SPLIT=split, BLOCK_P=block, enable_fp_fusion=False)
+    return out
+
+
+def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
+             act: str | None, fused_silu: bool = True) -> Tensor:
+    """The Wan RMS norm: `rms_norm_fused` where `aten_reduction` knows ATen's order for x; else ATen's
+    reduction, then one epilogue kernel. SiLU is folded in when `fused_silu`, else applied by ATen after."""
+    from rewrite.ops.wan import rms_norm_reference
+
+    silu_here = act == "silu" and fused_silu
+    plan = _norm_plan(x, upcast)
+    if plan is not None:
+        out = rms_norm_fused(x, gamma, scale, bias, eps, upcast, silu_here, plan.split)
+        return torch.nn.functional.silu(out) if act == "silu" and not fused_silu else out
     strides = reference_layout(("rms_norm", upcast, act),
                                lambda a, g: rms_norm_reference(a, g, 1.0, 0.0, 1e-12, upcast, act), x, gamma)
+    xf = x.float() if upcast else x
+    norm = torch.linalg.vector_norm(xf, 2, [1], True).contiguous()
     out = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
     x5, o5, n5 = _as5d(x), _as5d(out), _as5d(norm)
     b, c, t, h, w = x5.shape
-    silu_here = act == "silu" and fused_silu
     if out.numel() and _planes_contiguous(x5, o5):
         _rms_norm_plane_kernel[_plane_grid(b, c, t, h * w)](
             x5, n5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias),
@@ -281,6 +475,57 @@ def causal_pad(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
     return out
 
 
+def _channel_block(channels: int) -> int:
+    return 64 if channels % 64 == 0 or channels > 256 else 32
+
+
+def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
+    """`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`) written once, channels-last (NDHWC memory)."""
+    wl, wr, hl, hr, tl_, tr = pad
+    b, c, tx, h, w = x.shape
+    tc = 0 if cache is None else cache.shape[2]
+    shape = (b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    source = x if cache is None else cache
+    _, _, frames_out, rows_out, columns_out = shape
+    if out.numel():
+        block_c = _channel_block(c)
+        grid = (b * frames_out * rows_out, triton.cdiv(columns_out, 64), triton.cdiv(c, block_c))
+        _causal_pad_cl_kernel[grid](x, source, out, c, frames_out, rows_out, columns_out, tc, h, w, tl_, hl, wl,
+                                    tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
+                                    BLOCK_W=64, BLOCK_C=block_c, num_warps=4)
+    return out
+
+
+def _run_stride(t: Tensor) -> int | None:
+    """The stride of a 5-D tensor's (h, w) positions as one run (h stride = W * w stride), else None."""
+    _, _, _, h, w = t.shape
+    if h == 1:
+        return t.stride(4)
+    if w == 1:
+        return t.stride(3)
+    return t.stride(4) if t.stride(3) == w * t.stride(4) else None
+
+
+def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_strides: tuple[int, ...]) -> Tensor:
+    """`y.add_(bias) [+ residual]` with ATen's roundings into a new tensor of `out_strides` (y is a conv
+    output without its bias, any layout whose (h, w) positions form one strided run)."""
+    out = torch.empty_strided(y.shape, out_strides, dtype=y.dtype, device=y.device)
+    res = residual if residual is not None else out
+    runs = [_run_stride(t) for t in (y, res, out)]
+    if None in runs:
+        raise ValueError(f"conv_epilogue: (h, w) not one strided run in strides {[t.stride() for t in (y, res, out)]}")
+    b, c, t, h, w = y.shape
+    if out.numel():
+        block_c = _channel_block(c)
+        grid = (b * t, triton.cdiv(h * w, 64), triton.cdiv(c, block_c))
+        _conv_epilogue_kernel[grid](y, y if bias is None else bias, res, out, c, t, h * w,
+                                    *y.stride()[:3], runs[0], *res.stride()[:3], runs[1], *out.stride()[:3], runs[2],
+                                    HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, BLOCK_S=64,
+                                    BLOCK_C=block_c, enable_fp_fusion=False, num_warps=4)
+    return out
+
+
 def bias_residual(y: Tensor, bias: Tensor | None, residual: Tensor) -> Tensor:
     """`y.add_(bias) + residual` with ATen's two roundings (y is a conv output without its bias)."""
     strides = reference_layout(("add",), torch.add, y, residual)
@@ -296,11 +541,14 @@ def bias_residual(y: Tensor, bias: Tensor | None, residual: Tensor) -> Tensor:
     return out
 
 
-def upsample_nearest2x(x: Tensor) -> Tensor:
-    """Nearest-exact 2x of [N, C, H, W] (pixel duplication), contiguous output."""
+def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
+    """Nearest-exact 2x of [N, C, H, W] (pixel duplication) from any strides, in the layout ATen's op gives."""
+    from rewrite.ops.wan import upsample_nearest2x_reference
+
     n, c, h, w = x.shape
-    out = x.new_empty((n, c, 2 * h, 2 * w))
-    _launch(_upsample2x_kernel, out.numel(), x, out, out.numel(), c, 2 * h, 2 * w, *x.stride())
+    strides = reference_layout(("upsample_nearest2x", upcast), lambda a: upsample_nearest2x_reference(a, upcast), x)
+    out = torch.empty_strided((n, c, 2 * h, 2 * w), strides, dtype=x.dtype, device=x.device)
+    _launch(_upsample2x_kernel, out.numel(), x, out, out.numel(), c, 2 * h, 2 * w, *x.stride(), *out.stride())
     return out
 
 

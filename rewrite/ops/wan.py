@@ -126,15 +126,78 @@ def _(x, weight, bias, residual):
     return torch.empty_like(residual)
 
 
+# ---- causal conv3d: input assembly, channels-last conv, bias (+ residual) ---------------------------------
+def causal_conv3d_reference(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+                            bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """`conv3d(padded, weight, bias) [+ residual]` and the next cache, `padded` as `causal_conv_input` makes it."""
+    padded, next_cache = causal_conv_input(x, cache, pad, mode)
+    if residual is None:
+        return aten.conv3d.default(padded, weight, bias), next_cache
+    return conv3d_residual(padded, weight, bias, residual), next_cache
+
+
+def _conv_output_strides(shape: list[int], residual: Optional[Tensor]) -> tuple[int, ...]:
+    """The layout of the replaced subgraph's output: ATen's conv of the contiguous padded input is
+    contiguous; with a residual, the add's layout over that and the residual."""
+    from rewrite.ops.triton_wan import reference_layout
+
+    if residual is None:
+        return tuple(torch.empty(shape, device="meta").stride())
+    return reference_layout(("add_contiguous",), lambda r: torch.add(torch.empty_like(r, memory_format=torch.contiguous_format), r), residual)
+
+
+@torch.library.custom_op("rewrite::causal_conv3d", mutates_args=())
+def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+                  bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """A Wan causal conv3d from its unpadded input: (output [+ residual], next cache).
+
+    Kernel path: the pad kernel writes the padded input channels-last (NDHWC), cuDNN convolves it with the
+    channels-last weight without bias (no layout transposes around the conv), and one kernel adds bias and
+    residual with ATen's roundings while writing the output in the layout the replaced subgraph has. Used
+    only where `selftest.channels_last_conv_is_exact` found cuDNN's channels-last conv `torch.equal` to its
+    NCDHW conv for this shape; else the same ops as `causal_conv_input` + conv (+ `conv3d_residual`).
+    """
+    tensors = tuple(t for t in (x, cache, weight, bias, residual) if t is not None)
+    if (x.dim() == 5 and weight.dim() == 5 and len(pad) == 6 and min(pad) >= 0
+            and use_kernel("causal_conv3d", tensors, FLOAT_DTYPES)):
+        b, c, t, h, w = x.shape
+        frames = t + (0 if mode == "chunk0" or cache is None else cache.shape[2]) + pad[4] + pad[5]
+        in_shape = (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
+        if selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device):
+            kernels = _kernels()
+            padded = kernels.causal_pad_channels_last(x, cache if mode != "chunk0" else None, pad)
+            y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
+            out = kernels.conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual))
+            return out, next_cache_reference(x, cache, mode)
+    return causal_conv3d_reference(x, cache, pad, mode, weight, bias, residual)
+
+
+@causal_conv3d.register_fake
+def _(x, cache, pad, mode, weight, bias, residual):
+    b, c, t, h, w = x.shape
+    frames = t + (0 if cache is None else cache.shape[2]) + pad[4] + pad[5]
+    kt, kh, kw = weight.shape[2:]
+    out_shape = (b, weight.shape[0], frames - kt + 1, h + pad[2] + pad[3] - kh + 1, w + pad[0] + pad[1] - kw + 1)
+    out = x.new_empty(out_shape) if residual is None else torch.empty_like(residual)
+    cache_frames = 2 if mode != "steady" else min(t, 2)
+    return out, x.new_empty((b, c, cache_frames, h, w))
+
+
 # ---- nearest-exact 2x spatial upsample -----------------------------------------------------------------
-@torch.library.custom_op("rewrite::upsample_nearest2x", mutates_args=())
-def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
-    """`interpolate(x[.float()], scale_factor=2, mode="nearest-exact")[.to(x.dtype)]` on [N, C, H, W]."""
-    if x.dim() == 4 and x.is_contiguous() and use_kernel("upsample_nearest2x", (x,), FLOAT_DTYPES):
-        return _kernels().upsample_nearest2x(x)  # exactly 2x nearest-exact duplicates pixels
+def upsample_nearest2x_reference(x: Tensor, upcast: bool) -> Tensor:
+    """`interpolate(x[.float()], scale_factor=2, mode="nearest-exact")[.to(x.dtype)]` with ATen's ops."""
     xf = aten.to.dtype(x, torch.float32) if upcast else x
     y = aten._upsample_nearest_exact2d.vec(xf, None, [2.0, 2.0])
     return aten.type_as.default(y, x) if upcast else y
+
+
+@torch.library.custom_op("rewrite::upsample_nearest2x", mutates_args=())
+def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
+    """`interpolate(x[.float()], scale_factor=2, mode="nearest-exact")[.to(x.dtype)]` on [N, C, H, W], any strides
+    (the steady graph's input is a frame-major view); the output gets the layout ATen gives it."""
+    if x.dim() == 4 and use_kernel("upsample_nearest2x", (x,), FLOAT_DTYPES):
+        return _kernels().upsample_nearest2x(x, upcast)  # exactly 2x nearest-exact duplicates pixels
+    return upsample_nearest2x_reference(x, upcast)
 
 
 @upsample_nearest2x.register_fake

@@ -1,0 +1,242 @@
+"""The one-kernel RMS norm (ATen's summation order) and the channels-last causal conv3d of the Wan ops.
+
+CPU, Triton interpreter: the channel-norm kernel is `torch.equal` to a float64 emulation of the order that
+`rewrite.ops.aten_reduction` describes (fma chains per accumulator, then the fixed combination; each step
+rounded to fp32: the interpreter's fma rounds once, the emulation rounds the exact float64 product-sum once,
+so both are the same fp32 value unless float64 itself rounded, which these inputs do not hit); the fused
+norm's epilogue then equals ATen's CPU epilogue ops applied to that norm (bit-exact without SiLU; with SiLU
+within 2 ulp, as numpy's exp is not libdevice's); the channels-last pad and the conv epilogue are pure data
+movement and ATen's add roundings: `torch.equal`.
+GPU (`gpu` marker): the norm against ATen's `linalg_vector_norm` and the whole op against the reference
+ops with `torch.equal`, over the shape classes of the Wan decoders; the causal conv3d op against its reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rewrite.ops import aten_reduction, wan
+from rewrite.ops.dispatch import INTERPRETING, use_backend
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
+needs_interpreter = pytest.mark.skipif(not INTERPRETING or CUDA, reason="CPU tensors under TRITON_INTERPRET=1")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _frame_major(t: torch.Tensor) -> torch.Tensor:
+    return t.permute(0, 2, 1, 3, 4).contiguous().permute(0, 2, 1, 3, 4)
+
+
+def emulated_channel_norm(x: torch.Tensor, split: int) -> torch.Tensor:
+    """ATen's order (see `aten_reduction`) in float64, rounding to fp32 after every step."""
+    xf = x.float().movedim(1, -1).double()
+    channels = xf.shape[-1]
+    threads = []
+    for y in range(split):
+        accumulators = [torch.zeros(xf.shape[:-1], dtype=torch.float64) for _ in range(4)]
+        for j, c in enumerate(range(y, channels, split)):
+            v = xf[..., c]
+            accumulators[j % 4] = (v * v + accumulators[j % 4]).float().double()
+        total = accumulators[0]
+        for other in accumulators[1:]:
+            total = (total + other).float().double()
+        threads.append(total)
+    while len(threads) > 1:
+        half = len(threads) // 2
+        threads = [(threads[i] + threads[i + half]).float().double() for i in range(half)]
+    return threads[0].sqrt().float().unsqueeze(1)
+
+
+# ---- the plan: a transcription of setReduceConfig, checked on known configurations ----------------------
+@pytest.mark.parametrize("outputs,channels,vec,expected", [
+    (6240, 384, 4, 4),       # Wan 2.1 480p lowest stage: 4 warps split the channels
+    (1597440, 96, 4, 4),     # Wan 2.1 480p last stage, 4 frames
+    (3600, 1024, 4, None),   # Wan 2.2 720p 1024 channels over few outputs: split across blocks too
+    (1683, 384, 1, 16),      # odd width: no vectorized outputs, 16 warps
+    (63, 40, 1, 1),          # few channels: one thread per output
+])
+def test_split_follows_set_reduce_config(outputs, channels, vec, expected):
+    assert aten_reduction.split_for(outputs, channels, vec, multiprocessors=132, threads_per_mp=2048) == expected
+
+
+def test_output_vec_size_reads_alignment_and_strides():
+    assert aten_reduction.output_vec_size((1, 96, 4, 60, 104), (2396160, 24960, 6240, 104, 1), 0, 4) == 4
+    assert aten_reduction.output_vec_size((1, 96, 1, 7, 9), (6048, 63, 63, 9, 1), 0, 4) == 1
+    assert aten_reduction.output_vec_size((1, 8, 1, 2, 3), (48, 6, 6, 3, 1), 0, 4) == 2
+    assert aten_reduction.output_vec_size((1, 96, 4, 60, 104), (2396160, 24960, 6240, 104, 1), 8, 4) == 2
+
+
+def test_plan_is_none_off_cuda():
+    assert aten_reduction.plan(torch.randn(1, 8, 1, 4, 4), torch.float32) is None
+
+
+# ---- kernels under the interpreter --------------------------------------------------------------------
+@needs_interpreter
+@pytest.mark.parametrize("shape,split", [((1, 96, 2, 5, 7), 4), ((2, 40, 1, 3, 5), 1), ((1, 19, 3, 4, 4), 2),
+                                         ((1, 64, 1, 6, 6), 16), ((1, 24, 2, 3, 40), 8)])
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+def test_channel_norm_kernel_follows_the_order(shape, split, layout):
+    from rewrite.ops import triton_wan
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    x = _frame_major(x) if layout == "frame_major" else x
+    assert torch.equal(triton_wan.channel_norm(x, split), emulated_channel_norm(x, split))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", (None, "silu"))
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+def test_fused_norm_epilogue_matches_aten_ops_on_that_norm(dtype, act, layout):
+    from rewrite.ops import triton_wan
+
+    g = torch.Generator().manual_seed(1)
+    x = (3 * torch.randn(2, 24, 2, 5, 9, generator=g)).to(dtype)
+    x = _frame_major(x) if layout == "frame_major" else x
+    gamma = (1 + 0.2 * torch.randn(24, 1, 1, 1, generator=g)).to(dtype)
+    upcast = dtype != torch.float32
+    scale = 24 ** 0.5
+    norm = emulated_channel_norm(x, 2)
+    y = x.float() / norm.clamp_min(1e-12)
+    y = (y.to(dtype) if upcast else y) * scale * gamma + 0.0
+    expected = torch.nn.functional.silu(y) if act == "silu" else y
+    actual = triton_wan.rms_norm_fused(x, gamma, scale, 0.0, 1e-12, upcast, act == "silu", split=2)
+    assert actual.stride() == expected.stride()
+    if act is None:
+        assert torch.equal(actual, expected)
+    else:  # numpy's exp under the interpreter: 2 ulp of the dtype (see tests/test_wan_kernels.py)
+        ulp = {torch.float32: 2.0**-23, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
+        assert torch.allclose(actual.float(), expected.float(), rtol=2 * ulp, atol=2 * ulp)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+@pytest.mark.parametrize("shape,pad,cache_frames", [((1, 5, 1, 4, 7), [1, 1, 1, 1, 0, 0], 2),
+                                                    ((2, 70, 2, 3, 66), [1, 1, 1, 1, 2, 0], 0),
+                                                    ((1, 3, 3, 2, 5), [0, 0, 0, 0, 2, 0], 0),
+                                                    ((1, 96, 1, 2, 3), [0, 0, 0, 0, 0, 0], 2)])
+def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_frames):
+    from rewrite.ops import triton_wan
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(shape, generator=g).to(DEVICE, dtype)
+    x = _frame_major(x) if layout == "frame_major" else x
+    cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, dtype) if cache_frames else None
+    source = x if cache is None else torch.cat([cache, x], 2)
+    expected = torch.nn.functional.pad(source, pad)
+    with use_backend("triton"):
+        actual = triton_wan.causal_pad_channels_last(x, cache, pad)
+    assert actual.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(actual, expected)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bias,residual", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("out_layout", ("contiguous", "frame_major"))
+def test_conv_epilogue_adds_with_atens_roundings(dtype, bias, residual, out_layout):
+    from rewrite.ops import triton_wan
+
+    g = torch.Generator().manual_seed(3)
+    shape = (2, 70, 3, 5, 13)
+    y = torch.randn(shape, generator=g).to(DEVICE, dtype).contiguous(memory_format=torch.channels_last_3d)
+    b = torch.randn(shape[1], generator=g).to(DEVICE, dtype) if bias else None
+    r = torch.randn(shape, generator=g).to(DEVICE, dtype) if residual else None
+    if r is not None and out_layout == "frame_major":
+        r = _frame_major(r)
+    expected = y.contiguous() if b is None else y.contiguous().add_(b.view(1, -1, 1, 1, 1))
+    expected = expected + r if r is not None else expected
+    strides = expected.stride() if out_layout == "contiguous" else _frame_major(expected).stride()
+    actual = triton_wan.conv_epilogue(y, b, r, strides)
+    assert actual.stride() == tuple(strides)
+    assert torch.equal(actual, expected)
+
+
+def test_causal_conv3d_on_cpu_runs_the_replaced_ops():
+    g = torch.Generator().manual_seed(4)
+    x, cache = torch.randn(1, 4, 1, 5, 6, generator=g), torch.randn(1, 4, 2, 5, 6, generator=g)
+    weight, bias = torch.randn(3, 4, 3, 3, 3, generator=g), torch.randn(3, generator=g)
+    residual = torch.randn(1, 3, 1, 5, 6, generator=g)
+    out, next_cache = torch.ops.rewrite.causal_conv3d(x, cache, [1, 1, 1, 1, 0, 0], "steady_t1", weight, bias, residual)
+    padded = torch.nn.functional.pad(torch.cat([cache, x], 2), [1, 1, 1, 1, 0, 0])
+    assert torch.equal(out, torch.nn.functional.conv3d(padded, weight, bias) + residual)
+    assert torch.equal(next_cache, torch.cat([cache[:, :, -1:], x], 2))
+
+
+# ---- GPU: ATen itself ----------------------------------------------------------------------------------
+GPU_NORM_SHAPES = [(1, 384, 1, 60, 104), (1, 384, 2, 120, 208), (1, 192, 4, 240, 416), (1, 96, 4, 480, 832),
+                   (1, 384, 1, 90, 160), (1, 96, 4, 720, 1280), (1, 512, 2, 90, 160), (1, 256, 4, 360, 640),
+                   (2, 96, 3, 17, 33), (1, 40, 1, 7, 9), (1, 384, 1, 31, 53), (1, 16, 1, 5, 5), (3, 8, 2, 4, 6),
+                   (1, 384, 60, 104)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_NORM_SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+def test_channel_norm_is_atens_on_this_gpu(shape, layout):
+    from rewrite.ops import triton_wan
+
+    if layout == "frame_major" and len(shape) == 4:
+        pytest.skip("4-D norms (attention) are contiguous")
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    x = _frame_major(x) if layout == "frame_major" else x
+    plan = aten_reduction.plan(x, torch.float32)
+    assert plan is not None
+    assert torch.equal(triton_wan.channel_norm(x, plan.split), torch.linalg.vector_norm(x.float(), 2, [1], True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 1024, 3, 45, 80)], ids=str)
+def test_norm_split_across_blocks_keeps_atens_kernel(shape):
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    assert aten_reduction.plan(x, torch.float32) is None
+    gamma = torch.ones(shape[1], 1, 1, 1, device="cuda", dtype=torch.bfloat16)
+    expected = wan.rms_norm_reference(x, gamma, 32.0, 0.0, 1e-12, True, "silu")
+    assert torch.equal(torch.ops.rewrite.rms_norm(x, gamma, 32.0, 0.0, 1e-12, True, "silu"), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 96, 4, 480, 832), (1, 384, 1, 60, 104), (2, 96, 3, 17, 33), (1, 384, 1, 31, 53)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+def test_fused_rms_norm_is_bit_identical_on_this_gpu(shape, dtype, layout):
+    x = 3 * torch.randn(shape, device="cuda", dtype=dtype)
+    x = _frame_major(x) if layout == "frame_major" else x
+    gamma = (1 + 0.2 * torch.randn(shape[1], 1, 1, 1, device="cuda")).to(dtype)
+    upcast = dtype != torch.float32
+    for act in ("silu", None):
+        expected = wan.rms_norm_reference(x, gamma, shape[1] ** 0.5, 0.0, 1e-12, upcast, act)
+        actual = torch.ops.rewrite.rms_norm(x, gamma, shape[1] ** 0.5, 0.0, 1e-12, upcast, act)
+        assert actual.stride() == expected.stride()
+        assert torch.equal(actual, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["steady_t1", "steady", "chunk0", "time_conv"])
+def test_causal_conv3d_is_bit_identical_on_this_gpu(dtype, case):
+    from rewrite.ops import selftest
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    frames = {"steady_t1": 1, "steady": 4, "chunk0": 1, "time_conv": 1}[case]
+    channels, height, width = 96, 60, 104
+    x = torch.randn(1, channels, frames, height, width, device="cuda", generator=g).to(dtype)
+    cache = torch.randn(1, channels, 2, height, width, device="cuda", generator=g).to(dtype)
+    kernel = (3, 1, 1) if case == "time_conv" else (3, 3, 3)
+    pad = [0, 0, 0, 0, 2, 0] if case == "time_conv" else [1, 1, 1, 1, 0 if case != "chunk0" else 2, 0]
+    weight = (0.05 * torch.randn(channels, channels, *kernel, device="cuda", generator=g)).to(dtype)
+    bias = torch.randn(channels, device="cuda", generator=g).to(dtype)
+    mode = "steady_t1" if case == "time_conv" else case
+    cache_arg = None if case == "chunk0" else cache
+    for residual in (None, torch.randn(1, channels, frames, height, width, device="cuda", generator=g).to(dtype)):
+        with use_backend("reference"):
+            expected = torch.ops.rewrite.causal_conv3d(x, cache_arg, pad, mode, weight, bias, residual)
+        actual = torch.ops.rewrite.causal_conv3d(x, cache_arg, pad, mode, weight, bias, residual)
+        assert actual[0].stride() == expected[0].stride()
+        assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    print({k: v for k, v in selftest.results().items() if "conv3d" in k})
