@@ -14,8 +14,8 @@ from rewrite.engine.pattern import Pattern
 # Module names (files in this package) whose PATTERNS the registry collects, in matching order.
 PATTERN_MODULES: tuple[str, ...] = (
     "rms_norm", "causal_conv_input", "conv_residual", "upsample_nearest", "temporal_interleave", "dup_up_add",
-    # after the two families it combines
-    "causal_conv3d",
+    # after the families they combine
+    "causal_conv3d", "upsample_conv2d",
     # AuK: auk_alias_free lists its channels_last [fused] pattern before the lossless [exact] one (same search)
     "auk_alias_free", "auk_causal_conv1d", "auk_causal_conv_transpose1d", "auk_amp_average",
     # after the two families it combines (channels_last only)

@@ -27,7 +27,7 @@ def _family_counts(matches: dict[str, int]) -> dict[str, int]:
 
 def _expected(norms: int, caches_t1: int, caches: int, residuals: int, wan22: bool) -> dict[str, dict[str, int]]:
     common = {"rms_norm[act=silu]": norms, "rms_norm[act=None]": 1, "conv3d_residual": residuals,
-              "upsample_nearest2x": 3}
+              "upsample_nearest2x": 3, "upsample_conv2d": 3}
     # chunk 0: the two temporal upsamplers only mark their slot ("Rep") and run no causal conv
     # every causal conv then takes its input assembly in (`causal_conv3d`), with or without the residual
     chunk0 = dict(common, **{"causal_conv_input[mode=chunk0]": caches_t1 + caches - 2,

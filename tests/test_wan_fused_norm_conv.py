@@ -128,10 +128,15 @@ def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_fram
     cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, dtype) if cache_frames else None
     source = x if cache is None else torch.cat([cache, x], 2)
     expected = torch.nn.functional.pad(source, pad)
+    temporal = torch.nn.functional.pad(source, [0, 0, 0, 0, pad[4], 0])
     with use_backend("triton"):
-        actual = triton_wan.causal_pad_channels_last(x, cache, pad)
+        actual, next_cache = triton_wan.causal_pad_channels_last(x, cache, pad)
     assert actual.is_contiguous(memory_format=torch.channels_last_3d)
     assert torch.equal(actual, expected)
+    assert torch.equal(next_cache, temporal[:, :, -2:])  # the last two frames before the right pad
+    mode = "chunk0" if cache is None else ("steady_t1" if shape[2] == 1 else "steady")
+    if (cache is not None or pad[4] >= 1) and (mode != "chunk0" or shape[2] == 1):  # chunk 0 has one frame
+        assert torch.equal(next_cache, wan.next_cache_reference(x, cache, mode))
 
 
 @needs_kernels
@@ -233,10 +238,49 @@ def test_causal_conv3d_is_bit_identical_on_this_gpu(dtype, case):
     bias = torch.randn(channels, device="cuda", generator=g).to(dtype)
     mode = "steady_t1" if case == "time_conv" else case
     cache_arg = None if case == "chunk0" else cache
-    for residual in (None, torch.randn(1, channels, frames, height, width, device="cuda", generator=g).to(dtype)):
+    out_frames = frames + (2 if case != "chunk0" else 0) + pad[4] - kernel[0] + 1
+    for residual in (None, torch.randn(1, channels, out_frames, height, width, device="cuda", generator=g).to(dtype)):
         with use_backend("reference"):
             expected = torch.ops.rewrite.causal_conv3d(x, cache_arg, pad, mode, weight, bias, residual)
         actual = torch.ops.rewrite.causal_conv3d(x, cache_arg, pad, mode, weight, bias, residual)
         assert actual[0].stride() == expected[0].stride()
         assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
     print({k: v for k, v in selftest.results().items() if "conv3d" in k})
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ("contiguous", "frames_of_ncdhw"))
+def test_channels_last_upsample_is_exact(dtype, layout):
+    from rewrite.ops import triton_wan
+
+    x = torch.randn(3, 70, 5, 7, generator=torch.Generator().manual_seed(6)).to(DEVICE, dtype)
+    if layout == "frames_of_ncdhw":
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    actual = triton_wan.upsample_nearest2x_channels_last(x)
+    assert actual.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(actual, wan.upsample_nearest2x_reference(x, False))
+
+
+def test_upsample_conv2d_on_cpu_runs_the_replaced_ops():
+    g = torch.Generator().manual_seed(7)
+    x, weight, bias = torch.randn(2, 4, 3, 5, generator=g), torch.randn(3, 4, 3, 3, generator=g), torch.randn(3, generator=g)
+    expected = torch.nn.functional.conv2d(torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest-exact"),
+                                          weight, bias, 1, 1)
+    assert torch.equal(torch.ops.rewrite.upsample_conv2d(x, True, weight, bias, [1, 1], [1, 1]), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(4, 192, 120, 208), (1, 384, 60, 104), (2, 96, 17, 33)], ids=str)
+def test_upsample_conv2d_is_bit_identical_on_this_gpu(dtype, shape):
+    g = torch.Generator(device="cuda").manual_seed(8)
+    n, c, h, w = shape
+    x = torch.randn(c, n, h, w, device="cuda", generator=g).to(dtype).transpose(0, 1)  # frames of an NCDHW tensor
+    weight = (0.05 * torch.randn(c // 2, c, 3, 3, device="cuda", generator=g)).to(dtype)
+    bias = torch.randn(c // 2, device="cuda", generator=g).to(dtype)
+    with use_backend("reference"):
+        expected = torch.ops.rewrite.upsample_conv2d(x, True, weight, bias, [1, 1], [1, 1])
+    actual = torch.ops.rewrite.upsample_conv2d(x, True, weight, bias, [1, 1], [1, 1])
+    assert actual.stride() == expected.stride()
+    assert torch.equal(actual, expected)

@@ -7,8 +7,8 @@ enumerate on every start; the formula and libdevice `expf` are the ones ATen's C
 result is cached per (device, dtype); it is never computed during a CUDA graph capture (the fused SiLU is
 then simply not used).
 
-`channels_last_conv_is_exact(input_shape, weight_shape, dtype, device)`: cuDNN's conv3d on channels-last
-(NDHWC) input and weight is used in place of the NCDHW conv only for shapes where, on the running device
+`channels_last_conv_is_exact(input_shape, weight_shape, dtype, device, padding)`: cuDNN's conv3d/conv2d on
+channels-last (NDHWC/NHWC) input and weight is used in place of the NCDHW/NCHW conv only for shapes where, on the running device
 and cuDNN settings, both give `torch.equal` outputs on seeded random data (a different cuDNN kernel choice
 for the other layout would show up as differing low bits). Checked once per shape outside CUDA graph
 captures (inside one, the NCDHW conv is used), cached per process.
@@ -61,35 +61,41 @@ def _conv_settings() -> tuple:
 
 
 def channels_last_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
-                             device: torch.device) -> bool:
-    """Whether conv3d of seeded random NCDHW operands equals conv3d of the same values in NDHWC (no bias)."""
+                             device: torch.device, padding: tuple[int, ...] = (0, 0, 0)) -> bool:
+    """Whether conv2d/conv3d (by the weight's rank; stride 1, `padding`) of seeded random contiguous operands
+    equals the same conv of the same values in channels-last memory (no bias)."""
+    conv = torch.nn.functional.conv3d if len(weight_shape) == 5 else torch.nn.functional.conv2d
+    memory_format = torch.channels_last_3d if len(weight_shape) == 5 else torch.channels_last
     generator = torch.Generator(device=device).manual_seed(0)
-    fan_in = weight_shape[1] * weight_shape[2] * weight_shape[3] * weight_shape[4]
+    fan_in = 1
+    for size in weight_shape[1:]:
+        fan_in *= size
     weight = torch.randn(weight_shape, generator=generator, device=device, dtype=torch.float32).mul_(fan_in ** -0.5)
     weight = weight.to(dtype)
     x = torch.randn(input_shape, generator=generator, device=device, dtype=dtype)
-    expected = torch.nn.functional.conv3d(x, weight)
-    x = x.contiguous(memory_format=torch.channels_last_3d)  # the NCDHW copy is freed here
-    actual = torch.nn.functional.conv3d(x, weight.contiguous(memory_format=torch.channels_last_3d))
+    expected = conv(x, weight, None, 1, list(padding))
+    x = x.contiguous(memory_format=memory_format)  # the contiguous copy is freed here
+    actual = conv(x, weight.contiguous(memory_format=memory_format), None, 1, list(padding))
     return torch.equal(actual, expected)
 
 
 def channels_last_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
-                                device: torch.device) -> bool:
+                                device: torch.device, padding: tuple[int, ...] = (0, 0, 0)) -> bool:
     if device.type != "cuda":
         return False
-    key = (tuple(input_shape), tuple(weight_shape), dtype, str(device), _conv_settings())
+    key = (tuple(input_shape), tuple(weight_shape), tuple(padding), dtype, str(device), _conv_settings())
     if key not in _CONV_RESULTS:
         if torch.cuda.is_current_stream_capturing():
             return False
         with torch.no_grad():
-            _CONV_RESULTS[key] = channels_last_conv_check(tuple(input_shape), tuple(weight_shape), dtype, device)
+            _CONV_RESULTS[key] = channels_last_conv_check(tuple(input_shape), tuple(weight_shape), dtype, device,
+                                                          tuple(padding))
     return _CONV_RESULTS[key]
 
 
 def results() -> dict[str, bool]:
     """What the self-tests found so far in this process (for reports)."""
     found = {f"silu {dtype} on {device}": ok for (device, dtype), ok in _RESULTS.items()}
-    for (x_shape, w_shape, dtype, device, _), ok in _CONV_RESULTS.items():
-        found[f"channels-last conv3d {list(x_shape)} * {list(w_shape)} {dtype} on {device}"] = ok
+    for (x_shape, w_shape, padding, dtype, device, _), ok in _CONV_RESULTS.items():
+        found[f"channels-last conv {list(x_shape)} * {list(w_shape)} padding {list(padding)} {dtype} on {device}"] = ok
     return found

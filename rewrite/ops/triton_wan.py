@@ -211,7 +211,7 @@ if triton is not None:
         tl.store(out_ptr + offsets, value, mask=out_mask)
 
     @triton.jit
-    def _causal_pad_cl_kernel(x_ptr, cache_ptr, out_ptr, C, TO, HO, WO, TC, H, W, PT, PH, PW, TS,
+    def _causal_pad_cl_kernel(x_ptr, cache_ptr, out_ptr, next_ptr, C, TO, HO, WO, TC, H, W, PT, PH, PW, TS,
                               sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
                               HAS_CACHE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
         """`_causal_pad_kernel` writing the padded input channels-last: out is [B, TO, HO, WO, C] in memory.
@@ -219,6 +219,9 @@ if triton is not None:
         One output row (b, t, h) per program along axis 0, a BLOCK_W x BLOCK_C tile of it: read along w from
         the source frame's strided layout, stored along c (Triton moves the tile between the two layouts).
         TS = TC + (frames of x): the source frames; rows, columns and frames outside them are the zero pad.
+        The rows of the last two temporal frames before the right pad (source frames, or the left pad's
+        zeros when the source has fewer) are also stored, without the spatial pad, to the next cache
+        ([B, 2, H, W, C] in memory): in every mode that is the next chunk's cache.
         """
         row = tl.program_id(0)
         h = row % HO
@@ -244,6 +247,10 @@ if triton is not None:
                                 other=0.0)
         offsets = (row.to(tl.int64) * WO + w[:, None]) * C + c[None, :]
         tl.store(out_ptr + offsets, value, mask=out_mask)
+        slot = ts - (TS - 2)  # 0 or 1 in the next cache's two frames
+        if (slot >= 0) & (slot < 2) & (hs >= 0) & (hs < H):
+            cache_rows = ((b * 2 + slot) * H + hs) * W
+            tl.store(next_ptr + (cache_rows + ws[:, None]) * C + c[None, :], value, mask=inside)
 
     @triton.jit
     def _conv_epilogue_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, C, T, S, sy0, sy1, sy2, sys_, sr0, sr1, sr2, srs,
@@ -312,6 +319,21 @@ if triton is not None:
         tl.store(out_ptr + n * so0 + c * so1 + h * so2 + w * so3, value, mask=mask)
 
     @triton.jit
+    def _upsample2x_cl_kernel(x_ptr, out_ptr, C, HO, WO, sx0, sx1, sx2, sx3, BLOCK_W: tl.constexpr,
+                              BLOCK_C: tl.constexpr):
+        """`_upsample2x_kernel` writing channels-last ([N, HO, WO, C] in memory): one output row (n, h) per
+        program along axis 0, a BLOCK_W x BLOCK_C tile of it read along w and stored along c."""
+        row = tl.program_id(0)
+        n = (row // HO).to(tl.int64)
+        h = row % HO
+        w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = (w < WO)[:, None] & (c < C)[None, :]
+        value = tl.load(x_ptr + (n * sx0 + (h // 2) * sx2) + c[None, :].to(tl.int64) * sx1 + (w // 2)[:, None] * sx3,
+                        mask=mask, other=0.0)
+        tl.store(out_ptr + (row.to(tl.int64) * WO + w[:, None]) * C + c[None, :], value, mask=mask)
+
+    @triton.jit
     def _dup_up_add_kernel(main_ptr, x_ptr, out_ptr, numel, C, T, H, W, REPEATS, FT, FS, FIRST,
                            sm0, sm1, sm2, sm3, sm4, sx0, sx1, sx2, sx3, sx4, so0, so1, so2, so3, so4,
                            BLOCK: tl.constexpr):
@@ -377,10 +399,14 @@ def _norm_plan(x: Tensor, upcast: bool):
     return aten_reduction.plan(x, torch.float32)
 
 
+NORM_TILE = 2048  # accumulator values per program of the fused norm (16 fp32 registers a thread at 4 warps)
+NORM_WARPS = 4
+
+
 def _pixels_block(split: int, pixels: int) -> int:
-    """Pixels per program of the fused norm: a [4 split, pixels] fp32 accumulator of at most 2048 values
-    (16 registers a thread at 4 warps), and 32 where a plane is too small to fill the GPU with large ones."""
-    return 32 if pixels < 16 * 1024 else max(32, min(256, 2048 // (4 * split)))
+    """Pixels per program of the fused norm: a [4 split, pixels] fp32 accumulator of NORM_TILE values, and 32
+    where a plane is too small to fill the GPU with large blocks."""
+    return 32 if pixels < 16 * 1024 else max(32, min(512, NORM_TILE // (4 * split)))
 
 
 def channel_norm(x: Tensor, split: int) -> Tensor:
@@ -414,7 +440,7 @@ def rms_norm_fused(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: flo
     if out.numel():
         _rms_norm_fused_kernel[(b * t, triton.cdiv(h * w, block))](
             x5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias), float(eps),
-            UPCAST=upcast, SILU=silu, SPLIT=split, BLOCK_P=block, enable_fp_fusion=False)
+            UPCAST=upcast, SILU=silu, SPLIT=split, BLOCK_P=block, enable_fp_fusion=False, num_warps=NORM_WARPS)
     return out
 
 
@@ -479,22 +505,27 @@ def _channel_block(channels: int) -> int:
     return 64 if channels % 64 == 0 or channels > 256 else 32
 
 
-def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
-    """`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`) written once, channels-last (NDHWC memory)."""
+def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+    """(`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`), its last two frames before the right pad without the
+    spatial pad) written in one pass, both channels-last (NDHWC memory). The second is the next chunk's cache
+    in every mode of `rewrite.ops.wan.next_cache_reference` (its values; its layout is channels-last)."""
     wl, wr, hl, hr, tl_, tr = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
+    if tl_ + tc + tx < 2:
+        raise ValueError(f"causal_pad_channels_last: {tl_ + tc + tx} frames before the right pad, the cache needs 2")
     shape = (b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr)
     out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
     source = x if cache is None else cache
     _, _, frames_out, rows_out, columns_out = shape
     if out.numel():
         block_c = _channel_block(c)
         grid = (b * frames_out * rows_out, triton.cdiv(columns_out, 64), triton.cdiv(c, block_c))
-        _causal_pad_cl_kernel[grid](x, source, out, c, frames_out, rows_out, columns_out, tc, h, w, tl_, hl, wl,
-                                    tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
+        _causal_pad_cl_kernel[grid](x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h, w, tl_,
+                                    hl, wl, tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
                                     BLOCK_W=64, BLOCK_C=block_c, num_warps=4)
-    return out
+    return out, next_cache
 
 
 def _run_stride(t: Tensor) -> int | None:
@@ -549,6 +580,17 @@ def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
     strides = reference_layout(("upsample_nearest2x", upcast), lambda a: upsample_nearest2x_reference(a, upcast), x)
     out = torch.empty_strided((n, c, 2 * h, 2 * w), strides, dtype=x.dtype, device=x.device)
     _launch(_upsample2x_kernel, out.numel(), x, out, out.numel(), c, 2 * h, 2 * w, *x.stride(), *out.stride())
+    return out
+
+
+def upsample_nearest2x_channels_last(x: Tensor) -> Tensor:
+    """Nearest-exact 2x of [N, C, H, W] (pixel duplication) from any strides, written channels-last."""
+    n, c, h, w = x.shape
+    out = torch.empty((n, c, 2 * h, 2 * w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    if out.numel():
+        block_c = _channel_block(c)
+        grid = (n * 2 * h, triton.cdiv(2 * w, 64), triton.cdiv(c, block_c))
+        _upsample2x_cl_kernel[grid](x, out, c, 2 * h, 2 * w, *x.stride(), BLOCK_W=64, BLOCK_C=block_c, num_warps=4)
     return out
 
 

@@ -151,9 +151,10 @@ def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str,
                   bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """A Wan causal conv3d from its unpadded input: (output [+ residual], next cache).
 
-    Kernel path: the pad kernel writes the padded input channels-last (NDHWC), cuDNN convolves it with the
-    channels-last weight without bias (no layout transposes around the conv), and one kernel adds bias and
-    residual with ATen's roundings while writing the output in the layout the replaced subgraph has. Used
+    Kernel path: the pad kernel writes the padded input channels-last (NDHWC) and, in the same pass, the next
+    cache (its values; channels-last too: caches only come back to this op), cuDNN convolves the padded input
+    with the channels-last weight without bias (no layout transposes around the conv), and one kernel adds
+    bias and residual with ATen's roundings while writing the output in the layout the replaced subgraph has. Used
     only where `selftest.channels_last_conv_is_exact` found cuDNN's channels-last conv `torch.equal` to its
     NCDHW conv for this shape; else the same ops as `causal_conv_input` + conv (+ `conv3d_residual`).
     """
@@ -163,12 +164,15 @@ def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str,
         b, c, t, h, w = x.shape
         frames = t + (0 if mode == "chunk0" or cache is None else cache.shape[2]) + pad[4] + pad[5]
         in_shape = (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
-        if selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device):
+        out_shape = [b, weight.shape[0], *(n - k + 1 for n, k in zip(in_shape[2:], weight.shape[2:]))]
+        if ((residual is None or list(residual.shape) == out_shape) and weight.shape[1] == c
+                and in_shape[2] - pad[5] >= 2 and (t >= 2) == (mode == "steady") and mode in CACHE_MODES
+                and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device)):
             kernels = _kernels()
-            padded = kernels.causal_pad_channels_last(x, cache if mode != "chunk0" else None, pad)
+            padded, next_cache = kernels.causal_pad_channels_last(x, cache if mode != "chunk0" else None, pad)
             y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
             out = kernels.conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual))
-            return out, next_cache_reference(x, cache, mode)
+            return out, next_cache
     return causal_conv3d_reference(x, cache, pad, mode, weight, bias, residual)
 
 
@@ -204,6 +208,48 @@ def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
 def _(x, upcast):
     n, c, h, w = x.shape
     return x.new_empty((n, c, 2 * h, 2 * w))
+
+
+# ---- nearest-exact 2x upsample feeding a conv2d (Wan's Resample) ------------------------------------------
+def upsample_conv2d_reference(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
+                              padding: list[int]) -> Tensor:
+    return aten.conv2d.default(upsample_nearest2x(x, upcast), weight, bias, stride, padding)
+
+
+@torch.library.custom_op("rewrite::upsample_conv2d", mutates_args=())
+def upsample_conv2d(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
+                    padding: list[int]) -> Tensor:
+    """`conv2d(upsample_nearest2x(x, upcast), weight, bias, stride, padding)`.
+
+    Kernel path: the upsample kernel writes the duplicated pixels channels-last (NHWC), cuDNN convolves them
+    with the channels-last weight (its own zero padding) without bias, and `conv_epilogue` adds the bias with
+    ATen's rounding while writing the layout the replaced conv gives. Used only where
+    `selftest.channels_last_conv_is_exact` found that conv `torch.equal` to the NCHW one for this shape.
+    """
+    from rewrite.ops.triton_wan import reference_layout
+
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if (x.dim() == 4 and weight.dim() == 4 and list(stride) == [1, 1] and len(padding) == 2
+            and weight.shape[1] == x.shape[1] and use_kernel("upsample_conv2d", tensors, FLOAT_DTYPES)):
+        n, c, h, w = x.shape
+        if selftest.channels_last_conv_is_exact((n, c, 2 * h, 2 * w), tuple(weight.shape), x.dtype, x.device,
+                                                tuple(padding)):
+            kernels = _kernels()
+            strides = reference_layout(("upsample_conv2d", upcast, tuple(padding)),
+                                       lambda a, wt: upsample_conv2d_reference(a, upcast, wt, None, [1, 1], padding),
+                                       x, weight)
+            y = aten.conv2d.default(kernels.upsample_nearest2x_channels_last(x),
+                                    weight.contiguous(memory_format=torch.channels_last), None, stride, padding)
+            out = kernels.conv_epilogue(y.unsqueeze(2), bias, None, (strides[0], strides[1], 0, *strides[2:]))
+            return out.squeeze(2)
+    return upsample_conv2d_reference(x, upcast, weight, bias, stride, padding)
+
+
+@upsample_conv2d.register_fake
+def _(x, upcast, weight, bias, stride, padding):
+    n, _, h, w = x.shape
+    kh, kw = weight.shape[2:]
+    return x.new_empty((n, weight.shape[0], 2 * h + 2 * padding[0] - kh + 1, 2 * w + 2 * padding[1] - kw + 1))
 
 
 # ---- temporal interleave after time_conv ----------------------------------------------------------------
