@@ -30,6 +30,18 @@ def test_full_size_480p_81_frames_bit_identical(version, dtype):
     assert torch.equal(actual, expected)
 
 
+@pytest.mark.parametrize("version", ("wan2.1", "wan2.2"))
+def test_full_size_720p_81_frames_bit_identical(version):
+    vae = build_wan(version, "full").to("cuda", torch.bfloat16)
+    z = _latents(vae, 81, 720, 1280, torch.bfloat16)
+    with torch.no_grad():
+        expected = vae.decode(z).sample
+        optimize(vae, level="lossless")
+        actual = vae.decode(z).sample
+    assert report(vae).last_path == "graphs", report(vae)
+    assert torch.equal(actual, expected)
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=str)
 def test_full_size_other_dtypes_bit_identical(dtype):
     vae = build_wan("wan2.1", "full").to("cuda", dtype)
