@@ -4,7 +4,8 @@ Matches:  [x.float()] -> linalg_vector_norm(., 2, [1], keepdim) -> clamp_min(eps
           -> [.to(x.dtype)] -> * scale -> * gamma -> + bias [-> silu]
           (the fp32 upcast appears for bf16/fp16 inputs; `scale` is the per-layer sqrt(C), a placeholder)
 Replaces: rewrite::rms_norm(x, gamma, scale, bias, eps, upcast, act)
-Exactness: exact (the op keeps ATen's fp32 reduction and every rounding point of the subgraph).
+Exactness: exact (the op sums the fp32 norm in ATen's order, `rewrite.ops.aten_reduction`, or runs ATen's
+          reduction where that order is not reproduced, and keeps every rounding point of the subgraph).
 Level: lossless.
 Guard: x is 4-D or 5-D; with the upcast (variant `half`), x has that half dtype; gamma has
 x's dtype and one value per channel.

@@ -4,7 +4,8 @@ Rounding rules kept (DESIGN section 4): every value ATen materializes in the act
 to that dtype here too (fp32 math in between, as ATen's opmath), divisions are IEEE (`div_rn`), no FMA
 contraction (`enable_fp_fusion=False` on every launch), `+ 0.0` is kept (it turns -0 into +0), scalars are
 rounded to fp32 as ATen's CUDA kernels do, and exp is libdevice's `expf` (what ATen's CUDA SiLU calls).
-Reductions are not done here: the RMS-norm denominator stays ATen's `linalg_vector_norm`.
+The RMS-norm denominator is summed in the order of ATen's own `linalg_vector_norm` kernel
+(`rewrite.ops.aten_reduction`) or left to that kernel where the order is not reproduced.
 
 All kernels index 5-D tensors by logical position and per-tensor strides, so they accept the layouts the
 captured graphs produce (contiguous and frame-major permuted views); outputs get the layout ATen would
