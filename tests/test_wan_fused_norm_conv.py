@@ -284,3 +284,66 @@ def test_upsample_conv2d_is_bit_identical_on_this_gpu(dtype, shape):
     actual = torch.ops.rewrite.upsample_conv2d(x, True, weight, bias, [1, 1], [1, 1])
     assert actual.stride() == expected.stride()
     assert torch.equal(actual, expected)
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape,pad,cache_frames,mode", [((1, 24, 1, 5, 7), [1, 1, 1, 1, 0, 0], 2, "steady_t1"),
+                                                         ((1, 24, 3, 5, 70), [1, 1, 1, 1, 0, 0], 2, "steady"),
+                                                         ((2, 24, 1, 4, 6), [1, 1, 1, 1, 2, 0], 0, "chunk0"),
+                                                         ((1, 200, 1, 3, 5), [0, 0, 0, 0, 0, 0], 2, "steady_t1")])
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+def test_norm_written_into_the_padded_conv_input_is_exact(shape, pad, cache_frames, mode, layout):
+    """The norm kernel storing into the padded channels-last buffer (and the next cache) gives what the norm
+    followed by the channels-last pad kernel gives, and that cache is the reference next cache."""
+    from rewrite.ops import triton_wan
+
+    g = torch.Generator().manual_seed(9)
+    x = (3 * torch.randn(shape, generator=g)).to(DEVICE, torch.bfloat16)
+    x = _frame_major(x) if layout == "frame_major" else x
+    gamma = (1 + 0.2 * torch.randn(shape[1], 1, 1, 1, generator=g)).to(DEVICE, torch.bfloat16)
+    cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, torch.bfloat16) if cache_frames else None
+    split = 2 if not CUDA else aten_reduction.plan(x, torch.float32).split
+    with use_backend("triton"):
+        normalized = triton_wan.rms_norm_fused(x, gamma, 4.0, 0.0, 1e-12, True, False, split)
+        expected = triton_wan.causal_pad_channels_last(normalized, cache, pad)
+        actual = triton_wan.rms_norm_padded_channels_last(x, gamma, 4.0, 0.0, 1e-12, True, False, split, cache, pad)
+    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    assert torch.equal(actual[1], wan.next_cache_reference(normalized, cache, mode))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["steady_t1", "steady", "chunk0"])
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+def test_rms_norm_causal_conv3d_is_bit_identical_on_this_gpu(dtype, case, layout):
+    g = torch.Generator(device="cuda").manual_seed(10)
+    frames = 4 if case == "steady" else 1
+    channels, height, width = 96, 60, 104
+    x = (3 * torch.randn(1, channels, frames, height, width, device="cuda", generator=g)).to(dtype)
+    x = _frame_major(x) if layout == "frame_major" else x
+    gamma = (1 + 0.2 * torch.randn(channels, 1, 1, 1, device="cuda", generator=g)).to(dtype)
+    cache = None if case == "chunk0" else torch.randn(1, channels, 2, height, width, device="cuda", generator=g).to(dtype)
+    pad = [1, 1, 1, 1, 2 if case == "chunk0" else 0, 0]
+    weight = (0.05 * torch.randn(channels, channels, 3, 3, 3, device="cuda", generator=g)).to(dtype)
+    bias = torch.randn(channels, device="cuda", generator=g).to(dtype)
+    upcast = dtype != torch.float32
+    for residual in (None, torch.randn(1, channels, frames, height, width, device="cuda", generator=g).to(dtype)):
+        args = (x, gamma, channels ** 0.5, 0.0, 1e-12, upcast, "silu", cache, pad, case, weight, bias, residual)
+        with use_backend("reference"):
+            expected = torch.ops.rewrite.rms_norm_causal_conv3d(*args)
+        actual = torch.ops.rewrite.rms_norm_causal_conv3d(*args)
+        assert actual[0].stride() == expected[0].stride()
+        assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+
+
+def test_rms_norm_causal_conv3d_on_cpu_runs_the_replaced_ops():
+    g = torch.Generator().manual_seed(11)
+    x, cache = torch.randn(1, 4, 1, 5, 6, generator=g), torch.randn(1, 4, 2, 5, 6, generator=g)
+    gamma = torch.randn(4, 1, 1, 1, generator=g)
+    weight, bias = torch.randn(3, 4, 3, 3, 3, generator=g), torch.randn(3, generator=g)
+    out, next_cache = torch.ops.rewrite.rms_norm_causal_conv3d(x, gamma, 2.0, 0.0, 1e-12, False, "silu", cache,
+                                                               [1, 1, 1, 1, 0, 0], "steady_t1", weight, bias, None)
+    normalized = wan.rms_norm_reference(x, gamma, 2.0, 0.0, 1e-12, False, "silu")
+    padded = torch.nn.functional.pad(torch.cat([cache, normalized], 2), [1, 1, 1, 1, 0, 0])
+    assert torch.equal(out, torch.nn.functional.conv3d(padded, weight, bias))
+    assert torch.equal(next_cache, torch.cat([cache[:, :, -1:], normalized], 2))

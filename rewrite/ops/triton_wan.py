@@ -129,6 +129,21 @@ if triton is not None:
         return tl.sqrt_rn(tl.reshape(s, [BLOCK_P]))
 
     @triton.jit
+    def _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST: tl.constexpr, SILU: tl.constexpr):
+        """`_rms_norm_epilogue_kernel`'s arithmetic on a [channels, pixels] tile (norm already clamped)."""
+        dtype = x.dtype
+        y = tl.math.div_rn(x.to(tl.float32), norm)
+        if UPCAST:
+            y = _round(y, dtype).to(tl.float32)  # .to(x.dtype) after the fp32 normalize
+        y = _round(y * scale, dtype).to(tl.float32)
+        gamma = tl.load(gamma_ptr + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
+        y = _round(y * gamma, dtype).to(tl.float32)
+        y = _round(y + bias, dtype).to(tl.float32)
+        if SILU:
+            y = tl.math.div_rn(y, 1.0 + _exp(-y))
+        return _round(y, dtype)
+
+    @triton.jit
     def _rms_norm_fused_kernel(x_ptr, gamma_ptr, out_ptr, C, T, HW, sx0, sx1, sx2, so0, so1, so2, scale, bias, eps,
                                UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
                                BLOCK_P: tl.constexpr):
@@ -150,17 +165,40 @@ if triton is not None:
             c = c0 + rows
             m = (c < C)[:, None] & pmask[None, :]
             x = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0)
-            dtype = x.dtype
-            y = tl.math.div_rn(x.to(tl.float32), norm)
-            if UPCAST:
-                y = _round(y, dtype).to(tl.float32)  # .to(x.dtype) after the fp32 normalize
-            y = _round(y * scale, dtype).to(tl.float32)
-            gamma = tl.load(gamma_ptr + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
-            y = _round(y * gamma, dtype).to(tl.float32)
-            y = _round(y + bias, dtype).to(tl.float32)
-            if SILU:
-                y = tl.math.div_rn(y, 1.0 + _exp(-y))
-            tl.store(out_ptr + o_pix[None, :] + c[:, None].to(tl.int64) * so1, _round(y, dtype), mask=m)
+            y = _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST, SILU)
+            tl.store(out_ptr + o_pix[None, :] + c[:, None].to(tl.int64) * so1, y, mask=m)
+
+    @triton.jit
+    def _rms_norm_padded_kernel(x_ptr, gamma_ptr, out_ptr, next_ptr, C, T, HW, W, sx0, sx1, sx2,
+                                TO, HO, WO, FT, PH, PW, SLOT0, scale, bias, eps,
+                                UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
+                                BLOCK_P: tl.constexpr):
+        """`_rms_norm_fused_kernel` storing its output straight into a causal conv's padded input, channels-last
+        ([B, TO, HO, WO, C] in memory; frame t of x at padded frame FT + t, pixel (h, w) at (PH + h, PW + w)),
+        and frames SLOT0 and SLOT0 + 1 of x also into the next cache ([B, 2, H, W, C] in memory)."""
+        plane = tl.program_id(0)
+        b = (plane // T).to(tl.int64)
+        t = (plane % T).to(tl.int64)
+        hw = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+        pmask = hw < HW
+        x_pix = b * sx0 + t * sx2 + hw
+        h = (hw // W).to(tl.int64)
+        w = (hw % W).to(tl.int64)
+        o_pix = (((b * TO + FT + t) * HO + PH + h) * WO + PW + w) * C
+        slot = t - SLOT0
+        n_pix = (((b * 2 + slot) * (HW // W) + h) * W + w) * C
+        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, BLOCK_P)
+        norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
+        GROUP: tl.constexpr = 4 * SPLIT
+        rows = tl.arange(0, GROUP)
+        for c0 in range(0, C, GROUP):
+            c = c0 + rows
+            m = (c < C)[:, None] & pmask[None, :]
+            x = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0)
+            y = _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST, SILU)
+            tl.store(out_ptr + o_pix[None, :] + c[:, None], y, mask=m)
+            if (slot >= 0) & (slot < 2):
+                tl.store(next_ptr + n_pix[None, :] + c[:, None], y, mask=m)
 
     @triton.jit
     def _channel_norm_kernel(x_ptr, norm_ptr, C, T, HW, sx0, sx1, sx2, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
@@ -214,7 +252,8 @@ if triton is not None:
     @triton.jit
     def _causal_pad_cl_kernel(x_ptr, cache_ptr, out_ptr, next_ptr, C, TO, HO, WO, TC, H, W, PT, PH, PW, TS,
                               sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
-                              HAS_CACHE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+                              HAS_CACHE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+                              SKIP_X: tl.constexpr = False):
         """`_causal_pad_kernel` writing the padded input channels-last: out is [B, TO, HO, WO, C] in memory.
 
         One output row (b, t, h) per program along axis 0, a BLOCK_W x BLOCK_C tile of it: read along w from
@@ -223,6 +262,9 @@ if triton is not None:
         The rows of the last two temporal frames before the right pad (source frames, or the left pad's
         zeros when the source has fewer) are also stored, without the spatial pad, to the next cache
         ([B, 2, H, W, C] in memory): in every mode that is the next chunk's cache.
+        With SKIP_X, the positions that come from x (and their next-cache copies) are left to
+        `_rms_norm_padded_kernel`, which writes them from the norm directly; programs with none of the rest
+        return at once.
         """
         row = tl.program_id(0)
         h = row % HO
@@ -236,6 +278,12 @@ if triton is not None:
         ws = w - PW
         ts = t - PT
         inside = out_mask & ((ws >= 0) & (ws < W))[:, None]
+        from_x = (hs >= 0) & (hs < H) & (ts >= TC) & (ts < TS)
+        if SKIP_X:
+            if from_x:
+                if (tl.program_id(1) * BLOCK_W >= PW) & (tl.program_id(1) * BLOCK_W + BLOCK_W <= PW + W):
+                    return  # all of this tile comes from x
+                out_mask = out_mask & ((ws < 0) | (ws >= W))[:, None]  # the row's zero pad columns only
         value = tl.zeros([BLOCK_W, BLOCK_C], dtype=out_ptr.dtype.element_ty)  # the zero pad
         if (hs >= 0) & (hs < H) & (ts >= 0) & (ts < TS):
             if ts >= TC:
@@ -249,7 +297,10 @@ if triton is not None:
         offsets = (row.to(tl.int64) * WO + w[:, None]) * C + c[None, :]
         tl.store(out_ptr + offsets, value, mask=out_mask)
         slot = ts - (TS - 2)  # 0 or 1 in the next cache's two frames
-        if (slot >= 0) & (slot < 2) & (hs >= 0) & (hs < H):
+        write_cache = (slot >= 0) & (slot < 2) & (hs >= 0) & (hs < H)
+        if SKIP_X:
+            write_cache = write_cache & (ts < TC)  # x's frames: the norm kernel writes them
+        if write_cache:
             cache_rows = ((b * 2 + slot) * H + hs) * W
             tl.store(next_ptr + (cache_rows + ws[:, None]) * C + c[None, :], value, mask=inside)
 
@@ -540,6 +591,39 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) ->
         _causal_pad_cl_kernel[grid](x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h, w, tl_,
                                     hl, wl, tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
                                     BLOCK_W=block_w, BLOCK_C=block_c, num_warps=warps)
+    return out, next_cache
+
+
+def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
+                                  silu: bool, split: int, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+    """`causal_pad_channels_last(rms_norm(x), cache, pad)` without materializing the norm: the norm kernel
+    stores into the padded buffer and the next cache, the pad kernel writes only the rest (cache frames, zero
+    pad). x's (h, w) planes must be contiguous; `split` is `aten_reduction.plan(x).split`."""
+    wl, wr, hl, hr, tl_, tr = pad
+    b, c, tx, h, w = x.shape
+    tc = 0 if cache is None else cache.shape[2]
+    if tl_ + tc + tx < 2:
+        raise ValueError(f"rms_norm_padded_channels_last: {tl_ + tc + tx} frames before the right pad, the cache needs 2")
+    if not _planes_contiguous(x):
+        raise ValueError("rms_norm_padded_channels_last: x needs contiguous (h, w) planes")
+    shape = (b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    source = x if cache is None else cache
+    _, _, frames_out, rows_out, columns_out = shape
+    if not out.numel():
+        return out, next_cache
+    block_w, block_c, warps = PAD_CL_TILE_FEW_CHANNELS if c <= PAD_CL_TILE_FEW_CHANNELS[1] else PAD_CL_TILE
+    block_c = _channel_block(c, block_c)
+    grid = (b * frames_out * rows_out, triton.cdiv(columns_out, block_w), triton.cdiv(c, block_c))
+    _causal_pad_cl_kernel[grid](x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h, w, tl_, hl, wl,
+                                tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None, BLOCK_W=block_w,
+                                BLOCK_C=block_c, SKIP_X=True, num_warps=warps)
+    block = _pixels_block(split, h * w)
+    _rms_norm_padded_kernel[(b * tx, triton.cdiv(h * w, block))](
+        x, gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], frames_out, rows_out, columns_out, tl_ + tc, hl, wl,
+        tx - 2, float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu, SPLIT=split,
+        BLOCK_P=block, enable_fp_fusion=False, num_warps=NORM_WARPS)
     return out, next_cache
 
 

@@ -210,6 +210,53 @@ def _(x, upcast):
     return x.new_empty((n, c, 2 * h, 2 * w))
 
 
+# ---- RMS norm (+ SiLU) feeding a causal conv3d ------------------------------------------------------------
+@torch.library.custom_op("rewrite::rms_norm_causal_conv3d", mutates_args=())
+def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
+                           act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+                           bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """`causal_conv3d(rms_norm(x, ...), cache, pad, mode, weight, bias, residual)`.
+
+    Kernel path: the fused norm kernel stores the normalized (+ SiLU) values straight into the conv's padded
+    channels-last input and into the next cache; the pad kernel writes only the cache frames and the zero
+    pad; then the conv and epilogue of `causal_conv3d`. Where a piece is not available (ATen's norm order not
+    reproduced for x, SiLU not proven exact on this device, the channels-last conv not proven equal for the
+    shape) the two ops run one after the other.
+    """
+    tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual) if t is not None)
+    if (x.dim() == 5 and weight.dim() == 5 and len(pad) == 6 and min(pad) >= 0 and gamma.numel() == x.shape[1]
+            and act in ("silu", None) and use_kernel("rms_norm_causal_conv3d", tensors, FLOAT_DTYPES)):
+        kernels = _kernels()
+        plan = kernels._norm_plan(x, upcast)
+        b, c, t, h, w = x.shape
+        frames = t + (0 if mode == "chunk0" or cache is None else cache.shape[2]) + pad[4] + pad[5]
+        in_shape = (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
+        out_shape = [b, weight.shape[0], *(n - k + 1 for n, k in zip(in_shape[2:], weight.shape[2:]))]
+        if (plan is not None and (act is None or selftest.silu_is_exact(x.device, x.dtype))
+                and (residual is None or list(residual.shape) == out_shape) and weight.shape[1] == c
+                and in_shape[2] - pad[5] >= 2 and (t >= 2) == (mode == "steady") and mode in CACHE_MODES
+                and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device)):
+            padded, next_cache = kernels.rms_norm_padded_channels_last(
+                x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
+                cache if mode != "chunk0" else None, pad)
+            y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
+            out = kernels.conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual))
+            return out, next_cache
+    normalized = rms_norm(x, gamma, scale, norm_bias, eps, upcast, act)
+    return causal_conv3d(normalized, cache, pad, mode, weight, bias, residual)
+
+
+@rms_norm_causal_conv3d.register_fake
+def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual):
+    b, c, t, h, w = x.shape
+    frames = t + (0 if cache is None else cache.shape[2]) + pad[4] + pad[5]
+    kt, kh, kw = weight.shape[2:]
+    out_shape = (b, weight.shape[0], frames - kt + 1, h + pad[2] + pad[3] - kh + 1, w + pad[0] + pad[1] - kw + 1)
+    out = x.new_empty(out_shape) if residual is None else torch.empty_like(residual)
+    cache_frames = 2 if mode != "steady" else min(t, 2)
+    return out, x.new_empty((b, c, cache_frames, h, w))
+
+
 # ---- nearest-exact 2x upsample feeding a conv2d (Wan's Resample) ------------------------------------------
 def upsample_conv2d_reference(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
                               padding: list[int]) -> Tensor:
