@@ -347,3 +347,45 @@ def test_rms_norm_causal_conv3d_on_cpu_runs_the_replaced_ops():
     padded = torch.nn.functional.pad(torch.cat([cache, normalized], 2), [1, 1, 1, 1, 0, 0])
     assert torch.equal(out, torch.nn.functional.conv3d(padded, weight, bias))
     assert torch.equal(next_cache, torch.cat([cache[:, :, -1:], normalized], 2))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("fused_norm", (False, True))
+@pytest.mark.parametrize("case", ["steady_t1", "steady", "chunk0"])
+def test_channels_last_path_wiring_on_cpu(monkeypatch, fused_norm, case):
+    """The ops' channels-last path end to end under the interpreter, its GPU-only gates opened (the conv
+    self-check, ATen's norm order, the SiLU self-test): shapes, layouts and the next cache as the reference's.
+    CPU convolutions of the two layouts and CPU norms may sum in other orders than the kernels: fp32 outputs
+    within 1e-5 (a few ulp of sums of ~100 products of unit-scale values); the next cache of `causal_conv3d`
+    is data movement (equal), that of the fused op holds normalized values (the same 1e-5)."""
+    from rewrite.ops import selftest, triton_wan
+
+    monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
+    monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
+    monkeypatch.setattr(triton_wan, "norm_plan", lambda x, upcast: aten_reduction.NormPlan(split=2, vec=1))
+    g = torch.Generator().manual_seed(12)
+    frames = 3 if case == "steady" else 1
+    x = torch.randn(1, 8, frames, 5, 6, generator=g)
+    cache = None if case == "chunk0" else torch.randn(1, 8, 2, 5, 6, generator=g)
+    pad = [1, 1, 1, 1, 2 if case == "chunk0" else 0, 0]
+    weight, bias = 0.2 * torch.randn(4, 8, 3, 3, 3, generator=g), torch.randn(4, generator=g)
+    residual = torch.randn(1, 4, frames, 5, 6, generator=g)
+    gamma = 1 + 0.2 * torch.randn(8, 1, 1, 1, generator=g)
+    if fused_norm:
+        args = (x, gamma, 8 ** 0.5, 0.0, 1e-12, False, "silu", cache, pad, case, weight, bias, residual)
+        op = torch.ops.rewrite.rms_norm_causal_conv3d
+    else:
+        args = (x, cache, pad, case, weight, bias, residual)
+        op = torch.ops.rewrite.causal_conv3d
+    with use_backend("reference"):
+        expected = op(*args)
+    with use_backend("triton"):
+        actual = op(*args)
+    assert actual[0].stride() == expected[0].stride() and actual[1].shape == expected[1].shape
+    assert actual[1].is_contiguous(memory_format=torch.channels_last_3d)  # the kernel path served the call
+    assert not expected[1].is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.allclose(actual[0], expected[0], rtol=1e-5, atol=1e-5)
+    if fused_norm:
+        assert torch.allclose(actual[1], expected[1], rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(actual[1], expected[1])

@@ -444,7 +444,7 @@ def reference_layout(key: tuple, fn: Callable, *tensors: Tensor) -> tuple[int, .
 FUSED_NORM = True  # the one-kernel norm where `aten_reduction.plan` reproduces ATen's order (A/B switch)
 
 
-def _norm_plan(x: Tensor, upcast: bool):
+def norm_plan(x: Tensor, upcast: bool):
     """ATen's summation order for this CUDA norm input, or None (then ATen's reduction kernel runs)."""
     if not FUSED_NORM or not x.is_cuda or (x.dtype != torch.float32) != upcast or not _planes_contiguous(_as5d(x)):
         return None
@@ -504,7 +504,7 @@ def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, up
     from rewrite.ops.wan import rms_norm_reference
 
     silu_here = act == "silu" and fused_silu
-    plan = _norm_plan(x, upcast)
+    plan = norm_plan(x, upcast)
     if plan is not None:
         out = rms_norm_fused(x, gamma, scale, bias, eps, upcast, silu_here, plan.split)
         return torch.nn.functional.silu(out) if act == "silu" and not fused_silu else out

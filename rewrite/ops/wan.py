@@ -146,6 +146,44 @@ def _conv_output_strides(shape: list[int], residual: Optional[Tensor]) -> tuple[
     return reference_layout(("add_contiguous",), lambda r: torch.add(torch.empty_like(r, memory_format=torch.contiguous_format), r), residual)
 
 
+def _padded_shape(x_shape, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[int, ...]:
+    b, c, t, h, w = x_shape
+    frames = t + (0 if mode == "chunk0" or cache is None else cache.shape[2]) + pad[4] + pad[5]
+    return (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
+
+
+def _channels_last_conv_serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+                               residual: Optional[Tensor]) -> bool:
+    """Whether the channels-last path may serve this causal conv: shapes it handles (a 1-frame chunk in modes
+    chunk0 and steady_t1, 2 frames for the next cache, a residual of the output's shape) and a conv shape for
+    which `selftest.channels_last_conv_is_exact` holds on this device."""
+    if x.dim() != 5 or weight.dim() != 5 or len(pad) != 6 or min(pad) < 0 or mode not in CACHE_MODES:
+        return False
+    in_shape = _padded_shape(x.shape, cache, pad, mode)
+    out_shape = [in_shape[0], weight.shape[0], *(n - k + 1 for n, k in zip(in_shape[2:], weight.shape[2:]))]
+    return ((residual is None or list(residual.shape) == out_shape) and weight.shape[1] == x.shape[1]
+            and in_shape[2] - pad[5] >= 2 and (x.shape[2] >= 2) == (mode == "steady")
+            and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device))
+
+
+def _channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor]) -> Tensor:
+    """cuDNN's conv of the channels-last padded input and weight without bias, then bias (+ residual) with
+    ATen's roundings into the replaced subgraph's layout."""
+    y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
+    return _kernels().conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual))
+
+
+def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+                        residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    b, c, t, h, w = x.shape
+    frames = t + (0 if cache is None else cache.shape[2]) + pad[4] + pad[5]
+    kt, kh, kw = weight.shape[2:]
+    out_shape = (b, weight.shape[0], frames - kt + 1, h + pad[2] + pad[3] - kh + 1, w + pad[0] + pad[1] - kw + 1)
+    out = x.new_empty(out_shape) if residual is None else torch.empty_like(residual)
+    cache_frames = 2 if mode != "steady" else min(t, 2)
+    return out, x.new_empty((b, c, cache_frames, h, w))
+
+
 @torch.library.custom_op("rewrite::causal_conv3d", mutates_args=())
 def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                   bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
@@ -159,32 +197,16 @@ def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str,
     NCDHW conv for this shape; else the same ops as `causal_conv_input` + conv (+ `conv3d_residual`).
     """
     tensors = tuple(t for t in (x, cache, weight, bias, residual) if t is not None)
-    if (x.dim() == 5 and weight.dim() == 5 and len(pad) == 6 and min(pad) >= 0
-            and use_kernel("causal_conv3d", tensors, FLOAT_DTYPES)):
-        b, c, t, h, w = x.shape
-        frames = t + (0 if mode == "chunk0" or cache is None else cache.shape[2]) + pad[4] + pad[5]
-        in_shape = (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
-        out_shape = [b, weight.shape[0], *(n - k + 1 for n, k in zip(in_shape[2:], weight.shape[2:]))]
-        if ((residual is None or list(residual.shape) == out_shape) and weight.shape[1] == c
-                and in_shape[2] - pad[5] >= 2 and (t >= 2) == (mode == "steady") and mode in CACHE_MODES
-                and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device)):
-            kernels = _kernels()
-            padded, next_cache = kernels.causal_pad_channels_last(x, cache if mode != "chunk0" else None, pad)
-            y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
-            out = kernels.conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual))
-            return out, next_cache
+    if use_kernel("causal_conv3d", tensors, FLOAT_DTYPES) and _channels_last_conv_serves(x, cache, pad, mode, weight,
+                                                                                          residual):
+        padded, next_cache = _kernels().causal_pad_channels_last(x, cache if mode != "chunk0" else None, pad)
+        return _channels_last_conv(padded, weight, bias, residual), next_cache
     return causal_conv3d_reference(x, cache, pad, mode, weight, bias, residual)
 
 
 @causal_conv3d.register_fake
 def _(x, cache, pad, mode, weight, bias, residual):
-    b, c, t, h, w = x.shape
-    frames = t + (0 if cache is None else cache.shape[2]) + pad[4] + pad[5]
-    kt, kh, kw = weight.shape[2:]
-    out_shape = (b, weight.shape[0], frames - kt + 1, h + pad[2] + pad[3] - kh + 1, w + pad[0] + pad[1] - kw + 1)
-    out = x.new_empty(out_shape) if residual is None else torch.empty_like(residual)
-    cache_frames = 2 if mode != "steady" else min(t, 2)
-    return out, x.new_empty((b, c, cache_frames, h, w))
+    return _causal_conv3d_fake(x, cache, pad, mode, weight, residual)
 
 
 # ---- nearest-exact 2x spatial upsample -----------------------------------------------------------------
@@ -224,37 +246,23 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
     shape) the two ops run one after the other.
     """
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual) if t is not None)
-    if (x.dim() == 5 and weight.dim() == 5 and len(pad) == 6 and min(pad) >= 0 and gamma.numel() == x.shape[1]
-            and act in ("silu", None) and use_kernel("rms_norm_causal_conv3d", tensors, FLOAT_DTYPES)):
+    if (x.dim() == 5 and gamma.numel() == x.shape[1] and act in ("silu", None)
+            and use_kernel("rms_norm_causal_conv3d", tensors, FLOAT_DTYPES)):
         kernels = _kernels()
-        plan = kernels._norm_plan(x, upcast)
-        b, c, t, h, w = x.shape
-        frames = t + (0 if mode == "chunk0" or cache is None else cache.shape[2]) + pad[4] + pad[5]
-        in_shape = (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
-        out_shape = [b, weight.shape[0], *(n - k + 1 for n, k in zip(in_shape[2:], weight.shape[2:]))]
+        plan = kernels.norm_plan(x, upcast)
         if (plan is not None and (act is None or selftest.silu_is_exact(x.device, x.dtype))
-                and (residual is None or list(residual.shape) == out_shape) and weight.shape[1] == c
-                and in_shape[2] - pad[5] >= 2 and (t >= 2) == (mode == "steady") and mode in CACHE_MODES
-                and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device)):
+                and _channels_last_conv_serves(x, cache, pad, mode, weight, residual)):
             padded, next_cache = kernels.rms_norm_padded_channels_last(
                 x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
                 cache if mode != "chunk0" else None, pad)
-            y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
-            out = kernels.conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual))
-            return out, next_cache
+            return _channels_last_conv(padded, weight, bias, residual), next_cache
     normalized = rms_norm(x, gamma, scale, norm_bias, eps, upcast, act)
     return causal_conv3d(normalized, cache, pad, mode, weight, bias, residual)
 
 
 @rms_norm_causal_conv3d.register_fake
 def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual):
-    b, c, t, h, w = x.shape
-    frames = t + (0 if cache is None else cache.shape[2]) + pad[4] + pad[5]
-    kt, kh, kw = weight.shape[2:]
-    out_shape = (b, weight.shape[0], frames - kt + 1, h + pad[2] + pad[3] - kh + 1, w + pad[0] + pad[1] - kw + 1)
-    out = x.new_empty(out_shape) if residual is None else torch.empty_like(residual)
-    cache_frames = 2 if mode != "steady" else min(t, 2)
-    return out, x.new_empty((b, c, cache_frames, h, w))
+    return _causal_conv3d_fake(x, cache, pad, mode, weight, residual)
 
 
 # ---- nearest-exact 2x upsample feeding a conv2d (Wan's Resample) ------------------------------------------
