@@ -144,28 +144,36 @@ if triton is not None:
         return _round(y, dtype)
 
     @triton.jit
+    def _plane_pixels(T, HW, BLOCK_P: tl.constexpr):
+        """(b, t, positions, mask) of the BLOCK_P (h, w) positions of program (plane = b * T + t, block)."""
+        plane = tl.program_id(0)
+        hw = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+        return (plane // T).to(tl.int64), (plane % T).to(tl.int64), hw, hw < HW
+
+    @triton.jit
+    def _normalized_channels(x_ptr, x_pix, pmask, c, C, sx1, norm, gamma_ptr, scale, bias, UPCAST: tl.constexpr,
+                             SILU: tl.constexpr):
+        """(output values, mask) of channels c of the pixels: the second read of x and `_norm_epilogue`."""
+        m = (c < C)[:, None] & pmask[None, :]
+        x = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0)
+        return _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST, SILU), m
+
+    @triton.jit
     def _rms_norm_fused_kernel(x_ptr, gamma_ptr, out_ptr, C, T, HW, sx0, sx1, sx2, so0, so1, so2, scale, bias, eps,
                                UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
                                BLOCK_P: tl.constexpr):
         """The whole Wan RMS norm for BLOCK_P pixels of one (b, t) plane (contiguous (h, w) planes, plane
         number along axis 0 as in `_rms_norm_plane_kernel`): the channel norm in ATen's order, then the
         epilogue of `_rms_norm_epilogue_kernel` (same arithmetic, element for element) over a second read."""
-        plane = tl.program_id(0)
-        b = (plane // T).to(tl.int64)
-        t = (plane % T).to(tl.int64)
-        hw = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
-        pmask = hw < HW
+        b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
         x_pix = b * sx0 + t * sx2 + hw
         o_pix = b * so0 + t * so2 + hw
         norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, BLOCK_P)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
         GROUP: tl.constexpr = 4 * SPLIT
-        rows = tl.arange(0, GROUP)
         for c0 in range(0, C, GROUP):
-            c = c0 + rows
-            m = (c < C)[:, None] & pmask[None, :]
-            x = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0)
-            y = _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST, SILU)
+            c = c0 + tl.arange(0, GROUP)
+            y, m = _normalized_channels(x_ptr, x_pix, pmask, c, C, sx1, norm, gamma_ptr, scale, bias, UPCAST, SILU)
             tl.store(out_ptr + o_pix[None, :] + c[:, None].to(tl.int64) * so1, y, mask=m)
 
     @triton.jit
@@ -176,11 +184,7 @@ if triton is not None:
         """`_rms_norm_fused_kernel` storing its output straight into a causal conv's padded input, channels-last
         ([B, TO, HO, WO, C] in memory; frame t of x at padded frame FT + t, pixel (h, w) at (PH + h, PW + w)),
         and frames SLOT0 and SLOT0 + 1 of x also into the next cache ([B, 2, H, W, C] in memory)."""
-        plane = tl.program_id(0)
-        b = (plane // T).to(tl.int64)
-        t = (plane % T).to(tl.int64)
-        hw = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
-        pmask = hw < HW
+        b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
         x_pix = b * sx0 + t * sx2 + hw
         h = (hw // W).to(tl.int64)
         w = (hw % W).to(tl.int64)
@@ -190,12 +194,9 @@ if triton is not None:
         norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, BLOCK_P)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
         GROUP: tl.constexpr = 4 * SPLIT
-        rows = tl.arange(0, GROUP)
         for c0 in range(0, C, GROUP):
-            c = c0 + rows
-            m = (c < C)[:, None] & pmask[None, :]
-            x = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0)
-            y = _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST, SILU)
+            c = c0 + tl.arange(0, GROUP)
+            y, m = _normalized_channels(x_ptr, x_pix, pmask, c, C, sx1, norm, gamma_ptr, scale, bias, UPCAST, SILU)
             tl.store(out_ptr + o_pix[None, :] + c[:, None], y, mask=m)
             if (slot >= 0) & (slot < 2):
                 tl.store(next_ptr + n_pix[None, :] + c[:, None], y, mask=m)
@@ -203,12 +204,9 @@ if triton is not None:
     @triton.jit
     def _channel_norm_kernel(x_ptr, norm_ptr, C, T, HW, sx0, sx1, sx2, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
         """The channel norm alone (contiguous [B, T, H, W] fp32 output), for tests against ATen's."""
-        plane = tl.program_id(0)
-        hw = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
-        pmask = hw < HW
-        x_pix = (plane // T).to(tl.int64) * sx0 + (plane % T).to(tl.int64) * sx2 + hw
-        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, BLOCK_P)
-        tl.store(norm_ptr + plane.to(tl.int64) * HW + hw, norm, mask=pmask)
+        b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
+        norm = _channel_norm(x_ptr, b * sx0 + t * sx2 + hw, pmask, C, sx1, SPLIT, BLOCK_P)
+        tl.store(norm_ptr + (b * T + t) * HW + hw, norm, mask=pmask)
 
     @triton.jit
     def _silu_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
@@ -570,10 +568,12 @@ def _channel_block(channels: int, fixed: int = 0) -> int:
     return 64 if channels % 64 == 0 or channels > 256 else 32
 
 
-def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
+                             skip_x: bool = False) -> tuple[Tensor, Tensor]:
     """(`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`), its last two frames before the right pad without the
     spatial pad) written in one pass, both channels-last (NDHWC memory). The second is the next chunk's cache
-    in every mode of `rewrite.ops.wan.next_cache_reference` (its values; its layout is channels-last)."""
+    in every mode of `rewrite.ops.wan.next_cache_reference` (its values; its layout is channels-last).
+    `skip_x`: leave the positions that come from x unwritten (`rms_norm_padded_channels_last` fills them)."""
     wl, wr, hl, hr, tl_, tr = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
@@ -590,7 +590,7 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) ->
         grid = (b * frames_out * rows_out, triton.cdiv(columns_out, block_w), triton.cdiv(c, block_c))
         _causal_pad_cl_kernel[grid](x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h, w, tl_,
                                     hl, wl, tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
-                                    BLOCK_W=block_w, BLOCK_C=block_c, num_warps=warps)
+                                    BLOCK_W=block_w, BLOCK_C=block_c, SKIP_X=skip_x, num_warps=warps)
     return out, next_cache
 
 
@@ -599,26 +599,15 @@ def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: 
     """`causal_pad_channels_last(rms_norm(x), cache, pad)` without materializing the norm: the norm kernel
     stores into the padded buffer and the next cache, the pad kernel writes only the rest (cache frames, zero
     pad). x's (h, w) planes must be contiguous; `split` is `aten_reduction.plan(x).split`."""
-    wl, wr, hl, hr, tl_, tr = pad
-    b, c, tx, h, w = x.shape
-    tc = 0 if cache is None else cache.shape[2]
-    if tl_ + tc + tx < 2:
-        raise ValueError(f"rms_norm_padded_channels_last: {tl_ + tc + tx} frames before the right pad, the cache needs 2")
     if not _planes_contiguous(x):
         raise ValueError("rms_norm_padded_channels_last: x needs contiguous (h, w) planes")
-    shape = (b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr)
-    out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
-    next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
-    source = x if cache is None else cache
-    _, _, frames_out, rows_out, columns_out = shape
+    out, next_cache = causal_pad_channels_last(x, cache, pad, skip_x=True)
     if not out.numel():
         return out, next_cache
-    block_w, block_c, warps = PAD_CL_TILE_FEW_CHANNELS if c <= PAD_CL_TILE_FEW_CHANNELS[1] else PAD_CL_TILE
-    block_c = _channel_block(c, block_c)
-    grid = (b * frames_out * rows_out, triton.cdiv(columns_out, block_w), triton.cdiv(c, block_c))
-    _causal_pad_cl_kernel[grid](x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h, w, tl_, hl, wl,
-                                tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None, BLOCK_W=block_w,
-                                BLOCK_C=block_c, SKIP_X=True, num_warps=warps)
+    wl, _, hl, _, tl_, _ = pad
+    b, c, tx, h, w = x.shape
+    tc = 0 if cache is None else cache.shape[2]
+    _, _, frames_out, rows_out, columns_out = out.shape
     block = _pixels_block(split, h * w)
     _rms_norm_padded_kernel[(b * tx, triton.cdiv(h * w, block))](
         x, gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], frames_out, rows_out, columns_out, tl_ + tc, hl, wl,

@@ -147,9 +147,15 @@ def _conv_output_strides(shape: list[int], residual: Optional[Tensor]) -> tuple[
 
 
 def _padded_shape(x_shape, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[int, ...]:
+    """The shape of the conv input `causal_conv_input` assembles (chunk 0 reads no cache)."""
     b, c, t, h, w = x_shape
     frames = t + (0 if mode == "chunk0" or cache is None else cache.shape[2]) + pad[4] + pad[5]
     return (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
+
+
+def _conv_output_shape(in_shape, weight_shape) -> list[int]:
+    """The output shape of an unpadded unit-stride conv."""
+    return [in_shape[0], weight_shape[0], *(n - k + 1 for n, k in zip(in_shape[2:], weight_shape[2:]))]
 
 
 def _channels_last_conv_serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
@@ -160,8 +166,7 @@ def _channels_last_conv_serves(x: Tensor, cache: Optional[Tensor], pad: list[int
     if x.dim() != 5 or weight.dim() != 5 or len(pad) != 6 or min(pad) < 0 or mode not in CACHE_MODES:
         return False
     in_shape = _padded_shape(x.shape, cache, pad, mode)
-    out_shape = [in_shape[0], weight.shape[0], *(n - k + 1 for n, k in zip(in_shape[2:], weight.shape[2:]))]
-    return ((residual is None or list(residual.shape) == out_shape) and weight.shape[1] == x.shape[1]
+    return ((residual is None or list(residual.shape) == _conv_output_shape(in_shape, weight.shape)) and weight.shape[1] == x.shape[1]
             and in_shape[2] - pad[5] >= 2 and (x.shape[2] >= 2) == (mode == "steady")
             and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device))
 
@@ -176,9 +181,7 @@ def _channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], 
 def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                         residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     b, c, t, h, w = x.shape
-    frames = t + (0 if cache is None else cache.shape[2]) + pad[4] + pad[5]
-    kt, kh, kw = weight.shape[2:]
-    out_shape = (b, weight.shape[0], frames - kt + 1, h + pad[2] + pad[3] - kh + 1, w + pad[0] + pad[1] - kw + 1)
+    out_shape = _conv_output_shape(_padded_shape(x.shape, cache, pad, mode), weight.shape)
     out = x.new_empty(out_shape) if residual is None else torch.empty_like(residual)
     cache_frames = 2 if mode != "steady" else min(t, 2)
     return out, x.new_empty((b, c, cache_frames, h, w))
