@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from rewrite.capture.export import CapturedGraph
 from rewrite.passes.canonicalize import canonicalize
+from rewrite.passes.drop_clones import drop_redundant_clones
 from rewrite.passes.fuse_patterns import fuse_patterns
 from rewrite.passes.manager import PassContext, PassManager, PassSpec
 
 
 def pipeline_for(level: str) -> PassManager:
-    """canonicalize, then fuse_patterns (which enables the patterns of `level`)."""
-    specs = [PassSpec("canonicalize", canonicalize), PassSpec("fuse_patterns", fuse_patterns, after=("canonicalize",))]
+    """canonicalize, then fuse_patterns (which enables the patterns of `level`), then drop_redundant_clones."""
+    specs = [PassSpec("canonicalize", canonicalize), PassSpec("fuse_patterns", fuse_patterns, after=("canonicalize",)),
+             PassSpec("drop_redundant_clones", drop_redundant_clones, after=("fuse_patterns",))]
     return PassManager(specs)
 
 

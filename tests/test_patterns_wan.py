@@ -43,6 +43,8 @@ def _expected(norms: int, caches_t1: int, caches: int, residuals: int, wan22: bo
     if wan22:
         chunk0.update({"dup_up_add[chunk=steady]": 1, "dup_up_add[chunk=first]": 2})
         steady["dup_up_add[chunk=steady]"] = 3
+        # each up block's upsampler conv then takes its DupUp3D shortcut add into its epilogue
+        chunk0["upsample_conv2d_dup_up_add"] = steady["upsample_conv2d_dup_up_add"] = 3
     return {"chunk0": chunk0, "steady": steady}
 
 

@@ -13,6 +13,8 @@ ops with `torch.equal`, over the shape classes of the Wan decoders; the causal c
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -30,33 +32,51 @@ def _frame_major(t: torch.Tensor) -> torch.Tensor:
     return t.permute(0, 2, 1, 3, 4).contiguous().permute(0, 2, 1, 3, 4)
 
 
-def emulated_channel_norm(x: torch.Tensor, split: int) -> torch.Tensor:
+def _rounded(t: torch.Tensor) -> torch.Tensor:
+    return t.float().double()
+
+
+def _halving_tree(values: list) -> torch.Tensor:
+    while len(values) > 1:
+        half = len(values) // 2
+        values = [_rounded(values[i] + values[i + half]) for i in range(half)]
+    return values[0]
+
+
+def emulated_channel_norm(x: torch.Tensor, split: int, ctas: int = 1) -> torch.Tensor:
     """ATen's order (see `aten_reduction`) in float64, rounding to fp32 after every step."""
     xf = x.float().movedim(1, -1).double()
     channels = xf.shape[-1]
-    threads = []
-    for y in range(split):
-        accumulators = [torch.zeros(xf.shape[:-1], dtype=torch.float64) for _ in range(4)]
-        for j, c in enumerate(range(y, channels, split)):
-            v = xf[..., c]
-            accumulators[j % 4] = (v * v + accumulators[j % 4]).float().double()
-        total = accumulators[0]
-        for other in accumulators[1:]:
-            total = (total + other).float().double()
-        threads.append(total)
-    while len(threads) > 1:
-        half = len(threads) // 2
-        threads = [(threads[i] + threads[i + half]).float().double() for i in range(half)]
-    return threads[0].sqrt().float().unsqueeze(1)
+    partials = []
+    for g in range(ctas):
+        threads = []
+        for y in range(split):
+            accumulators = [torch.zeros(xf.shape[:-1], dtype=torch.float64) for _ in range(4)]
+            for j, c in enumerate(range(y + g * split, channels, split * ctas)):
+                v = xf[..., c]
+                accumulators[j % 4] = _rounded(v * v + accumulators[j % 4])
+            total = accumulators[0]
+            for other in accumulators[1:]:
+                total = _rounded(total + other)
+            threads.append(total)
+        partials.append(_halving_tree(threads))
+    if ctas > 1:  # the last block: thread y adds the partials of blocks y, y + split, ... to 0
+        last = [torch.zeros_like(partials[0]) for _ in range(split)]
+        for g, partial in enumerate(partials):
+            last[g % split] = _rounded(last[g % split] + partial)
+        partials = [_halving_tree(last)]
+    return partials[0].sqrt().float().unsqueeze(1)
 
 
 # ---- the plan: a transcription of setReduceConfig, checked on known configurations ----------------------
 @pytest.mark.parametrize("outputs,channels,vec,expected", [
-    (6240, 384, 4, 4),       # Wan 2.1 480p lowest stage: 4 warps split the channels
-    (1597440, 96, 4, 4),     # Wan 2.1 480p last stage, 4 frames
-    (3600, 1024, 4, None),   # Wan 2.2 720p 1024 channels over few outputs: split across blocks too
-    (1683, 384, 1, 16),      # odd width: no vectorized outputs, 16 warps
-    (63, 40, 1, 1),          # few channels: one thread per output
+    (6240, 384, 4, (4, 1)),     # Wan 2.1 480p lowest stage: 4 warps split the channels
+    (1597440, 96, 4, (4, 1)),   # Wan 2.1 480p last stage, 4 frames
+    (3600, 1024, 4, (4, 16)),   # Wan 2.2 720p 1024 channels over few outputs: split across 16 blocks too
+    (28800, 1024, 4, (4, 10)),  # two frames at 90 x 160: 10 blocks
+    (230400, 1024, 4, (4, 2)),  # four frames at 180 x 320: 2 blocks
+    (1683, 384, 1, (16, 1)),    # odd width: no vectorized outputs, 16 warps
+    (63, 40, 1, (1, 1)),        # few channels: one thread per output
 ])
 def test_split_follows_set_reduce_config(outputs, channels, vec, expected):
     assert aten_reduction.split_for(outputs, channels, vec, multiprocessors=132, threads_per_mp=2048) == expected
@@ -75,15 +95,26 @@ def test_plan_is_none_off_cuda():
 
 # ---- kernels under the interpreter --------------------------------------------------------------------
 @needs_interpreter
-@pytest.mark.parametrize("shape,split", [((1, 96, 2, 5, 7), 4), ((2, 40, 1, 3, 5), 1), ((1, 19, 3, 4, 4), 2),
-                                         ((1, 64, 1, 6, 6), 16), ((1, 24, 2, 3, 40), 8)])
+@pytest.mark.parametrize("shape,split,ctas", [((1, 96, 2, 5, 7), 4, 1), ((2, 40, 1, 3, 5), 1, 1),
+                                              ((1, 19, 3, 4, 4), 2, 1), ((1, 64, 1, 6, 6), 16, 1),
+                                              ((1, 24, 2, 3, 40), 8, 1), ((1, 200, 1, 3, 5), 4, 10),
+                                              ((1, 130, 2, 2, 3), 4, 16), ((1, 77, 1, 3, 4), 2, 3)])
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
-def test_channel_norm_kernel_follows_the_order(shape, split, layout):
+def test_channel_norm_kernel_follows_the_order(shape, split, ctas, layout):
     from rewrite.ops import triton_wan
 
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     x = _frame_major(x) if layout == "frame_major" else x
-    assert torch.equal(triton_wan.channel_norm(x, split), emulated_channel_norm(x, split))
+    assert torch.equal(triton_wan.channel_norm(x, split, ctas), emulated_channel_norm(x, split, ctas))
+
+
+@needs_interpreter
+def test_the_global_order_is_not_the_one_block_order():
+    """The kernel's block split changes its sums for these inputs (else the cases above could not tell)."""
+    from rewrite.ops import triton_wan
+
+    x = torch.randn(1, 200, 1, 3, 5, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    assert not torch.equal(triton_wan.channel_norm(x, 4, 10), triton_wan.channel_norm(x, 4, 1))
 
 
 @needs_interpreter
@@ -191,17 +222,38 @@ def test_channel_norm_is_atens_on_this_gpu(shape, layout):
     x = _frame_major(x) if layout == "frame_major" else x
     plan = aten_reduction.plan(x, torch.float32)
     assert plan is not None
-    assert torch.equal(triton_wan.channel_norm(x, plan.split), torch.linalg.vector_norm(x.float(), 2, [1], True))
+    assert torch.equal(triton_wan.channel_norm(x, plan.split, plan.ctas),
+                       torch.linalg.vector_norm(x.float(), 2, [1], True))
+
+
+# Wan 2.2's 1024-channel norms (latent, 2x, 4x at 720p and 480p): ATen splits their channels across blocks
+GLOBAL_NORM_SHAPES = [(1, 1024, 1, 45, 80), (1, 1024, 2, 90, 160), (1, 1024, 4, 180, 320), (1, 1024, 1, 30, 52),
+                      (1, 1024, 2, 60, 104), (1, 1024, 4, 120, 208), (1, 1024, 3, 45, 80), (1, 2048, 1, 9, 11)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(1, 1024, 3, 45, 80)], ids=str)
-def test_norm_split_across_blocks_keeps_atens_kernel(shape):
+@pytest.mark.parametrize("shape", GLOBAL_NORM_SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+def test_channel_norm_split_across_blocks_is_atens_on_this_gpu(shape, layout):
+    from rewrite.ops import triton_wan
+
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    assert aten_reduction.plan(x, torch.float32) is None
-    gamma = torch.ones(shape[1], 1, 1, 1, device="cuda", dtype=torch.bfloat16)
-    expected = wan.rms_norm_reference(x, gamma, 32.0, 0.0, 1e-12, True, "silu")
-    assert torch.equal(torch.ops.rewrite.rms_norm(x, gamma, 32.0, 0.0, 1e-12, True, "silu"), expected)
+    x = _frame_major(x) if layout == "frame_major" else x
+    plan = aten_reduction.plan(x, torch.float32)
+    assert plan is not None and plan.ctas > 1
+    assert torch.equal(triton_wan.channel_norm(x, plan.split, plan.ctas),
+                       torch.linalg.vector_norm(x.float(), 2, [1], True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GLOBAL_NORM_SHAPES[:3], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_norm_split_across_blocks_is_bit_identical_on_this_gpu(shape, dtype):
+    x = 3 * torch.randn(shape, device="cuda", dtype=dtype)
+    gamma = (1 + 0.2 * torch.randn(shape[1], 1, 1, 1, device="cuda")).to(dtype)
+    upcast = dtype != torch.float32
+    expected = wan.rms_norm_reference(x, gamma, 32.0, 0.0, 1e-12, upcast, "silu")
+    assert torch.equal(torch.ops.rewrite.rms_norm(x, gamma, 32.0, 0.0, 1e-12, upcast, "silu"), expected)
 
 
 @pytest.mark.gpu
@@ -315,10 +367,10 @@ def test_norm_written_into_the_padded_conv_input_is_exact(shape, pad, cache_fram
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", ["steady_t1", "steady", "chunk0"])
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
-def test_rms_norm_causal_conv3d_is_bit_identical_on_this_gpu(dtype, case, layout):
+@pytest.mark.parametrize("channels,height,width", [(96, 60, 104), (1024, 30, 52)], ids=("96", "1024_split_across_blocks"))
+def test_rms_norm_causal_conv3d_is_bit_identical_on_this_gpu(dtype, case, layout, channels, height, width):
     g = torch.Generator(device="cuda").manual_seed(10)
     frames = 4 if case == "steady" else 1
-    channels, height, width = 96, 60, 104
     x = (3 * torch.randn(1, channels, frames, height, width, device="cuda", generator=g)).to(dtype)
     x = _frame_major(x) if layout == "frame_major" else x
     gamma = (1 + 0.2 * torch.randn(channels, 1, 1, 1, device="cuda", generator=g)).to(dtype)
@@ -362,7 +414,7 @@ def test_channels_last_path_wiring_on_cpu(monkeypatch, fused_norm, case):
 
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
-    monkeypatch.setattr(triton_wan, "norm_plan", lambda x, upcast: aten_reduction.NormPlan(split=2, vec=1))
+    monkeypatch.setattr(triton_wan, "norm_plan", lambda x, upcast: aten_reduction.NormPlan(split=2, vec=1, ctas=3))
     g = torch.Generator().manual_seed(12)
     frames = 3 if case == "steady" else 1
     x = torch.randn(1, 8, frames, 5, 6, generator=g)
@@ -389,3 +441,112 @@ def test_channels_last_path_wiring_on_cpu(monkeypatch, fused_norm, case):
         assert torch.allclose(actual[1], expected[1], rtol=1e-5, atol=1e-5)
     else:
         assert torch.equal(actual[1], expected[1])
+
+
+# ---- the upsample conv's epilogue adding Wan 2.2's DupUp3D shortcut ---------------------------------------
+DUP_UP_CASES = {  # (in channels, out channels, factor_t, factor_s, first_frame): Wan 2.2's three kinds, chunk 0 too
+    "t2s2": (8, 4, 2, 2, 0), "t2s2_first": (8, 4, 2, 2, 1), "t1s2": (8, 4, 1, 2, 0), "t2s2_more_out": (4, 8, 2, 2, 0)}
+
+
+def _dup_up_shapes(b, cin, cout, ft, fs, t, h, w):
+    return [b, cout, ft, fs, fs, t, h, w], [b, cout, t * ft, h * fs, w * fs], cout * ft * fs * fs // cin
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", DUP_UP_CASES)
+@pytest.mark.parametrize("dx_layout", ("contiguous", "frame_major"))
+def test_conv_epilogue_adds_the_dup_up_shortcut_with_atens_roundings(dtype, case, dx_layout):
+    """Bias add and the gathered shortcut add in the epilogue: data movement and two ATen add roundings."""
+    from rewrite.ops import triton_wan
+
+    cin, cout, ft, fs, first = DUP_UP_CASES[case]
+    g = torch.Generator().manual_seed(13)
+    b, t, h, w = 2, 2, 3, 5
+    unfold, fold, repeats = _dup_up_shapes(b, cin, cout, ft, fs, t, h, w)
+    frames = t * ft - first
+    dx = torch.randn(b, cin, t, h, w, generator=g).to(DEVICE, dtype)
+    dx = _frame_major(dx) if dx_layout == "frame_major" else dx
+    y = torch.randn(b * frames, cout, h * fs, w * fs, generator=g).to(DEVICE, dtype)
+    y = y.contiguous(memory_format=torch.channels_last)
+    bias = torch.randn(cout, generator=g).to(DEVICE, dtype)
+    y5 = y.view(b, frames, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+    main = (y.contiguous() + bias.view(1, -1, 1, 1)).view(b, frames, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+    with use_backend("reference"):
+        expected = torch.ops.rewrite.dup_up_add(main, dx, repeats, unfold, fold, first)
+    actual = triton_wan.conv_epilogue(y5, bias, None, expected.stride(), dup_up=(dx, repeats, ft, fs, first))
+    assert actual.stride() == expected.stride()
+    assert torch.equal(actual, expected)
+
+
+def _upsample_dup_up_args(g, dtype, device, case, scale=1):
+    cin, cout, ft, fs, first = DUP_UP_CASES[case]
+    cin, cout = cin * scale, cout * scale
+    b, t, h, w = 1, 2, 3 * scale, 5 * scale
+    unfold, fold, repeats = _dup_up_shapes(b, cin, cout, ft, fs, t, h * 2 // fs, w * 2 // fs)
+    frames = t * ft - first
+    x = torch.randn(cin, b * frames, h, w, generator=g).to(device, dtype).transpose(0, 1)  # frames of an NCDHW tensor
+    weight = (0.2 * torch.randn(cout, cin, 3, 3, generator=g)).to(device, dtype)
+    bias = torch.randn(cout, generator=g).to(device, dtype)
+    dx = torch.randn(b, cin, t, h * 2 // fs, w * 2 // fs, generator=g).to(device, dtype)
+    return (x, dtype != torch.float32, weight, bias, [1, 1], [1, 1], [b, frames, cout, 2 * h, 2 * w], dx, repeats,
+            unfold, fold, first)
+
+
+@contextlib.contextmanager
+def _epilogue_calls(monkeypatch):
+    """Records each `conv_epilogue` call ("dup_up" or "plain") while it runs."""
+    from rewrite.ops import triton_wan
+
+    calls, original = [], triton_wan.conv_epilogue
+
+    def spy(*args, **kwargs):
+        calls.append("dup_up" if kwargs.get("dup_up") is not None else "plain")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(triton_wan, "conv_epilogue", spy)
+    yield calls
+    monkeypatch.setattr(triton_wan, "conv_epilogue", original)
+
+
+@pytest.mark.parametrize("case", DUP_UP_CASES)
+def test_upsample_conv2d_dup_up_add_on_cpu_runs_the_replaced_ops(case):
+    args = _upsample_dup_up_args(torch.Generator().manual_seed(14), torch.float32, "cpu", case)
+    x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats, unfold, fold, first = args
+    y = torch.ops.rewrite.upsample_conv2d(x, upcast, weight, bias, stride, padding)
+    main = y.view(frames_shape).permute(0, 2, 1, 3, 4)
+    expected = torch.ops.rewrite.dup_up_add(main, dx, repeats, unfold, fold, first)
+    actual = torch.ops.rewrite.upsample_conv2d_dup_up_add(*args)
+    assert actual.stride() == expected.stride() and torch.equal(actual, expected)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", DUP_UP_CASES)
+def test_upsample_conv2d_dup_up_add_wiring_on_cpu(monkeypatch, case):
+    """The op's kernel path under the interpreter, the conv self-check opened: layout as the reference's; the
+    CPU conv of the two layouts may sum in other orders: fp32 within 1e-5 (a few ulp of sums of ~70 products)."""
+    from rewrite.ops import selftest
+
+    monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
+    args = _upsample_dup_up_args(torch.Generator().manual_seed(15), torch.float32, "cpu", case)
+    with use_backend("reference"):
+        expected = torch.ops.rewrite.upsample_conv2d_dup_up_add(*args)
+    with use_backend("triton"), _epilogue_calls(monkeypatch) as calls:
+        actual = torch.ops.rewrite.upsample_conv2d_dup_up_add(*args)
+    assert calls == ["dup_up"]  # the kernel path served the call
+    assert actual.stride() == expected.stride()
+    assert torch.allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", DUP_UP_CASES)
+def test_upsample_conv2d_dup_up_add_is_bit_identical_on_this_gpu(monkeypatch, dtype, case):
+    args = _upsample_dup_up_args(torch.Generator().manual_seed(16), dtype, "cuda", case, scale=16)
+    with use_backend("reference"):
+        expected = torch.ops.rewrite.upsample_conv2d_dup_up_add(*args)
+    with _epilogue_calls(monkeypatch) as calls:
+        actual = torch.ops.rewrite.upsample_conv2d_dup_up_add(*args)
+    assert calls == ["dup_up"]  # the kernel path served the call (the conv layouts are equal for this shape)
+    assert actual.stride() == expected.stride()
+    assert torch.equal(actual, expected)

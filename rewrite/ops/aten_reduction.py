@@ -15,8 +15,17 @@ by the `split` threads of one block column:
 
 `split` is what `setReduceConfig` computes from the number of outputs, the channel count and the output
 vector width (`get_output_vec_size`: 4, 2 or 1 from the alignment of the data pointer and the strides).
-When ATen would also split channels across blocks (a global reduction; only for >= 1024 channels over
-few outputs) or across 32-bit index sub-iterations, `plan` returns None and callers keep ATen's kernel.
+
+For many channels over few outputs (Wan 2.2's 1024-channel norms) ATen also splits each output's channels
+across `ctas` blocks (`ctas_per_output`, a global reduction):
+
+  * thread y of block g walks channels y + g split, then every split * ctas channels (4 accumulators as above);
+  * each block combines its threads with the halving tree: partial P_g;
+  * the last block to finish (`global_reduce`) has thread y add P_y, P_{y + split}, P_{y + 2 split}, ... in
+    that order to 0, then combines the split threads with the halving tree again.
+
+Across 32-bit index sub-iterations (inputs of 2 GiB and more) `plan` returns None and callers keep ATen's
+kernel.
 
 The rules were read from PyTorch's `Reduce.cuh`; `tests/test_wan_fused_norm_conv.py` (gpu marker) checks the
 resulting norms with `torch.equal` against ATen on the running GPU for every shape class the Wan decoders
@@ -40,10 +49,12 @@ MAX_VALUES_PER_THREAD = 256
 
 @dataclasses.dataclass(frozen=True)
 class NormPlan:
-    """How ATen's kernel reduces one output: `split` threads, each over channels y + k * split."""
+    """How ATen's kernel reduces one output: `split` threads in each of `ctas` blocks, thread y of block g over
+    channels y + g * split + k * split * ctas."""
 
     split: int
     vec: int
+    ctas: int = 1
 
 
 def _last_pow2(n: int) -> int:
@@ -88,9 +99,9 @@ def _device_limits(index: int) -> tuple[int, int]:
     return props.multi_processor_count, props.max_threads_per_multi_processor
 
 
-def split_for(num_outputs: int, channels: int, vec: int, multiprocessors: int, threads_per_mp: int) -> Optional[int]:
-    """`setReduceConfig` for an outer reduction: the threads splitting each output's channels, or None when
-    the channels would also be split across blocks."""
+def split_for(num_outputs: int, channels: int, vec: int, multiprocessors: int, threads_per_mp: int) -> tuple[int, int]:
+    """`setReduceConfig` for an outer reduction: (threads splitting each output's channels in a block, blocks
+    splitting them: `ctas_per_output`)."""
     max_threads = MAX_THREADS // vec
     dim0 = num_outputs // vec
     dim0_pow2 = _last_pow2(dim0) if dim0 < max_threads else max_threads
@@ -105,9 +116,12 @@ def split_for(num_outputs: int, channels: int, vec: int, multiprocessors: int, t
         split, step_output = 1, step_output * height
     grid = -(-dim0 // step_output)
     target_grid = multiprocessors * (threads_per_mp // (width * height))
-    if split > 1 and -(-channels // split) >= MAX_VALUES_PER_THREAD and grid <= target_grid:
-        return None
-    return split
+    values_per_thread = -(-channels // split)
+    ctas = 1
+    if split > 1 and values_per_thread >= MAX_VALUES_PER_THREAD and grid <= target_grid:
+        ctas = max(min(-(-target_grid // grid), -(-values_per_thread // MIN_SPLIT_VALUES)),
+                   -(-values_per_thread // MAX_VALUES_PER_THREAD))
+    return split, ctas
 
 
 def plan(x: torch.Tensor, reduced_dtype: torch.dtype) -> Optional[NormPlan]:
@@ -126,8 +140,8 @@ def plan(x: torch.Tensor, reduced_dtype: torch.dtype) -> Optional[NormPlan]:
     data_ptr = x.data_ptr() if reduced_dtype == x.dtype else 0
     vec = output_vec_size(tuple(x.shape), tuple(x.stride()), data_ptr, element_size)
     num_outputs = x.numel() // x.shape[1]
-    split = split_for(num_outputs, x.shape[1], vec, *_device_limits(x.device.index or 0))
-    return None if split is None else NormPlan(split=split, vec=vec)
+    split, ctas = split_for(num_outputs, x.shape[1], vec, *_device_limits(x.device.index or 0))
+    return NormPlan(split=split, vec=vec, ctas=ctas)
 
 
 def _non_overlapping_dense(x: torch.Tensor) -> bool:

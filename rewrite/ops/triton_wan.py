@@ -103,21 +103,22 @@ if triton is not None:
         return lo + hi
 
     @triton.jit
-    def _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
-        """fp32 L2 norm over the C channels of BLOCK_P pixels, summed in ATen's order (`aten_reduction`):
-        accumulator row i * SPLIT + y holds thread y's accumulator i, over channels 4 SPLIT k + i SPLIT + y."""
-        GROUP: tl.constexpr = 4 * SPLIT
-        rows = tl.arange(0, GROUP)
-        acc = tl.zeros([GROUP, BLOCK_P], dtype=tl.float32)
-        for c0 in range(0, C, GROUP):
-            c = c0 + rows
-            m = (c < C)[:, None] & pmask[None, :]
-            v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
-            acc = tl.fma(v, v, acc)  # masked channels add +0.0 to a non-negative sum: no change
-        even, odd = tl.split(tl.permute(tl.reshape(acc, [2, 2, SPLIT, BLOCK_P]), [2, 3, 0, 1]))
+    def _fold_halves_per_block(s, G: tl.constexpr, N: tl.constexpr, P: tl.constexpr):
+        """[G, N, P] -> [G, N // 2, P]: `_fold_halves` within each of G blocks."""
+        lo, hi = tl.split(tl.permute(tl.reshape(s, [G, 2, N // 2, P]), [0, 2, 3, 1]))
+        return lo + hi
+
+    @triton.jit
+    def _thread_sums(acc, THREADS: tl.constexpr, BLOCK_P: tl.constexpr):
+        """[4 THREADS, P] accumulators (row i * THREADS + thread) -> [THREADS, P]: ((a0 + a1) + a2) + a3."""
+        even, odd = tl.split(tl.permute(tl.reshape(acc, [2, 2, THREADS, BLOCK_P]), [2, 3, 0, 1]))
         acc0, acc2 = tl.split(even)
         acc1, acc3 = tl.split(odd)
-        s = ((acc0 + acc1) + acc2) + acc3
+        return ((acc0 + acc1) + acc2) + acc3
+
+    @triton.jit
+    def _block_tree(s, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
+        """[SPLIT, P] -> [P]: ATen's `block_y_reduce` halving tree over the SPLIT threads."""
         if SPLIT >= 16:
             s = _fold_halves(s, 16, BLOCK_P)
         if SPLIT >= 8:
@@ -126,7 +127,55 @@ if triton is not None:
             s = _fold_halves(s, 4, BLOCK_P)
         if SPLIT >= 2:
             s = _fold_halves(s, 2, BLOCK_P)
-        return tl.sqrt_rn(tl.reshape(s, [BLOCK_P]))
+        return tl.reshape(s, [BLOCK_P])
+
+    @triton.jit
+    def _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT: tl.constexpr, CTAS: tl.constexpr, CTAS_P2: tl.constexpr,
+                      BLOCK_P: tl.constexpr):
+        """fp32 L2 norm over the C channels of BLOCK_P pixels, summed in ATen's order (`aten_reduction`).
+        One block (CTAS == 1): accumulator row i * SPLIT + y holds thread y's accumulator i, over channels
+        4 SPLIT k + i SPLIT + y. CTAS blocks (padded to CTAS_P2 rows of threads): row (i * CTAS_P2 + g) * SPLIT
+        + y holds accumulator i of thread y of block g, over channels (4 k + i) SPLIT CTAS + g SPLIT + y; the
+        block partials are then added as `global_reduce` adds them."""
+        if CTAS == 1:
+            GROUP: tl.constexpr = 4 * SPLIT
+            rows = tl.arange(0, GROUP)
+            acc = tl.zeros([GROUP, BLOCK_P], dtype=tl.float32)
+            for c0 in range(0, C, GROUP):
+                c = c0 + rows
+                m = (c < C)[:, None] & pmask[None, :]
+                v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
+                acc = tl.fma(v, v, acc)  # masked channels add +0.0 to a non-negative sum: no change
+            total = _block_tree(_thread_sums(acc, SPLIT, BLOCK_P), SPLIT, BLOCK_P)
+        else:
+            THREADS: tl.constexpr = CTAS_P2 * SPLIT
+            rows = tl.arange(0, 4 * THREADS)
+            block = (rows // SPLIT) % CTAS_P2
+            first = (rows // THREADS) * (SPLIT * CTAS) + block * SPLIT + rows % SPLIT
+            acc = tl.zeros([4 * THREADS, BLOCK_P], dtype=tl.float32)
+            for c0 in range(0, C, 4 * SPLIT * CTAS):
+                c = c0 + first
+                m = ((block < CTAS) & (c < C))[:, None] & pmask[None, :]
+                v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
+                acc = tl.fma(v, v, acc)
+            partial = tl.reshape(_thread_sums(acc, THREADS, BLOCK_P), [CTAS_P2, SPLIT, BLOCK_P])
+            if SPLIT >= 16:
+                partial = _fold_halves_per_block(partial, CTAS_P2, 16, BLOCK_P)
+            if SPLIT >= 8:
+                partial = _fold_halves_per_block(partial, CTAS_P2, 8, BLOCK_P)
+            if SPLIT >= 4:
+                partial = _fold_halves_per_block(partial, CTAS_P2, 4, BLOCK_P)
+            if SPLIT >= 2:
+                partial = _fold_halves_per_block(partial, CTAS_P2, 2, BLOCK_P)
+            partial = tl.reshape(partial, [CTAS_P2, BLOCK_P])  # P_g: block g's tree result
+            block_rows = tl.arange(0, CTAS_P2)[:, None]
+            thread_rows = tl.arange(0, SPLIT)[:, None]
+            last = tl.zeros([SPLIT, BLOCK_P], dtype=tl.float32)
+            for g in tl.static_range(CTAS):  # thread g % SPLIT adds P_g, in g order, from 0
+                p_g = tl.sum(tl.where(block_rows == g, partial, 0.0), axis=0)  # one non-zero term: exact
+                last = last + tl.where(thread_rows == g % SPLIT, p_g[None, :], 0.0)  # + 0.0 elsewhere: no change
+            total = _block_tree(last, SPLIT, BLOCK_P)
+        return tl.sqrt_rn(total)
 
     @triton.jit
     def _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST: tl.constexpr, SILU: tl.constexpr):
@@ -161,14 +210,14 @@ if triton is not None:
     @triton.jit
     def _rms_norm_fused_kernel(x_ptr, gamma_ptr, out_ptr, C, T, HW, sx0, sx1, sx2, so0, so1, so2, scale, bias, eps,
                                UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
-                               BLOCK_P: tl.constexpr):
+                               CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr):
         """The whole Wan RMS norm for BLOCK_P pixels of one (b, t) plane (contiguous (h, w) planes, plane
         number along axis 0 as in `_rms_norm_plane_kernel`): the channel norm in ATen's order, then the
         epilogue of `_rms_norm_epilogue_kernel` (same arithmetic, element for element) over a second read."""
         b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
         x_pix = b * sx0 + t * sx2 + hw
         o_pix = b * so0 + t * so2 + hw
-        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, BLOCK_P)
+        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
         GROUP: tl.constexpr = 4 * SPLIT
         for c0 in range(0, C, GROUP):
@@ -180,7 +229,7 @@ if triton is not None:
     def _rms_norm_padded_kernel(x_ptr, gamma_ptr, out_ptr, next_ptr, C, T, HW, W, sx0, sx1, sx2,
                                 TO, HO, WO, FT, PH, PW, SLOT0, scale, bias, eps,
                                 UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
-                                BLOCK_P: tl.constexpr):
+                                CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr):
         """`_rms_norm_fused_kernel` storing its output straight into a causal conv's padded input, channels-last
         ([B, TO, HO, WO, C] in memory; frame t of x at padded frame FT + t, pixel (h, w) at (PH + h, PW + w)),
         and frames SLOT0 and SLOT0 + 1 of x also into the next cache ([B, 2, H, W, C] in memory)."""
@@ -191,7 +240,7 @@ if triton is not None:
         o_pix = (((b * TO + FT + t) * HO + PH + h) * WO + PW + w) * C
         slot = t - SLOT0
         n_pix = (((b * 2 + slot) * (HW // W) + h) * W + w) * C
-        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, BLOCK_P)
+        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
         GROUP: tl.constexpr = 4 * SPLIT
         for c0 in range(0, C, GROUP):
@@ -202,10 +251,11 @@ if triton is not None:
                 tl.store(next_ptr + n_pix[None, :] + c[:, None], y, mask=m)
 
     @triton.jit
-    def _channel_norm_kernel(x_ptr, norm_ptr, C, T, HW, sx0, sx1, sx2, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
+    def _channel_norm_kernel(x_ptr, norm_ptr, C, T, HW, sx0, sx1, sx2, SPLIT: tl.constexpr, CTAS: tl.constexpr,
+                             CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr):
         """The channel norm alone (contiguous [B, T, H, W] fp32 output), for tests against ATen's."""
         b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
-        norm = _channel_norm(x_ptr, b * sx0 + t * sx2 + hw, pmask, C, sx1, SPLIT, BLOCK_P)
+        norm = _channel_norm(x_ptr, b * sx0 + t * sx2 + hw, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P)
         tl.store(norm_ptr + (b * T + t) * HW + hw, norm, mask=pmask)
 
     @triton.jit
@@ -303,13 +353,16 @@ if triton is not None:
             tl.store(next_ptr + (cache_rows + ws[:, None]) * C + c[None, :], value, mask=inside)
 
     @triton.jit
-    def _conv_epilogue_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, C, T, S, sy0, sy1, sy2, sys_, sr0, sr1, sr2, srs,
-                              so0, so1, so2, sos, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    def _conv_epilogue_kernel(y_ptr, bias_ptr, res_ptr, dup_ptr, out_ptr, C, T, S, W, sy0, sy1, sy2, sys_, sr0, sr1,
+                              sr2, srs, sd0, sd1, sd2, sd3, sd4, so0, so1, so2, sos, REPEATS, FT, FS, FIRST,
+                              HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DUP: tl.constexpr,
                               BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
         """out = round(round(y + bias) + residual) (each part optional) with ATen's roundings (the conv's
         bias `add_`, then the residual add), for tensors whose (h, w) positions are one strided run of S
         (`s*s` strides): reads the channels-last conv output along c and writes the output (and reads the
-        residual) in their own layouts. One (b, t) plane per program along axis 0, a BLOCK_S x BLOCK_C tile."""
+        residual) in their own layouts. With HAS_DUP the residual is Wan 2.2's DupUp3D shortcut of `dup`
+        (`_dup_up_add_kernel`'s gather; W is the output width). One (b, t) plane per program along axis 0,
+        a BLOCK_S x BLOCK_C tile."""
         plane = tl.program_id(0)
         b = (plane // T).to(tl.int64)
         t = (plane % T).to(tl.int64)
@@ -325,6 +378,14 @@ if triton is not None:
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + (b * sr0 + t * sr2) + sp[:, None] * srs + c[None, :] * sr1, mask=mask, other=0.0)
             acc = acc + r.to(tl.float32)
+        if HAS_DUP:
+            h = (sp // W)[:, None]
+            w = (sp % W)[:, None]
+            tf = t + FIRST
+            channel = ((c[None, :] * FT + tf % FT) * FS + h % FS) * FS + w % FS
+            d = tl.load(dup_ptr + b * sd0 + (channel // REPEATS) * sd1 + (tf // FT) * sd2 + (h // FS) * sd3
+                        + (w // FS) * sd4, mask=mask, other=0.0)
+            acc = acc + d.to(tl.float32)
         tl.store(out_ptr + (b * so0 + t * so2) + sp[:, None] * sos + c[None, :] * so1, _round(acc, dtype), mask=mask)
 
     @triton.jit
@@ -442,11 +503,20 @@ def reference_layout(key: tuple, fn: Callable, *tensors: Tensor) -> tuple[int, .
 FUSED_NORM = True  # the one-kernel norm where `aten_reduction.plan` reproduces ATen's order (A/B switch)
 
 
+MAX_NORM_THREADS = 64  # split x padded ctas rows of accumulators the fused norm holds (4 each): Wan's <= 4 x 16
+
+
 def norm_plan(x: Tensor, upcast: bool):
     """ATen's summation order for this CUDA norm input, or None (then ATen's reduction kernel runs)."""
     if not FUSED_NORM or not x.is_cuda or (x.dtype != torch.float32) != upcast or not _planes_contiguous(_as5d(x)):
         return None
-    return aten_reduction.plan(x, torch.float32)
+    plan = aten_reduction.plan(x, torch.float32)
+    return None if plan is None or _norm_threads(plan.split, plan.ctas) > MAX_NORM_THREADS else plan
+
+
+def _norm_threads(split: int, ctas: int) -> int:
+    """Rows of ATen threads the fused norm emulates per pixel: split x ctas padded to a power of 2."""
+    return split * triton.next_power_of_2(ctas)
 
 
 NORM_TILE = 1024  # accumulator values per program of the fused norm (8 fp32 registers a thread at 4 warps;
@@ -454,29 +524,34 @@ NORM_TILE = 1024  # accumulator values per program of the fused norm (8 fp32 reg
 NORM_WARPS = 4
 
 
-def _pixels_block(split: int, pixels: int) -> int:
-    """Pixels per program of the fused norm: a [4 split, pixels] fp32 accumulator of NORM_TILE values, and 32
-    where a plane is too small to fill the GPU with large blocks."""
-    return 32 if pixels < 16 * 1024 else max(32, min(512, NORM_TILE // (4 * split)))
+def _pixels_block(threads: int, pixels: int) -> int:
+    """Pixels per program of the fused norm: a [4 threads, pixels] fp32 accumulator of NORM_TILE values (at
+    least 32 pixels), and 32 where a plane is too small to fill the GPU with large blocks."""
+    return 32 if pixels < 16 * 1024 else max(32, min(512, NORM_TILE // (4 * threads)))
 
 
-def channel_norm(x: Tensor, split: int) -> Tensor:
-    """fp32 L2 norm over dim 1 in ATen's order for `split` (see `aten_reduction`), shape [B, 1, T, H, W].
-    x's (h, w) planes must be contiguous."""
+def _norm_constexprs(split: int, ctas: int, pixels: int) -> dict:
+    return dict(SPLIT=split, CTAS=ctas, CTAS_P2=triton.next_power_of_2(ctas),
+                BLOCK_P=_pixels_block(_norm_threads(split, ctas), pixels))
+
+
+def channel_norm(x: Tensor, split: int, ctas: int = 1) -> Tensor:
+    """fp32 L2 norm over dim 1 in ATen's order for `split` threads in `ctas` blocks (see `aten_reduction`),
+    shape [B, 1, T, H, W]. x's (h, w) planes must be contiguous."""
     x5 = _as5d(x)
     b, c, t, h, w = x5.shape
     norm = torch.empty((b, 1, t, h, w), dtype=torch.float32, device=x.device)
-    block = _pixels_block(split, h * w)
+    constexprs = _norm_constexprs(split, ctas, h * w)
     if norm.numel():
-        _channel_norm_kernel[(b * t, triton.cdiv(h * w, block))](
-            x5, norm, c, t, h * w, *x5.stride()[:3], SPLIT=split, BLOCK_P=block, enable_fp_fusion=False)
+        _channel_norm_kernel[(b * t, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
+            x5, norm, c, t, h * w, *x5.stride()[:3], **constexprs, enable_fp_fusion=False)
     return norm.view([b, 1, *x.shape[2:]])
 
 
 def rms_norm_fused(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool, silu: bool,
-                   split: int) -> Tensor:
+                   split: int, ctas: int = 1) -> Tensor:
     """The whole Wan RMS norm (+ SiLU when `silu`) in one kernel whose channel sums follow ATen's order for
-    `split` (`aten_reduction.plan`): reads x twice (the second time mostly from L2), writes the output once.
+    `split` threads in `ctas` blocks (`aten_reduction.plan`): reads x twice (the second time mostly from L2), writes the output once.
     x's (h, w) planes must be contiguous (contiguous and frame-major layouts)."""
     from rewrite.ops.wan import rms_norm_reference
 
@@ -487,11 +562,11 @@ def rms_norm_fused(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: flo
     b, c, t, h, w = x5.shape
     if not _planes_contiguous(x5, o5):
         raise ValueError("rms_norm_fused: x and the output need contiguous (h, w) planes")
-    block = _pixels_block(split, h * w)
+    constexprs = _norm_constexprs(split, ctas, h * w)
     if out.numel():
-        _rms_norm_fused_kernel[(b * t, triton.cdiv(h * w, block))](
+        _rms_norm_fused_kernel[(b * t, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
             x5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias), float(eps),
-            UPCAST=upcast, SILU=silu, SPLIT=split, BLOCK_P=block, enable_fp_fusion=False, num_warps=NORM_WARPS)
+            UPCAST=upcast, SILU=silu, **constexprs, enable_fp_fusion=False, num_warps=NORM_WARPS)
     return out
 
 
@@ -504,7 +579,7 @@ def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, up
     silu_here = act == "silu" and fused_silu
     plan = norm_plan(x, upcast)
     if plan is not None:
-        out = rms_norm_fused(x, gamma, scale, bias, eps, upcast, silu_here, plan.split)
+        out = rms_norm_fused(x, gamma, scale, bias, eps, upcast, silu_here, plan.split, plan.ctas)
         return torch.nn.functional.silu(out) if act == "silu" and not fused_silu else out
     strides = reference_layout(("rms_norm", upcast, act),
                                lambda a, g: rms_norm_reference(a, g, 1.0, 0.0, 1e-12, upcast, act), x, gamma)
@@ -595,10 +670,11 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
 
 
 def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
-                                  silu: bool, split: int, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+                                  silu: bool, split: int, cache: Tensor | None, pad: list[int],
+                                  ctas: int = 1) -> tuple[Tensor, Tensor]:
     """`causal_pad_channels_last(rms_norm(x), cache, pad)` without materializing the norm: the norm kernel
     stores into the padded buffer and the next cache, the pad kernel writes only the rest (cache frames, zero
-    pad). x's (h, w) planes must be contiguous; `split` is `aten_reduction.plan(x).split`."""
+    pad). x's (h, w) planes must be contiguous; `split`, `ctas` are `aten_reduction.plan(x)`'s."""
     if not _planes_contiguous(x):
         raise ValueError("rms_norm_padded_channels_last: x needs contiguous (h, w) planes")
     out, next_cache = causal_pad_channels_last(x, cache, pad, skip_x=True)
@@ -608,11 +684,11 @@ def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: 
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
     _, _, frames_out, rows_out, columns_out = out.shape
-    block = _pixels_block(split, h * w)
-    _rms_norm_padded_kernel[(b * tx, triton.cdiv(h * w, block))](
+    constexprs = _norm_constexprs(split, ctas, h * w)
+    _rms_norm_padded_kernel[(b * tx, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
         x, gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], frames_out, rows_out, columns_out, tl_ + tc, hl, wl,
-        tx - 2, float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu, SPLIT=split,
-        BLOCK_P=block, enable_fp_fusion=False, num_warps=NORM_WARPS)
+        tx - 2, float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu, **constexprs,
+        enable_fp_fusion=False, num_warps=NORM_WARPS)
     return out, next_cache
 
 
@@ -626,23 +702,31 @@ def _run_stride(t: Tensor) -> int | None:
     return t.stride(4) if t.stride(3) == w * t.stride(4) else None
 
 
-def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_strides: tuple[int, ...]) -> Tensor:
+def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_strides: tuple[int, ...],
+                  dup_up: tuple[Tensor, int, int, int, int] | None = None) -> Tensor:
     """`y.add_(bias) [+ residual]` with ATen's roundings into a new tensor of `out_strides` (y is a conv
-    output without its bias, any layout whose (h, w) positions form one strided run)."""
+    output without its bias, any layout whose (h, w) positions form one strided run). `dup_up` =
+    (x, repeats, factor_t, factor_s, first_frame) adds `DupUp3D(x)[:, :, first_frame:]` as the residual
+    (`dup_up_add`'s gather; not with `residual`)."""
+    if residual is not None and dup_up is not None:
+        raise ValueError("conv_epilogue: a residual or a DupUp3D shortcut, not both")
     out = torch.empty_strided(y.shape, out_strides, dtype=y.dtype, device=y.device)
     res = residual if residual is not None else out
     runs = [_run_stride(t) for t in (y, res, out)]
     if None in runs:
         raise ValueError(f"conv_epilogue: (h, w) not one strided run in strides {[t.stride() for t in (y, res, out)]}")
+    dup, repeats, factor_t, factor_s, first = dup_up if dup_up is not None else (out, 1, 1, 1, 0)
     b, c, t, h, w = y.shape
     if out.numel():
         block_s, block_c, warps = EPILOGUE_TILE
         block_c = _channel_block(c, block_c)
         grid = (b * t, triton.cdiv(h * w, block_s), triton.cdiv(c, block_c))
-        _conv_epilogue_kernel[grid](y, y if bias is None else bias, res, out, c, t, h * w,
-                                    *y.stride()[:3], runs[0], *res.stride()[:3], runs[1], *out.stride()[:3], runs[2],
-                                    HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, BLOCK_S=block_s,
-                                    BLOCK_C=block_c, enable_fp_fusion=False, num_warps=warps)
+        _conv_epilogue_kernel[grid](y, y if bias is None else bias, res, dup, out, c, t, h * w, w,
+                                    *y.stride()[:3], runs[0], *res.stride()[:3], runs[1], *dup.stride(),
+                                    *out.stride()[:3], runs[2], repeats, factor_t, factor_s, first,
+                                    HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+                                    HAS_DUP=dup_up is not None, BLOCK_S=block_s, BLOCK_C=block_c,
+                                    enable_fp_fusion=False, num_warps=warps)
     return out
 
 

@@ -129,8 +129,10 @@ def _(x, weight, bias, residual):
 # ---- causal conv3d: input assembly, channels-last conv, bias (+ residual) ---------------------------------
 def causal_conv3d_reference(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                             bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """`conv3d(padded, weight, bias) [+ residual]` and the next cache, `padded` as `causal_conv_input` makes it."""
+    """`conv3d(padded, weight, bias) [+ residual]` and the next cache, `padded` as `causal_conv_input` makes it.
+    The weight is made contiguous (a no-op for the module's own; the runtime may pass a channels-last copy)."""
     padded, next_cache = causal_conv_input(x, cache, pad, mode)
+    weight = aten.contiguous.default(weight)
     if residual is None:
         return aten.conv3d.default(padded, weight, bias), next_cache
     return conv3d_residual(padded, weight, bias, residual), next_cache
@@ -257,7 +259,7 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
                 and _channels_last_conv_serves(x, cache, pad, mode, weight, residual)):
             padded, next_cache = kernels.rms_norm_padded_channels_last(
                 x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
-                cache if mode != "chunk0" else None, pad)
+                cache if mode != "chunk0" else None, pad, plan.ctas)
             return _channels_last_conv(padded, weight, bias, residual), next_cache
     normalized = rms_norm(x, gamma, scale, norm_bias, eps, upcast, act)
     return causal_conv3d(normalized, cache, pad, mode, weight, bias, residual)
@@ -271,7 +273,8 @@ def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bi
 # ---- nearest-exact 2x upsample feeding a conv2d (Wan's Resample) ------------------------------------------
 def upsample_conv2d_reference(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
                               padding: list[int]) -> Tensor:
-    return aten.conv2d.default(upsample_nearest2x(x, upcast), weight, bias, stride, padding)
+    """The replaced subgraph (the weight made contiguous, as in `causal_conv3d_reference`)."""
+    return aten.conv2d.default(upsample_nearest2x(x, upcast), aten.contiguous.default(weight), bias, stride, padding)
 
 
 @torch.library.custom_op("rewrite::upsample_conv2d", mutates_args=())
@@ -345,3 +348,62 @@ def dup_up_add(main: Tensor, x: Tensor, repeats: int, unfold_shape: list[int], f
 @dup_up_add.register_fake
 def _(main, x, repeats, unfold_shape, fold_shape, first_frame):
     return torch.empty_like(main)
+
+
+# ---- Wan 2.2 up block end: upsample + conv2d, then the DupUp3D shortcut added -----------------------------
+def upsample_conv2d_dup_up_add_reference(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor],
+                                         stride: list[int], padding: list[int], frames_shape: list[int], dx: Tensor,
+                                         repeats: int, unfold_shape: list[int], fold_shape: list[int],
+                                         first_frame: int) -> Tensor:
+    """`dup_up_add(permute(view(upsample_conv2d(x, ...), frames_shape), [0, 2, 1, 3, 4]), dx, ...)`."""
+    y = upsample_conv2d(x, upcast, weight, bias, stride, padding)
+    main = aten.permute.default(aten.view.default(y, frames_shape), [0, 2, 1, 3, 4])
+    return dup_up_add(main, dx, repeats, unfold_shape, fold_shape, first_frame)
+
+
+@torch.library.custom_op("rewrite::upsample_conv2d_dup_up_add", mutates_args=())
+def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
+                               padding: list[int], frames_shape: list[int], dx: Tensor, repeats: int,
+                               unfold_shape: list[int], fold_shape: list[int], first_frame: int) -> Tensor:
+    """The end of a Wan 2.2 up block: the upsampler's 2x upsample + conv2d over the frames folded into the
+    batch, unfolded to [b, c, t, h, w] (`frames_shape` is the [b, t, c, h, w] view), plus the DupUp3D
+    shortcut of the block input `dx`.
+
+    Kernel path: `upsample_conv2d`'s channels-last upsample and conv, then one epilogue pass that adds the
+    bias (ATen's rounding), gathers the shortcut from `dx` and adds it (the add's rounding), writing the
+    layout of the replaced add: the conv output is never stored in the reference layout and read back.
+    Same conditions as the two ops' kernel paths; else the two ops run.
+    """
+    from rewrite.ops.triton_wan import reference_layout
+
+    tensors = tuple(t for t in (x, weight, bias, dx) if t is not None)
+    if (x.dim() == 4 and weight.dim() == 4 and dx.dim() == 5 and list(stride) == [1, 1] and len(padding) == 2
+            and weight.shape[1] == x.shape[1] and len(frames_shape) == 5 and len(unfold_shape) == 8
+            and dx.dtype == x.dtype and use_kernel("upsample_conv2d_dup_up_add", tensors, FLOAT_DTYPES)):
+        n, c, h, w = x.shape
+        b, t = int(frames_shape[0]), int(frames_shape[1])
+        if b * t == n and selftest.channels_last_conv_is_exact((n, c, 2 * h, 2 * w), tuple(weight.shape), x.dtype,
+                                                                x.device, tuple(padding)):
+            kernels = _kernels()
+            strides = reference_layout(
+                ("upsample_conv2d_dup_up_add", upcast, tuple(padding), repeats, first_frame),
+                lambda a, wt, d: upsample_conv2d_dup_up_add_reference(
+                    a, upcast, wt, None, [1, 1], padding, [b, t, wt.shape[0], 2 * h + 2 * padding[0] - wt.shape[2] + 1,
+                                                           2 * w + 2 * padding[1] - wt.shape[3] + 1],
+                    d, repeats, unfold_shape, fold_shape, first_frame),
+                x, weight, dx)
+            y = aten.conv2d.default(kernels.upsample_nearest2x_channels_last(x),
+                                    weight.contiguous(memory_format=torch.channels_last), None, stride, padding)
+            y5 = y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+            return kernels.conv_epilogue(y5, bias, None, strides,
+                                         dup_up=(dx, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame))
+    return upsample_conv2d_dup_up_add_reference(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats,
+                                                unfold_shape, fold_shape, first_frame)
+
+
+@upsample_conv2d_dup_up_add.register_fake
+def _(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats, unfold_shape, fold_shape, first_frame):
+    _, kh, kw = weight.shape[1:]
+    b, t, _, _, _ = frames_shape
+    h, w = 2 * x.shape[2] + 2 * padding[0] - kh + 1, 2 * x.shape[3] + 2 * padding[1] - kw + 1
+    return x.new_empty((b, t, weight.shape[0], h, w)).permute(0, 2, 1, 3, 4)  # as dup_up_add's fake: main's layout

@@ -24,10 +24,10 @@ import copy
 import torch
 import torch.fx as fx
 
-__all__ = ["write_caches_in_place"]
+__all__ = ["aliases_of", "may_alias_an_input", "write_caches_in_place"]
 
 
-def _may_alias_an_input(node: fx.Node) -> bool:
+def may_alias_an_input(node: fx.Node) -> bool:
     if node.op != "call_function":
         return True
     target = node.target
@@ -36,12 +36,12 @@ def _may_alias_an_input(node: fx.Node) -> bool:
     return True  # getitem, Python operators and anything else: assume it may
 
 
-def _aliases(node: fx.Node) -> set[fx.Node]:
+def aliases_of(node: fx.Node) -> set[fx.Node]:
     """`node` and every node whose value may share its memory (views of views...)."""
     seen, stack = {node}, [node]
     while stack:
         for user in stack.pop().users:
-            if user not in seen and user.op != "output" and _may_alias_an_input(user):
+            if user not in seen and user.op != "output" and may_alias_an_input(user):
                 seen.add(user)
                 stack.append(user)
     return seen
@@ -62,7 +62,7 @@ def write_caches_in_place(graph_module: fx.GraphModule, user_inputs: list[str]) 
     if len(outputs) != len(caches) + 1:
         raise ValueError(f"write_caches_in_place: {len(caches)} cache inputs but {len(outputs) - 1} cache outputs")
     y, new = outputs[0], outputs[1:]
-    alias_sets = [_aliases(cache) for cache in caches]
+    alias_sets = [aliases_of(cache) for cache in caches]
     if any(y in aliases for aliases in alias_sets):
         return graph_module, list(range(len(caches)))
     kept = set()

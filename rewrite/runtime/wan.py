@@ -24,6 +24,7 @@ from rewrite.report import FallbackLog, GraphReport
 from rewrite.runtime import guards
 from rewrite.runtime.cache_writes import write_caches_in_place
 from rewrite.runtime.captures import CaptureCache
+from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
 from rewrite.runtime.graphs import GraphCache, StaticStep, static_buffer_mode
 
 
@@ -41,6 +42,7 @@ class WanRunner:
         self.temporal_factor = 2 ** sum(bool(t) for t in vae.decoder.temperal_upsample)
         self.cuda_graphs = GraphCache(max_entries=4)  # per (batch, latent h, w, dtype, device)
         self.use_cuda_graphs = True
+        self.channels_last_weights = ChannelsLastWeights()  # shared by the CUDA graphs of every shape
         self._reference_decode = type(vae)._decode.__get__(vae)
         self.vae = vae
 
@@ -122,7 +124,8 @@ class WanRunner:
             b, _, _, h, w = x.shape
             try:
                 steps = self.cuda_graphs.get((b, h, w, x.dtype, x.device), weights0 + weights,
-                                             lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1]))
+                                             lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1],
+                                                                    self.channels_last_weights))
             except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
                 self.use_cuda_graphs = False
                 self.cuda_graphs.clear()
@@ -164,9 +167,17 @@ class _WanCudaGraphs:
     as the uncaptured loop does. The steady graph does it inside, each cache as soon as the old one is dead
     (`rewrite.runtime.cache_writes`: the new caches are not all alive at once, which set the peak memory);
     chunk 0 copies at its end. Both graphs share one memory pool (they never overlap).
+
+    The conv weights that channels-last ops read are passed as channels-last copies from `layout_store`
+    (`rewrite.runtime.conv_weights`), refreshed from the live weights at the start of chunk 0, i.e. once per
+    decode instead of once per op call in every step.
     """
 
-    def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor):
+    def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor,
+                 layout_store: ChannelsLastWeights):
+        weights0, pairs0 = layout_store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
+        weights, pairs = layout_store.substitute(channels_last_weight_slots(steady.graph_module), weights)
+        refresh_pairs = pairs0 + pairs
         with static_buffer_mode():
             self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
             _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
@@ -174,6 +185,7 @@ class _WanCudaGraphs:
             del _, caches  # not kept alive through the captures below (they would count twice in the peak)
 
         def first(x):
+            layout_store.refresh(refresh_pairs)
             y, *new = chunk0(weights0, x)
             for static, value in zip(self.caches, new):
                 static.copy_(value)

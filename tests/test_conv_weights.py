@@ -1,0 +1,108 @@
+"""`rewrite.runtime.conv_weights`: channels-last weight copies for the channels-last conv ops.
+
+Structural: which weight placeholders of the tiny Wan graphs (captured and rewritten at `lossless` on the CPU)
+are substituted. Behavioural: copies are made once per weight, refreshed from in-place updates and dropped
+with their weight. Numeric: the graphs run with the copies are `torch.equal` to the graphs run with the
+module's own weights (the ops' reference paths make the weight contiguous again).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+
+import pytest
+import torch
+
+from rewrite.capture.wan import capture_wan_decoder
+from rewrite.models.wan import build_wan
+from rewrite.pipeline import rewrite_graph
+from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
+
+CHANNELS_LAST_OPS = {"rewrite.causal_conv3d.default", "rewrite.rms_norm_causal_conv3d.default",
+                     "rewrite.upsample_conv2d.default"}
+
+
+@pytest.fixture(scope="module", params=["wan2.1", "wan2.2"])
+def tiny_graphs(request):
+    vae = build_wan(request.param, "tiny")
+    graphs = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    for graph in graphs:
+        rewrite_graph(graph, "lossless")
+    return vae, graphs
+
+
+def test_slots_are_exactly_the_weights_only_channels_last_ops_read(tiny_graphs):
+    _, graphs = tiny_graphs
+    for graph in graphs:
+        placeholders = [n for n in graph.graph_module.graph.nodes if n.op == "placeholder"]
+        slots = set(channels_last_weight_slots(graph.graph_module))
+        assert slots, graph.name
+        for index, node in enumerate(placeholders):
+            only_cl_weight = bool(node.users) and all(
+                str(u.target) in CHANNELS_LAST_OPS and u.kwargs.get("weight", u.args[_weight_index(u)]) is node
+                and sum(a is node for a in u.args) == 1 for u in node.users)
+            assert (index in slots) == only_cl_weight, (graph.name, node.name)
+        kinds = {graph.input_kinds[i][0] for i in slots}
+        assert kinds == {"param"}
+
+
+def _weight_index(node):
+    return [a.name for a in node.target._schema.arguments].index("weight")
+
+
+def test_a_weight_also_read_elsewhere_is_not_substituted():
+    vae = build_wan("wan2.1", "tiny")
+    _, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    rewrite_graph(steady, "lossless")
+    gm = steady.graph_module
+    slot = channels_last_weight_slots(gm)[0]
+    placeholder = [n for n in gm.graph.nodes if n.op == "placeholder"][slot]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(output):
+        extra = gm.graph.call_function(torch.ops.aten.sum.default, (placeholder,))
+    assert slot not in channels_last_weight_slots(gm)
+    gm.graph.erase_node(extra)
+    assert slot in channels_last_weight_slots(gm)
+
+
+def test_store_copies_once_refreshes_and_forgets_dead_weights():
+    store = ChannelsLastWeights()
+    conv3d = torch.randn(4, 3, 3, 3, 3)
+    conv2d = torch.randn(4, 3, 3, 3)
+    bias = torch.randn(4)
+    weights = [None, conv3d, conv2d, bias]
+    out, pairs = store.substitute([1, 2, 3], weights)
+    assert out[0] is None and out[3] is bias  # not a conv weight: passed as is
+    assert out[1].is_contiguous(memory_format=torch.channels_last_3d) and torch.equal(out[1], conv3d)
+    assert out[2].is_contiguous(memory_format=torch.channels_last) and torch.equal(out[2], conv2d)
+    assert len(store) == 2 and len(pairs) == 2
+    again, _ = store.substitute([1], weights)
+    assert again[1] is out[1]  # one copy per weight, shared by every graph that reads it
+    conv3d.mul_(2)
+    assert not torch.equal(out[1], conv3d)
+    store.refresh(pairs)
+    assert torch.equal(out[1], conv3d)
+    del weights, conv2d, again, out, pairs
+    gc.collect()
+    store.substitute([0], [conv3d])
+    assert len(store) == 1
+    assert len(copy.deepcopy(store)) == 0
+
+
+def test_graphs_run_with_the_copies_are_equal_to_the_graphs_run_with_the_weights(tiny_graphs):
+    vae, (chunk0, steady) = tiny_graphs
+    store = ChannelsLastWeights()
+    generator = torch.Generator().manual_seed(0)
+    x0 = torch.randn(1, vae.config.z_dim, 1, 4, 6, generator=generator)
+    x1 = torch.randn(1, vae.config.z_dim, 1, 4, 6, generator=generator)
+    weights0, weights = chunk0.weights(vae.decoder), steady.weights(vae.decoder)
+    cl0, _ = store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
+    cl, _ = store.substitute(channels_last_weight_slots(steady.graph_module), weights)
+    with torch.no_grad():
+        y0, *caches = chunk0(weights0, x0)
+        z0, *caches_cl = chunk0(cl0, x0)
+        y1, *_ = steady(weights, x1, *caches)
+        z1, *_ = steady(cl, x1, *caches_cl)
+    assert torch.equal(y0, z0) and torch.equal(y1, z1)
+    assert all(torch.equal(a, b) for a, b in zip(caches, caches_cl))
