@@ -210,16 +210,17 @@ if triton is not None:
     @triton.jit
     def _rms_norm_fused_kernel(x_ptr, gamma_ptr, out_ptr, C, T, HW, sx0, sx1, sx2, so0, so1, so2, scale, bias, eps,
                                UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
-                               CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr):
+                               CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr,
+                               GROUP: tl.constexpr):
         """The whole Wan RMS norm for BLOCK_P pixels of one (b, t) plane (contiguous (h, w) planes, plane
         number along axis 0 as in `_rms_norm_plane_kernel`): the channel norm in ATen's order, then the
-        epilogue of `_rms_norm_epilogue_kernel` (same arithmetic, element for element) over a second read."""
+        epilogue of `_rms_norm_epilogue_kernel` (same arithmetic, element for element) over a second read,
+        GROUP channels at a time."""
         b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
         x_pix = b * sx0 + t * sx2 + hw
         o_pix = b * so0 + t * so2 + hw
         norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
-        GROUP: tl.constexpr = 4 * SPLIT
         for c0 in range(0, C, GROUP):
             c = c0 + tl.arange(0, GROUP)
             y, m = _normalized_channels(x_ptr, x_pix, pmask, c, C, sx1, norm, gamma_ptr, scale, bias, UPCAST, SILU)
@@ -229,7 +230,8 @@ if triton is not None:
     def _rms_norm_padded_kernel(x_ptr, gamma_ptr, out_ptr, next_ptr, C, T, HW, W, sx0, sx1, sx2,
                                 TO, HO, WO, FT, PH, PW, SLOT0, scale, bias, eps,
                                 UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
-                                CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr):
+                                CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr,
+                                GROUP: tl.constexpr):
         """`_rms_norm_fused_kernel` storing its output straight into a causal conv's padded input, channels-last
         ([B, TO, HO, WO, C] in memory; frame t of x at padded frame FT + t, pixel (h, w) at (PH + h, PW + w)),
         and frames SLOT0 and SLOT0 + 1 of x also into the next cache ([B, 2, H, W, C] in memory)."""
@@ -242,7 +244,6 @@ if triton is not None:
         n_pix = (((b * 2 + slot) * (HW // W) + h) * W + w) * C
         norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
-        GROUP: tl.constexpr = 4 * SPLIT
         for c0 in range(0, C, GROUP):
             c = c0 + tl.arange(0, GROUP)
             y, m = _normalized_channels(x_ptr, x_pix, pmask, c, C, sx1, norm, gamma_ptr, scale, bias, UPCAST, SILU)
@@ -530,9 +531,13 @@ def _pixels_block(threads: int, pixels: int) -> int:
     return 32 if pixels < 16 * 1024 else max(32, min(512, NORM_TILE // (4 * threads)))
 
 
+NORM_STORE_CHANNELS = 16  # at least this many channels per step of the fused norm's second pass
+
+
 def _norm_constexprs(split: int, ctas: int, pixels: int) -> dict:
-    return dict(SPLIT=split, CTAS=ctas, CTAS_P2=triton.next_power_of_2(ctas),
-                BLOCK_P=_pixels_block(_norm_threads(split, ctas), pixels))
+    threads = _norm_threads(split, ctas)
+    return dict(SPLIT=split, CTAS=ctas, CTAS_P2=triton.next_power_of_2(ctas), BLOCK_P=_pixels_block(threads, pixels),
+                GROUP=max(4 * split, NORM_STORE_CHANNELS))
 
 
 def channel_norm(x: Tensor, split: int, ctas: int = 1) -> Tensor:
@@ -543,6 +548,7 @@ def channel_norm(x: Tensor, split: int, ctas: int = 1) -> Tensor:
     norm = torch.empty((b, 1, t, h, w), dtype=torch.float32, device=x.device)
     constexprs = _norm_constexprs(split, ctas, h * w)
     if norm.numel():
+        constexprs.pop("GROUP")
         _channel_norm_kernel[(b * t, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
             x5, norm, c, t, h * w, *x5.stride()[:3], **constexprs, enable_fp_fusion=False)
     return norm.view([b, 1, *x.shape[2:]])
@@ -634,6 +640,7 @@ def causal_pad(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
 PAD_CL_TILE = (64, 0, 4)
 PAD_CL_TILE_FEW_CHANNELS = (64, 128, 8)  # up to 128 channels: all in one block
 EPILOGUE_TILE = (128, 64, 8)
+DUP_UP_EPILOGUE_TILE = (128, 64, 8)  # with the DupUp3D gather
 UPSAMPLE_CL_TILE = (64, 0, 4)
 
 
@@ -718,7 +725,7 @@ def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_s
     dup, repeats, factor_t, factor_s, first = dup_up if dup_up is not None else (out, 1, 1, 1, 0)
     b, c, t, h, w = y.shape
     if out.numel():
-        block_s, block_c, warps = EPILOGUE_TILE
+        block_s, block_c, warps = EPILOGUE_TILE if dup_up is None else DUP_UP_EPILOGUE_TILE
         block_c = _channel_block(c, block_c)
         grid = (b * t, triton.cdiv(h * w, block_s), triton.cdiv(c, block_c))
         _conv_epilogue_kernel[grid](y, y if bias is None else bias, res, dup, out, c, t, h * w, w,
