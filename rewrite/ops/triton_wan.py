@@ -355,8 +355,8 @@ if triton is not None:
 
     @triton.jit
     def _conv_epilogue_kernel(y_ptr, bias_ptr, res_ptr, dup_ptr, out_ptr, C, T, S, W, sy0, sy1, sy2, sys_, sr0, sr1,
-                              sr2, srs, sd0, sd1, sd2, sd3, sd4, so0, so1, so2, sos, REPEATS, FT, FS, FIRST,
-                              HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DUP: tl.constexpr,
+                              sr2, srs, sd0, sd1, sd2, sd3, sd4, so0, so1, so2, sos, FIRST, REPEATS: tl.constexpr,
+                              FT: tl.constexpr, FS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DUP: tl.constexpr,
                               BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
         """out = round(round(y + bias) + residual) (each part optional) with ATen's roundings (the conv's
         bias `add_`, then the residual add), for tensors whose (h, w) positions are one strided run of S
@@ -379,13 +379,15 @@ if triton is not None:
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + (b * sr0 + t * sr2) + sp[:, None] * srs + c[None, :] * sr1, mask=mask, other=0.0)
             acc = acc + r.to(tl.float32)
-        if HAS_DUP:
-            h = (sp // W)[:, None]
-            w = (sp % W)[:, None]
-            tf = t + FIRST
-            channel = ((c[None, :] * FT + tf % FT) * FS + h % FS) * FS + w % FS
-            d = tl.load(dup_ptr + b * sd0 + (channel // REPEATS) * sd1 + (tf // FT) * sd2 + (h // FS) * sd3
-                        + (w // FS) * sd4, mask=mask, other=0.0)
+        if HAS_DUP:  # 32-bit index math (positions and channels fit), the factors known at compile time
+            sp32 = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+            h = (sp32 // W)[:, None]
+            w = (sp32 % W)[:, None]
+            tf = (plane % T) + FIRST
+            c32 = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+            channel = ((c32[None, :] * FT + tf % FT) * FS + h % FS) * FS + w % FS
+            d = tl.load(dup_ptr + b * sd0 + (channel // REPEATS).to(tl.int64) * sd1 + (tf // FT).to(tl.int64) * sd2
+                        + (h // FS).to(tl.int64) * sd3 + (w // FS).to(tl.int64) * sd4, mask=mask, other=0.0)
             acc = acc + d.to(tl.float32)
         tl.store(out_ptr + (b * so0 + t * so2) + sp[:, None] * sos + c[None, :] * so1, _round(acc, dtype), mask=mask)
 
@@ -523,21 +525,32 @@ def _norm_threads(split: int, ctas: int) -> int:
 NORM_TILE = 1024  # accumulator values per program of the fused norm (8 fp32 registers a thread at 4 warps;
 # H200 sweep, bf16: 367 against 421 us at 2048 for 96 channels x 4 x 480 x 832, 187 against 229 for 192 x 4 x 240 x 416)
 NORM_WARPS = 4
+NORM_WARPS_WIDE = 8  # 256 channels and more over large planes
+NORM_STORE_CHANNELS = 64  # channels per step of the second pass where the channel count is a multiple
+# H200 sweep, bf16, norm into the padded input: 919 against 960 us for 256 x 4 x 360 x 640, 526 against 554 for
+# 512 x 4 x 180 x 320, 1059 against 1133 for 1024 x 4 x 180 x 320 (2 blocks), 257 against 304 for 1024 x 2 x 90 x 160
+# (10 blocks, 64 pixels), 83 against 134 for 1024 x 45 x 80 (16 blocks, 16 pixels); ATen's norm + pad: 2010, 317, 364
 
 
-def _pixels_block(threads: int, pixels: int) -> int:
+def _pixels_block(threads: int, pixels: int, ctas: int = 1) -> int:
     """Pixels per program of the fused norm: a [4 threads, pixels] fp32 accumulator of NORM_TILE values (at
-    least 32 pixels), and 32 where a plane is too small to fill the GPU with large blocks."""
-    return 32 if pixels < 16 * 1024 else max(32, min(512, NORM_TILE // (4 * threads)))
+    least 32 pixels); where a plane is too small to fill the GPU with large blocks, 32 (16 or 64 for a
+    cross-block order, whose rows are many)."""
+    if pixels < 16 * 1024:
+        return 32 if ctas == 1 else 16 if pixels < 8 * 1024 else 64
+    return max(32, min(512, NORM_TILE // (4 * threads)))
 
 
-NORM_STORE_CHANNELS = 16  # at least this many channels per step of the fused norm's second pass
-
-
-def _norm_constexprs(split: int, ctas: int, pixels: int) -> dict:
+def _norm_constexprs(split: int, ctas: int, channels: int, pixels: int) -> dict:
+    """The fused norm kernels' compile-time tiling for one input."""
     threads = _norm_threads(split, ctas)
-    return dict(SPLIT=split, CTAS=ctas, CTAS_P2=triton.next_power_of_2(ctas), BLOCK_P=_pixels_block(threads, pixels),
-                GROUP=max(4 * split, NORM_STORE_CHANNELS))
+    group = NORM_STORE_CHANNELS if channels % NORM_STORE_CHANNELS == 0 else 4 * split
+    return dict(SPLIT=split, CTAS=ctas, CTAS_P2=triton.next_power_of_2(ctas), BLOCK_P=_pixels_block(threads, pixels, ctas),
+                GROUP=max(4 * split, group))
+
+
+def _norm_warps(channels: int, pixels: int) -> int:
+    return NORM_WARPS_WIDE if channels >= 256 and pixels >= 16 * 1024 else NORM_WARPS
 
 
 def channel_norm(x: Tensor, split: int, ctas: int = 1) -> Tensor:
@@ -546,7 +559,7 @@ def channel_norm(x: Tensor, split: int, ctas: int = 1) -> Tensor:
     x5 = _as5d(x)
     b, c, t, h, w = x5.shape
     norm = torch.empty((b, 1, t, h, w), dtype=torch.float32, device=x.device)
-    constexprs = _norm_constexprs(split, ctas, h * w)
+    constexprs = _norm_constexprs(split, ctas, c, h * w)
     if norm.numel():
         constexprs.pop("GROUP")
         _channel_norm_kernel[(b * t, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
@@ -568,11 +581,11 @@ def rms_norm_fused(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: flo
     b, c, t, h, w = x5.shape
     if not _planes_contiguous(x5, o5):
         raise ValueError("rms_norm_fused: x and the output need contiguous (h, w) planes")
-    constexprs = _norm_constexprs(split, ctas, h * w)
+    constexprs = _norm_constexprs(split, ctas, c, h * w)
     if out.numel():
         _rms_norm_fused_kernel[(b * t, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
             x5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias), float(eps),
-            UPCAST=upcast, SILU=silu, **constexprs, enable_fp_fusion=False, num_warps=NORM_WARPS)
+            UPCAST=upcast, SILU=silu, **constexprs, enable_fp_fusion=False, num_warps=_norm_warps(c, h * w))
     return out
 
 
@@ -691,11 +704,11 @@ def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: 
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
     _, _, frames_out, rows_out, columns_out = out.shape
-    constexprs = _norm_constexprs(split, ctas, h * w)
+    constexprs = _norm_constexprs(split, ctas, c, h * w)
     _rms_norm_padded_kernel[(b * tx, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
         x, gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], frames_out, rows_out, columns_out, tl_ + tc, hl, wl,
         tx - 2, float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu, **constexprs,
-        enable_fp_fusion=False, num_warps=NORM_WARPS)
+        enable_fp_fusion=False, num_warps=_norm_warps(c, h * w))
     return out, next_cache
 
 
@@ -730,7 +743,7 @@ def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_s
         grid = (b * t, triton.cdiv(h * w, block_s), triton.cdiv(c, block_c))
         _conv_epilogue_kernel[grid](y, y if bias is None else bias, res, dup, out, c, t, h * w, w,
                                     *y.stride()[:3], runs[0], *res.stride()[:3], runs[1], *dup.stride(),
-                                    *out.stride()[:3], runs[2], repeats, factor_t, factor_s, first,
+                                    *out.stride()[:3], runs[2], first, REPEATS=repeats, FT=factor_t, FS=factor_s,
                                     HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
                                     HAS_DUP=dup_up is not None, BLOCK_S=block_s, BLOCK_C=block_c,
                                     enable_fp_fusion=False, num_warps=warps)
