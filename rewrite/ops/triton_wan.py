@@ -97,14 +97,9 @@ if triton is not None:
         tl.store(out_ptr + (b * so0 + c * so1 + t * so2) + s, _round(y, dtype), mask=mask)
 
     @triton.jit
-    def _fold_halves(s, N: tl.constexpr, P: tl.constexpr):
-        """[N, P] -> [N // 2, P]: row y plus row y + N // 2 (one step of ATen's `block_y_reduce` tree)."""
-        lo, hi = tl.split(tl.permute(tl.reshape(s, [2, N // 2, P]), [1, 2, 0]))
-        return lo + hi
-
-    @triton.jit
-    def _fold_halves_per_block(s, G: tl.constexpr, N: tl.constexpr, P: tl.constexpr):
-        """[G, N, P] -> [G, N // 2, P]: `_fold_halves` within each of G blocks."""
+    def _fold_halves(s, G: tl.constexpr, N: tl.constexpr, P: tl.constexpr):
+        """[G, N, P] -> [G, N // 2, P]: in each of G blocks, row y plus row y + N // 2 (one step of ATen's
+        `block_y_reduce` tree)."""
         lo, hi = tl.split(tl.permute(tl.reshape(s, [G, 2, N // 2, P]), [0, 2, 3, 1]))
         return lo + hi
 
@@ -117,17 +112,17 @@ if triton is not None:
         return ((acc0 + acc1) + acc2) + acc3
 
     @triton.jit
-    def _block_tree(s, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
-        """[SPLIT, P] -> [P]: ATen's `block_y_reduce` halving tree over the SPLIT threads."""
+    def _block_tree(s, G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
+        """[G, SPLIT, P] -> [G, P]: ATen's `block_y_reduce` halving tree over the SPLIT threads of each block."""
         if SPLIT >= 16:
-            s = _fold_halves(s, 16, BLOCK_P)
+            s = _fold_halves(s, G, 16, BLOCK_P)
         if SPLIT >= 8:
-            s = _fold_halves(s, 8, BLOCK_P)
+            s = _fold_halves(s, G, 8, BLOCK_P)
         if SPLIT >= 4:
-            s = _fold_halves(s, 4, BLOCK_P)
+            s = _fold_halves(s, G, 4, BLOCK_P)
         if SPLIT >= 2:
-            s = _fold_halves(s, 2, BLOCK_P)
-        return tl.reshape(s, [BLOCK_P])
+            s = _fold_halves(s, G, 2, BLOCK_P)
+        return tl.reshape(s, [G, BLOCK_P])
 
     @triton.jit
     def _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT: tl.constexpr, CTAS: tl.constexpr, CTAS_P2: tl.constexpr,
@@ -146,7 +141,8 @@ if triton is not None:
                 m = (c < C)[:, None] & pmask[None, :]
                 v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
                 acc = tl.fma(v, v, acc)  # masked channels add +0.0 to a non-negative sum: no change
-            total = _block_tree(_thread_sums(acc, SPLIT, BLOCK_P), SPLIT, BLOCK_P)
+            sums = tl.reshape(_thread_sums(acc, SPLIT, BLOCK_P), [1, SPLIT, BLOCK_P])
+            total = tl.reshape(_block_tree(sums, 1, SPLIT, BLOCK_P), [BLOCK_P])
         else:
             THREADS: tl.constexpr = CTAS_P2 * SPLIT
             rows = tl.arange(0, 4 * THREADS)
@@ -158,23 +154,15 @@ if triton is not None:
                 m = ((block < CTAS) & (c < C))[:, None] & pmask[None, :]
                 v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
                 acc = tl.fma(v, v, acc)
-            partial = tl.reshape(_thread_sums(acc, THREADS, BLOCK_P), [CTAS_P2, SPLIT, BLOCK_P])
-            if SPLIT >= 16:
-                partial = _fold_halves_per_block(partial, CTAS_P2, 16, BLOCK_P)
-            if SPLIT >= 8:
-                partial = _fold_halves_per_block(partial, CTAS_P2, 8, BLOCK_P)
-            if SPLIT >= 4:
-                partial = _fold_halves_per_block(partial, CTAS_P2, 4, BLOCK_P)
-            if SPLIT >= 2:
-                partial = _fold_halves_per_block(partial, CTAS_P2, 2, BLOCK_P)
-            partial = tl.reshape(partial, [CTAS_P2, BLOCK_P])  # P_g: block g's tree result
+            sums = tl.reshape(_thread_sums(acc, THREADS, BLOCK_P), [CTAS_P2, SPLIT, BLOCK_P])
+            partial = _block_tree(sums, CTAS_P2, SPLIT, BLOCK_P)  # P_g: block g's tree result
             block_rows = tl.arange(0, CTAS_P2)[:, None]
             thread_rows = tl.arange(0, SPLIT)[:, None]
             last = tl.zeros([SPLIT, BLOCK_P], dtype=tl.float32)
             for g in tl.static_range(CTAS):  # thread g % SPLIT adds P_g, in g order, from 0
                 p_g = tl.sum(tl.where(block_rows == g, partial, 0.0), axis=0)  # one non-zero term: exact
                 last = last + tl.where(thread_rows == g % SPLIT, p_g[None, :], 0.0)  # + 0.0 elsewhere: no change
-            total = _block_tree(last, SPLIT, BLOCK_P)
+            total = tl.reshape(_block_tree(tl.reshape(last, [1, SPLIT, BLOCK_P]), 1, SPLIT, BLOCK_P), [BLOCK_P])
         return tl.sqrt_rn(total)
 
     @triton.jit
@@ -365,10 +353,13 @@ if triton is not None:
         (`_dup_up_add_kernel`'s gather; W is the output width). One (b, t) plane per program along axis 0,
         a BLOCK_S x BLOCK_C tile."""
         plane = tl.program_id(0)
+        t32 = plane % T
+        sp32 = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+        c32 = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
         b = (plane // T).to(tl.int64)
-        t = (plane % T).to(tl.int64)
-        sp = (tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
-        c = (tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+        t = t32.to(tl.int64)
+        sp = sp32.to(tl.int64)
+        c = c32.to(tl.int64)
         mask = (sp < S)[:, None] & (c < C)[None, :]
         y = tl.load(y_ptr + (b * sy0 + t * sy2) + sp[:, None] * sys_ + c[None, :] * sy1, mask=mask, other=0.0)
         dtype = y.dtype
@@ -380,11 +371,9 @@ if triton is not None:
             r = tl.load(res_ptr + (b * sr0 + t * sr2) + sp[:, None] * srs + c[None, :] * sr1, mask=mask, other=0.0)
             acc = acc + r.to(tl.float32)
         if HAS_DUP:  # 32-bit index math (positions and channels fit), the factors known at compile time
-            sp32 = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
             h = (sp32 // W)[:, None]
             w = (sp32 % W)[:, None]
-            tf = (plane % T) + FIRST
-            c32 = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+            tf = t32 + FIRST
             channel = ((c32[None, :] * FT + tf % FT) * FS + h % FS) * FS + w % FS
             d = tl.load(dup_ptr + b * sd0 + (channel // REPEATS).to(tl.int64) * sd1 + (tf // FT).to(tl.int64) * sd2
                         + (h // FS).to(tl.int64) * sd3 + (w // FS).to(tl.int64) * sd4, mask=mask, other=0.0)

@@ -100,11 +100,7 @@ def causal_conv_input(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: 
 
 @causal_conv_input.register_fake
 def _(x, cache, pad, mode):
-    b, c, t, h, w = x.shape
-    frames = t + (0 if cache is None else cache.shape[2]) + pad[4] + pad[5]
-    padded = x.new_empty((b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1]))
-    cache_frames = 2 if mode != "steady" else min(t, 2)
-    return padded, x.new_empty((b, c, cache_frames, h, w))
+    return x.new_empty(_padded_shape(x.shape, cache, pad, mode)), x.new_empty(_next_cache_shape(x.shape, mode))
 
 
 # ---- conv3d (bias included) + residual add -------------------------------------------------------------
@@ -155,6 +151,12 @@ def _padded_shape(x_shape, cache: Optional[Tensor], pad: list[int], mode: str) -
     return (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
 
 
+def _next_cache_shape(x_shape, mode: str) -> tuple[int, ...]:
+    """The shape of the next cache `next_cache_reference` makes (2 frames; x's last <= 2 in mode steady)."""
+    b, c, t, h, w = x_shape
+    return (b, c, 2 if mode != "steady" else min(t, 2), h, w)
+
+
 def _conv_output_shape(in_shape, weight_shape) -> list[int]:
     """The output shape of an unpadded unit-stride conv."""
     return [in_shape[0], weight_shape[0], *(n - k + 1 for n, k in zip(in_shape[2:], weight_shape[2:]))]
@@ -182,11 +184,9 @@ def _channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], 
 
 def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                         residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    b, c, t, h, w = x.shape
     out_shape = _conv_output_shape(_padded_shape(x.shape, cache, pad, mode), weight.shape)
     out = x.new_empty(out_shape) if residual is None else torch.empty_like(residual)
-    cache_frames = 2 if mode != "steady" else min(t, 2)
-    return out, x.new_empty((b, c, cache_frames, h, w))
+    return out, x.new_empty(_next_cache_shape(x.shape, mode))
 
 
 @torch.library.custom_op("rewrite::causal_conv3d", mutates_args=())
@@ -271,6 +271,30 @@ def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bi
 
 
 # ---- nearest-exact 2x upsample feeding a conv2d (Wan's Resample) ------------------------------------------
+def _upsample_conv2d_output_shape(x_shape, weight_shape, padding: list[int]) -> list[int]:
+    """[n, c_out, h, w] of the unit-stride conv2d of the 2x-upsampled [n, c, h, w] input."""
+    n, _, h, w = x_shape
+    kh, kw = weight_shape[2:]
+    return [n, weight_shape[0], 2 * h + 2 * padding[0] - kh + 1, 2 * w + 2 * padding[1] - kw + 1]
+
+
+def _upsample_channels_last_conv_serves(x: Tensor, weight: Tensor, stride: list[int], padding: list[int]) -> bool:
+    """Whether the channels-last path may serve the conv2d of the 2x-upsampled x: a unit-stride 2-D conv whose
+    shape `selftest.channels_last_conv_is_exact` found equal to the NCHW conv on this device."""
+    if not (x.dim() == 4 and weight.dim() == 4 and list(stride) == [1, 1] and len(padding) == 2
+            and weight.shape[1] == x.shape[1]):
+        return False
+    n, c, h, w = x.shape
+    return selftest.channels_last_conv_is_exact((n, c, 2 * h, 2 * w), tuple(weight.shape), x.dtype, x.device,
+                                                tuple(padding))
+
+
+def _upsample_channels_last_conv(x: Tensor, weight: Tensor, stride: list[int], padding: list[int]) -> Tensor:
+    """cuDNN's conv2d, without bias, of x upsampled 2x straight into channels-last memory, channels-last weight."""
+    return aten.conv2d.default(_kernels().upsample_nearest2x_channels_last(x),
+                               weight.contiguous(memory_format=torch.channels_last), None, stride, padding)
+
+
 def upsample_conv2d_reference(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
                               padding: list[int]) -> Tensor:
     """The replaced subgraph (the weight made contiguous, as in `causal_conv3d_reference`)."""
@@ -290,27 +314,20 @@ def upsample_conv2d(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tens
     from rewrite.ops.triton_wan import reference_layout
 
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    if (x.dim() == 4 and weight.dim() == 4 and list(stride) == [1, 1] and len(padding) == 2
-            and weight.shape[1] == x.shape[1] and use_kernel("upsample_conv2d", tensors, FLOAT_DTYPES)):
-        n, c, h, w = x.shape
-        if selftest.channels_last_conv_is_exact((n, c, 2 * h, 2 * w), tuple(weight.shape), x.dtype, x.device,
-                                                tuple(padding)):
-            kernels = _kernels()
-            strides = reference_layout(("upsample_conv2d", upcast, tuple(padding)),
-                                       lambda a, wt: upsample_conv2d_reference(a, upcast, wt, None, [1, 1], padding),
-                                       x, weight)
-            y = aten.conv2d.default(kernels.upsample_nearest2x_channels_last(x),
-                                    weight.contiguous(memory_format=torch.channels_last), None, stride, padding)
-            out = kernels.conv_epilogue(y.unsqueeze(2), bias, None, (strides[0], strides[1], 0, *strides[2:]))
-            return out.squeeze(2)
+    if use_kernel("upsample_conv2d", tensors, FLOAT_DTYPES) and _upsample_channels_last_conv_serves(x, weight, stride,
+                                                                                                    padding):
+        strides = reference_layout(("upsample_conv2d", upcast, tuple(padding)),
+                                   lambda a, wt: upsample_conv2d_reference(a, upcast, wt, None, [1, 1], padding),
+                                   x, weight)
+        y = _upsample_channels_last_conv(x, weight, stride, padding)
+        out = _kernels().conv_epilogue(y.unsqueeze(2), bias, None, (strides[0], strides[1], 0, *strides[2:]))
+        return out.squeeze(2)
     return upsample_conv2d_reference(x, upcast, weight, bias, stride, padding)
 
 
 @upsample_conv2d.register_fake
 def _(x, upcast, weight, bias, stride, padding):
-    n, _, h, w = x.shape
-    kh, kw = weight.shape[2:]
-    return x.new_empty((n, weight.shape[0], 2 * h + 2 * padding[0] - kh + 1, 2 * w + 2 * padding[1] - kw + 1))
+    return x.new_empty(_upsample_conv2d_output_shape(x.shape, weight.shape, padding))
 
 
 # ---- temporal interleave after time_conv ----------------------------------------------------------------
@@ -377,33 +394,27 @@ def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Op
     from rewrite.ops.triton_wan import reference_layout
 
     tensors = tuple(t for t in (x, weight, bias, dx) if t is not None)
-    if (x.dim() == 4 and weight.dim() == 4 and dx.dim() == 5 and list(stride) == [1, 1] and len(padding) == 2
-            and weight.shape[1] == x.shape[1] and len(frames_shape) == 5 and len(unfold_shape) == 8
-            and dx.dtype == x.dtype and use_kernel("upsample_conv2d_dup_up_add", tensors, FLOAT_DTYPES)):
-        n, c, h, w = x.shape
+    if (dx.dim() == 5 and len(frames_shape) == 5 and len(unfold_shape) == 8 and dx.dtype == x.dtype
+            and int(frames_shape[0]) * int(frames_shape[1]) == x.shape[0]
+            and use_kernel("upsample_conv2d_dup_up_add", tensors, FLOAT_DTYPES)
+            and _upsample_channels_last_conv_serves(x, weight, stride, padding)):
         b, t = int(frames_shape[0]), int(frames_shape[1])
-        if b * t == n and selftest.channels_last_conv_is_exact((n, c, 2 * h, 2 * w), tuple(weight.shape), x.dtype,
-                                                                x.device, tuple(padding)):
-            kernels = _kernels()
-            strides = reference_layout(
-                ("upsample_conv2d_dup_up_add", upcast, tuple(padding), repeats, first_frame),
-                lambda a, wt, d: upsample_conv2d_dup_up_add_reference(
-                    a, upcast, wt, None, [1, 1], padding, [b, t, wt.shape[0], 2 * h + 2 * padding[0] - wt.shape[2] + 1,
-                                                           2 * w + 2 * padding[1] - wt.shape[3] + 1],
-                    d, repeats, unfold_shape, fold_shape, first_frame),
-                x, weight, dx)
-            y = aten.conv2d.default(kernels.upsample_nearest2x_channels_last(x),
-                                    weight.contiguous(memory_format=torch.channels_last), None, stride, padding)
-            y5 = y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
-            return kernels.conv_epilogue(y5, bias, None, strides,
-                                         dup_up=(dx, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame))
+        strides = reference_layout(
+            ("upsample_conv2d_dup_up_add", upcast, tuple(padding), repeats, first_frame),
+            lambda a, wt, d: upsample_conv2d_dup_up_add_reference(
+                a, upcast, wt, None, [1, 1], padding, [b, t, *_upsample_conv2d_output_shape(a.shape, wt.shape, padding)[1:]],
+                d, repeats, unfold_shape, fold_shape, first_frame),
+            x, weight, dx)
+        y = _upsample_channels_last_conv(x, weight, stride, padding)
+        y5 = y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+        return _kernels().conv_epilogue(y5, bias, None, strides,
+                                        dup_up=(dx, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame))
     return upsample_conv2d_dup_up_add_reference(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats,
                                                 unfold_shape, fold_shape, first_frame)
 
 
 @upsample_conv2d_dup_up_add.register_fake
 def _(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats, unfold_shape, fold_shape, first_frame):
-    _, kh, kw = weight.shape[1:]
-    b, t, _, _, _ = frames_shape
-    h, w = 2 * x.shape[2] + 2 * padding[0] - kh + 1, 2 * x.shape[3] + 2 * padding[1] - kw + 1
-    return x.new_empty((b, t, weight.shape[0], h, w)).permute(0, 2, 1, 3, 4)  # as dup_up_add's fake: main's layout
+    _, c_out, h, w = _upsample_conv2d_output_shape(x.shape, weight.shape, padding)
+    b, t = frames_shape[0], frames_shape[1]
+    return x.new_empty((b, t, c_out, h, w)).permute(0, 2, 1, 3, 4)  # as dup_up_add's fake: main's layout

@@ -89,10 +89,12 @@ class ChannelsLastWeights:
 
     @staticmethod
     def refresh(pairs: Sequence[tuple[Tensor, Tensor]]) -> None:
-        """Copy each weight's current values into its channels-last copy (once per copy)."""
-        done: set[int] = set()
+        """Copy each weight's current values into its channels-last copy."""
         with torch.no_grad():
             for weight, copy in pairs:
-                if id(copy) not in done:
-                    done.add(id(copy))
-                    copy.copy_(weight)
+                copy.copy_(weight)
+
+    @staticmethod
+    def distinct(pairs: Sequence[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
+        """`pairs` with each copy once (graphs that share a weight get the same copy)."""
+        return list({id(copy): (weight, copy) for weight, copy in pairs}.values())

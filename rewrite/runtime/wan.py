@@ -177,7 +177,7 @@ class _WanCudaGraphs:
                  layout_store: ChannelsLastWeights):
         weights0, pairs0 = layout_store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
         weights, pairs = layout_store.substitute(channels_last_weight_slots(steady.graph_module), weights)
-        refresh_pairs = pairs0 + pairs
+        refresh_pairs = layout_store.distinct(pairs0 + pairs)
         with static_buffer_mode():
             self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
             _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
