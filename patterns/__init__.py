@@ -20,6 +20,8 @@ PATTERN_MODULES: tuple[str, ...] = (
     "rms_norm_causal_conv3d",
     # after upsample_conv2d and dup_up_add, which it chains
     "upsample_conv2d_dup_up_add",
+    # after rms_norm_causal_conv3d, the op its guard wants as the only kind of user
+    "pointwise_conv3d",
     # AuK: auk_alias_free lists its channels_last [fused] pattern before the lossless [exact] one (same search)
     "auk_alias_free", "auk_causal_conv1d", "auk_causal_conv_transpose1d", "auk_amp_average",
     # after the two families it combines (channels_last only)

@@ -25,9 +25,11 @@ def _family_counts(matches: dict[str, int]) -> dict[str, int]:
     return counts
 
 
-def _expected(norms: int, caches_t1: int, caches: int, residuals: int, wan22: bool) -> dict[str, dict[str, int]]:
+def _expected(norms: int, caches_t1: int, caches: int, residuals: int, shortcuts: int,
+              wan22: bool) -> dict[str, dict[str, int]]:
+    # the resnets that change the channel count have a 1x1x1 shortcut conv (`pointwise_conv3d`)
     common = {"rms_norm[act=silu]": norms, "rms_norm[act=None]": 1, "conv3d_residual": residuals,
-              "upsample_nearest2x": 3, "upsample_conv2d": 3}
+              "upsample_nearest2x": 3, "upsample_conv2d": 3, "pointwise_conv3d": shortcuts}
     # chunk 0: the two temporal upsamplers only mark their slot ("Rep") and run no causal conv
     # every causal conv then takes its input assembly in (`causal_conv3d`), with or without the residual
     chunk0 = dict(common, **{"causal_conv_input[mode=chunk0]": caches_t1 + caches - 2,
@@ -49,8 +51,8 @@ def _expected(norms: int, caches_t1: int, caches: int, residuals: int, wan22: bo
 
 
 # Full size: every RMS norm matched (29 with SiLU, 1 without: the attention's), 32 cache slots.
-FULL = {"wan2.1": _expected(29, 12, 20, 14, False), "wan2.2": _expected(29, 12, 20, 14, True)}
-TINY = {"wan2.1": _expected(21, 10, 14, 10, False), "wan2.2": _expected(21, 10, 14, 10, True)}
+FULL = {"wan2.1": _expected(29, 12, 20, 14, 1, False), "wan2.2": _expected(29, 12, 20, 14, 2, True)}
+TINY = {"wan2.1": _expected(21, 10, 14, 10, 2, False), "wan2.2": _expected(21, 10, 14, 10, 1, True)}
 
 
 @pytest.mark.parametrize("version", ("wan2.1", "wan2.2"))

@@ -345,16 +345,26 @@ def test_upsample_conv2d_is_bit_identical_on_this_gpu(dtype, shape):
                                                          ((1, 200, 1, 3, 5), [0, 0, 0, 0, 0, 0], 2, "steady_t1"),
                                                          ((1, 128, 3, 3, 5), [1, 1, 1, 1, 0, 0], 2, "steady")])
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
-def test_norm_written_into_the_padded_conv_input_is_exact(shape, pad, cache_frames, mode, layout):
-    """The norm kernel storing into the padded channels-last buffer (and the next cache) gives what the norm
+@pytest.mark.parametrize("rest_block", [None, (32, 1)], ids=("default_block", "rows_in_32_value_blocks"))
+@pytest.mark.parametrize("cache_layout", ("contiguous", "channels_last"))
+def test_norm_written_into_the_padded_conv_input_is_exact(monkeypatch, shape, pad, cache_frames, mode, layout,
+                                                          rest_block, cache_layout):
+    """The norm kernel storing into the padded channels-last buffer (and the next cache) plus the kernel for the
+    rest (cache frames, zero pad; rows split over several blocks, some entirely inside x) give what the norm
     followed by the channels-last pad kernel gives, and that cache is the reference next cache."""
     from rewrite.ops import triton_wan
 
+    if rest_block is not None:
+        monkeypatch.setattr(triton_wan, "PAD_REST_BLOCK", rest_block)
+    empty = triton_wan._padded_channels_last  # NaN-filled buffers: a position no kernel writes shows up
+    monkeypatch.setattr(triton_wan, "_padded_channels_last", lambda *args: tuple(t.fill_(float("nan")) for t in empty(*args)))
     g = torch.Generator().manual_seed(9)
     x = (3 * torch.randn(shape, generator=g)).to(DEVICE, torch.bfloat16)
     x = _frame_major(x) if layout == "frame_major" else x
     gamma = (1 + 0.2 * torch.randn(shape[1], 1, 1, 1, generator=g)).to(DEVICE, torch.bfloat16)
     cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, torch.bfloat16) if cache_frames else None
+    if cache is not None and cache_layout == "channels_last":
+        cache = cache.contiguous(memory_format=torch.channels_last_3d)
     split = 2 if not CUDA else aten_reduction.plan(x, torch.float32).split
     with use_backend("triton"):
         normalized = triton_wan.rms_norm_fused(x, gamma, 4.0, 0.0, 1e-12, True, False, split)

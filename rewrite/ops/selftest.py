@@ -12,6 +12,10 @@ channels-last (NDHWC/NHWC) input and weight is used in place of the NCDHW/NCHW c
 and cuDNN settings, both give `torch.equal` outputs on seeded random data (a different cuDNN kernel choice
 for the other layout would show up as differing low bits). Checked once per shape outside CUDA graph
 captures (inside one, the NCDHW conv is used), cached per process.
+
+`frame_conv_is_exact(input_shape, weight_shape, dtype, device)`: likewise for a 1x1x1 conv3d of a frame-major
+input run as cuDNN's conv2d over the frames folded into the batch (`rewrite::pointwise_conv3d`), against the
+conv3d of the NCDHW input that ATen runs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 _RESULTS: dict[tuple[str, torch.dtype], bool] = {}
 _CONV_RESULTS: dict[tuple, bool] = {}
+_FRAME_CONV_RESULTS: dict[tuple, bool] = {}
 
 
 def _bit_patterns(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -84,13 +89,44 @@ def channels_last_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tupl
     if device.type != "cuda":
         return False
     key = (tuple(input_shape), tuple(weight_shape), tuple(padding), dtype, str(device), _conv_settings())
-    if key not in _CONV_RESULTS:
+    return _cached_conv_check(_CONV_RESULTS, key, lambda: channels_last_conv_check(
+        tuple(input_shape), tuple(weight_shape), dtype, device, tuple(padding)))
+
+
+def _cached_conv_check(results: dict[tuple, bool], key: tuple, check) -> bool:
+    """`check()`'s verdict, computed once per key (no_grad); False without caching during a CUDA graph capture."""
+    if key not in results:
         if torch.cuda.is_current_stream_capturing():
             return False
         with torch.no_grad():
-            _CONV_RESULTS[key] = channels_last_conv_check(tuple(input_shape), tuple(weight_shape), dtype, device,
-                                                          tuple(padding))
-    return _CONV_RESULTS[key]
+            results[key] = check()
+    return results[key]
+
+
+def frame_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
+                     device: torch.device) -> bool:
+    """Whether conv2d over the frames of seeded random [b, c, t, h, w] data (frame-major, folded into the batch)
+    with a [c_out, c, 1, 1, 1] weight equals conv3d of the same values in NCDHW memory (no bias)."""
+    b, c, t, h, w = input_shape
+    c_out = weight_shape[0]
+    generator = torch.Generator(device=device).manual_seed(0)
+    weight = torch.randn(weight_shape, generator=generator, device=device, dtype=torch.float32).mul_(c ** -0.5)
+    weight = weight.to(dtype)
+    x = torch.randn(input_shape, generator=generator, device=device, dtype=dtype)
+    expected = torch.nn.functional.conv3d(x, weight)
+    frames = x.permute(0, 2, 1, 3, 4).contiguous()  # [b, t, c, h, w]
+    del x
+    actual = torch.nn.functional.conv2d(frames.view(b * t, c, h, w), weight.view(c_out, c, 1, 1))
+    return torch.equal(actual.view(b, t, c_out, h, w).permute(0, 2, 1, 3, 4), expected)
+
+
+def frame_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
+                        device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    key = (tuple(input_shape), tuple(weight_shape), dtype, str(device), _conv_settings())
+    return _cached_conv_check(_FRAME_CONV_RESULTS, key, lambda: frame_conv_check(
+        tuple(input_shape), tuple(weight_shape), dtype, device))
 
 
 def results() -> dict[str, bool]:
@@ -98,4 +134,6 @@ def results() -> dict[str, bool]:
     found = {f"silu {dtype} on {device}": ok for (device, dtype), ok in _RESULTS.items()}
     for (x_shape, w_shape, padding, dtype, device, _), ok in _CONV_RESULTS.items():
         found[f"channels-last conv {list(x_shape)} * {list(w_shape)} padding {list(padding)} {dtype} on {device}"] = ok
+    for (x_shape, w_shape, dtype, device, _), ok in _FRAME_CONV_RESULTS.items():
+        found[f"frame-major 1x1x1 conv {list(x_shape)} * {list(w_shape)} {dtype} on {device}"] = ok
     return found

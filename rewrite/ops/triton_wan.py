@@ -126,7 +126,7 @@ if triton is not None:
 
     @triton.jit
     def _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT: tl.constexpr, CTAS: tl.constexpr, CTAS_P2: tl.constexpr,
-                      BLOCK_P: tl.constexpr):
+                      BLOCK_P: tl.constexpr, UNROLL: tl.constexpr = 1):
         """fp32 L2 norm over the C channels of BLOCK_P pixels, summed in ATen's order (`aten_reduction`).
         One block (CTAS == 1): accumulator row i * SPLIT + y holds thread y's accumulator i, over channels
         4 SPLIT k + i SPLIT + y. CTAS blocks (padded to CTAS_P2 rows of threads): row (i * CTAS_P2 + g) * SPLIT
@@ -136,11 +136,12 @@ if triton is not None:
             GROUP: tl.constexpr = 4 * SPLIT
             rows = tl.arange(0, GROUP)
             acc = tl.zeros([GROUP, BLOCK_P], dtype=tl.float32)
-            for c0 in range(0, C, GROUP):
-                c = c0 + rows
-                m = (c < C)[:, None] & pmask[None, :]
-                v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
-                acc = tl.fma(v, v, acc)  # masked channels add +0.0 to a non-negative sum: no change
+            for c0 in range(0, C, GROUP * UNROLL):  # UNROLL loads in flight; the same adds in the same order
+                for u in tl.static_range(UNROLL):
+                    c = c0 + u * GROUP + rows
+                    m = (c < C)[:, None] & pmask[None, :]
+                    v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
+                    acc = tl.fma(v, v, acc)  # masked channels add +0.0 to a non-negative sum: no change
             sums = tl.reshape(_thread_sums(acc, SPLIT, BLOCK_P), [1, SPLIT, BLOCK_P])
             total = tl.reshape(_block_tree(sums, 1, SPLIT, BLOCK_P), [BLOCK_P])
         else:
@@ -149,11 +150,12 @@ if triton is not None:
             block = (rows // SPLIT) % CTAS_P2
             first = (rows // THREADS) * (SPLIT * CTAS) + block * SPLIT + rows % SPLIT
             acc = tl.zeros([4 * THREADS, BLOCK_P], dtype=tl.float32)
-            for c0 in range(0, C, 4 * SPLIT * CTAS):
-                c = c0 + first
-                m = ((block < CTAS) & (c < C))[:, None] & pmask[None, :]
-                v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
-                acc = tl.fma(v, v, acc)
+            for c0 in range(0, C, 4 * SPLIT * CTAS * UNROLL):
+                for u in tl.static_range(UNROLL):
+                    c = c0 + u * (4 * SPLIT * CTAS) + first
+                    m = ((block < CTAS) & (c < C))[:, None] & pmask[None, :]
+                    v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
+                    acc = tl.fma(v, v, acc)
             sums = tl.reshape(_thread_sums(acc, THREADS, BLOCK_P), [CTAS_P2, SPLIT, BLOCK_P])
             partial = _block_tree(sums, CTAS_P2, SPLIT, BLOCK_P)  # P_g: block g's tree result
             block_rows = tl.arange(0, CTAS_P2)[:, None]
@@ -199,7 +201,7 @@ if triton is not None:
     def _rms_norm_fused_kernel(x_ptr, gamma_ptr, out_ptr, C, T, HW, sx0, sx1, sx2, so0, so1, so2, scale, bias, eps,
                                UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
                                CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr,
-                               GROUP: tl.constexpr):
+                               GROUP: tl.constexpr, UNROLL: tl.constexpr):
         """The whole Wan RMS norm for BLOCK_P pixels of one (b, t) plane (contiguous (h, w) planes, plane
         number along axis 0 as in `_rms_norm_plane_kernel`): the channel norm in ATen's order, then the
         epilogue of `_rms_norm_epilogue_kernel` (same arithmetic, element for element) over a second read,
@@ -207,7 +209,7 @@ if triton is not None:
         b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
         x_pix = b * sx0 + t * sx2 + hw
         o_pix = b * so0 + t * so2 + hw
-        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P)
+        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
         for c0 in range(0, C, GROUP):
             c = c0 + tl.arange(0, GROUP)
@@ -219,7 +221,7 @@ if triton is not None:
                                 TO, HO, WO, FT, PH, PW, SLOT0, scale, bias, eps,
                                 UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
                                 CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr,
-                                GROUP: tl.constexpr):
+                                GROUP: tl.constexpr, UNROLL: tl.constexpr):
         """`_rms_norm_fused_kernel` storing its output straight into a causal conv's padded input, channels-last
         ([B, TO, HO, WO, C] in memory; frame t of x at padded frame FT + t, pixel (h, w) at (PH + h, PW + w)),
         and frames SLOT0 and SLOT0 + 1 of x also into the next cache ([B, 2, H, W, C] in memory)."""
@@ -230,7 +232,7 @@ if triton is not None:
         o_pix = (((b * TO + FT + t) * HO + PH + h) * WO + PW + w) * C
         slot = t - SLOT0
         n_pix = (((b * 2 + slot) * (HW // W) + h) * W + w) * C
-        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P)
+        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
         for c0 in range(0, C, GROUP):
             c = c0 + tl.arange(0, GROUP)
@@ -241,10 +243,10 @@ if triton is not None:
 
     @triton.jit
     def _channel_norm_kernel(x_ptr, norm_ptr, C, T, HW, sx0, sx1, sx2, SPLIT: tl.constexpr, CTAS: tl.constexpr,
-                             CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr):
+                             CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr, UNROLL: tl.constexpr):
         """The channel norm alone (contiguous [B, T, H, W] fp32 output), for tests against ATen's."""
         b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
-        norm = _channel_norm(x_ptr, b * sx0 + t * sx2 + hw, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P)
+        norm = _channel_norm(x_ptr, b * sx0 + t * sx2 + hw, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL)
         tl.store(norm_ptr + (b * T + t) * HW + hw, norm, mask=pmask)
 
     @triton.jit
@@ -289,8 +291,7 @@ if triton is not None:
     @triton.jit
     def _causal_pad_cl_kernel(x_ptr, cache_ptr, out_ptr, next_ptr, C, TO, HO, WO, TC, H, W, PT, PH, PW, TS,
                               sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
-                              HAS_CACHE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
-                              SKIP_X: tl.constexpr = False):
+                              HAS_CACHE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
         """`_causal_pad_kernel` writing the padded input channels-last: out is [B, TO, HO, WO, C] in memory.
 
         One output row (b, t, h) per program along axis 0, a BLOCK_W x BLOCK_C tile of it: read along w from
@@ -299,9 +300,6 @@ if triton is not None:
         The rows of the last two temporal frames before the right pad (source frames, or the left pad's
         zeros when the source has fewer) are also stored, without the spatial pad, to the next cache
         ([B, 2, H, W, C] in memory): in every mode that is the next chunk's cache.
-        With SKIP_X, the positions that come from x (and their next-cache copies) are left to
-        `_rms_norm_padded_kernel`, which writes them from the norm directly; programs with none of the rest
-        return at once.
         """
         row = tl.program_id(0)
         h = row % HO
@@ -315,12 +313,6 @@ if triton is not None:
         ws = w - PW
         ts = t - PT
         inside = out_mask & ((ws >= 0) & (ws < W))[:, None]
-        from_x = (hs >= 0) & (hs < H) & (ts >= TC) & (ts < TS)
-        if SKIP_X:
-            if from_x:
-                if (tl.program_id(1) * BLOCK_W >= PW) & (tl.program_id(1) * BLOCK_W + BLOCK_W <= PW + W):
-                    return  # all of this tile comes from x
-                out_mask = out_mask & ((ws < 0) | (ws >= W))[:, None]  # the row's zero pad columns only
         value = tl.zeros([BLOCK_W, BLOCK_C], dtype=out_ptr.dtype.element_ty)  # the zero pad
         if (hs >= 0) & (hs < H) & (ts >= 0) & (ts < TS):
             if ts >= TC:
@@ -334,12 +326,51 @@ if triton is not None:
         offsets = (row.to(tl.int64) * WO + w[:, None]) * C + c[None, :]
         tl.store(out_ptr + offsets, value, mask=out_mask)
         slot = ts - (TS - 2)  # 0 or 1 in the next cache's two frames
-        write_cache = (slot >= 0) & (slot < 2) & (hs >= 0) & (hs < H)
-        if SKIP_X:
-            write_cache = write_cache & (ts < TC)  # x's frames: the norm kernel writes them
-        if write_cache:
+        if (slot >= 0) & (slot < 2) & (hs >= 0) & (hs < H):
             cache_rows = ((b * 2 + slot) * H + hs) * W
             tl.store(next_ptr + (cache_rows + ws[:, None]) * C + c[None, :], value, mask=inside)
+
+    @triton.jit
+    def _causal_pad_rest_cl_kernel(cache_ptr, out_ptr, next_ptr, TO, HO, H, TC, PT, PH, TS, ROW, LO, HI,
+                                   sc0, sc2, sc3, HAS_CACHE: tl.constexpr, BLOCK: tl.constexpr):
+        """What `_rms_norm_padded_kernel` leaves of a causal conv's channels-last padded input: the cache
+        frames, the zero pad and the next-cache copies of the rows before x's frames.
+
+        One output row (b, t, h) per program along axis 0 (ROW = WO * C values, contiguous), BLOCK of them
+        along axis 1: x's pixels are [LO, HI) of a row (LO = PW * C). A cache row (frame t - PT < TC) is one
+        contiguous run of the channels-last cache (W * C values from b * sc0 + frame * sc2 + row * sc3), so
+        it is copied as flat blocks; rows outside the source and the pad columns are zeros. Rows of x's
+        frames only get their pad columns here (programs entirely inside x return at once). Rows of the
+        last two frames before the right pad that come before x's frames (cache frames, or the left pad's
+        zeros when the source has fewer than two frames) also go to the next cache ([B, 2, H, W, C] memory).
+        """
+        row = tl.program_id(0)
+        h = row % HO
+        r = row // HO
+        t = r % TO
+        b = (r // TO).to(tl.int64)
+        start = tl.program_id(1) * BLOCK
+        j = start + tl.arange(0, BLOCK)
+        in_row = j < ROW
+        hs = h - PH
+        ts = t - PT
+        image_row = (hs >= 0) & (hs < H)
+        zero = tl.zeros([BLOCK], dtype=out_ptr.dtype.element_ty)
+        out_row = out_ptr + row.to(tl.int64) * ROW
+        if image_row & (ts >= TC) & (ts < TS):  # a row of x's frames: the norm kernel writes [LO, HI)
+            if (start >= LO) & (start + BLOCK <= HI):
+                return
+            tl.store(out_row + j, zero, mask=in_row & ((j < LO) | (j >= HI)))
+            return
+        pixels = in_row & (j >= LO) & (j < HI)
+        value = zero
+        if HAS_CACHE:
+            if image_row & (ts >= 0) & (ts < TC):
+                value = tl.load(cache_ptr + b * sc0 + ts * sc2 + hs * sc3 + (j - LO), mask=pixels, other=0.0)
+        tl.store(out_row + j, value, mask=in_row)
+        slot = ts - (TS - 2)  # 0 or 1 in the next cache's two frames
+        if image_row & (ts < TC) & (slot >= 0) & (slot < 2):
+            tl.store(next_ptr + ((b * 2 + slot) * H + hs) * (HI - LO) + (j - LO), value, mask=pixels)
 
     @triton.jit
     def _conv_epilogue_kernel(y_ptr, bias_ptr, res_ptr, dup_ptr, out_ptr, C, T, S, W, sy0, sy1, sy2, sys_, sr0, sr1,
@@ -514,6 +545,9 @@ def _norm_threads(split: int, ctas: int) -> int:
 NORM_TILE = 1024  # accumulator values per program of the fused norm (8 fp32 registers a thread at 4 warps;
 # H200 sweep, bf16: 367 against 421 us at 2048 for 96 channels x 4 x 480 x 832, 187 against 229 for 192 x 4 x 240 x 416)
 NORM_WARPS = 4
+NORM_UNROLL = 2  # channel groups loaded per step of the first pass (H200, bf16, norm into the padded input:
+# 860 against 884 us for 256 x 4 x 360 x 640, 494 against 510 for 512 x 4 x 180 x 320, 989 against 1020 for
+# 1024 x 4 x 180 x 320; 1 and 4 within 1% of each other)
 NORM_WARPS_WIDE = 8  # 256 channels and more over large planes
 NORM_STORE_CHANNELS = 64  # channels per step of the second pass where the channel count is a multiple
 # H200 sweep, bf16, norm into the padded input: 919 against 960 us for 256 x 4 x 360 x 640, 526 against 554 for
@@ -535,7 +569,7 @@ def _norm_constexprs(split: int, ctas: int, channels: int, pixels: int) -> dict:
     threads = _norm_threads(split, ctas)
     group = NORM_STORE_CHANNELS if channels % NORM_STORE_CHANNELS == 0 else 4 * split
     return dict(SPLIT=split, CTAS=ctas, CTAS_P2=triton.next_power_of_2(ctas), BLOCK_P=_pixels_block(threads, pixels, ctas),
-                GROUP=max(4 * split, group))
+                GROUP=max(4 * split, group), UNROLL=NORM_UNROLL)
 
 
 def _norm_warps(channels: int, pixels: int) -> int:
@@ -652,12 +686,8 @@ def _channel_block(channels: int, fixed: int = 0) -> int:
     return 64 if channels % 64 == 0 or channels > 256 else 32
 
 
-def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
-                             skip_x: bool = False) -> tuple[Tensor, Tensor]:
-    """(`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`), its last two frames before the right pad without the
-    spatial pad) written in one pass, both channels-last (NDHWC memory). The second is the next chunk's cache
-    in every mode of `rewrite.ops.wan.next_cache_reference` (its values; its layout is channels-last).
-    `skip_x`: leave the positions that come from x unwritten (`rms_norm_padded_channels_last` fills them)."""
+def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+    """Empty (padded input, next cache), channels-last, for `causal_pad_channels_last`."""
     wl, wr, hl, hr, tl_, tr = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
@@ -666,6 +696,43 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
     shape = (b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr)
     out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
     next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    return out, next_cache
+
+
+PAD_REST_BLOCK = (8192, 8)  # values per program, warps: `_causal_pad_rest_cl_kernel`
+
+
+def causal_pad_rest_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+    """`causal_pad_channels_last` without the positions that come from x (nor their next-cache copies):
+    `rms_norm_padded_channels_last` has the norm kernel write those. The cache is read channels-last (copied
+    so first if it is not)."""
+    out, next_cache = _padded_channels_last(x, cache, pad)
+    wl, _, hl, _, tl_, _ = pad
+    b, c, tx, h, w = x.shape
+    tc = 0 if cache is None else cache.shape[2]
+    if cache is not None and (cache.stride(1) != 1 or cache.stride(4) != c):  # (w, c) of a row not one run
+        cache = cache.contiguous(memory_format=torch.channels_last_3d)
+    source = out if cache is None else cache  # not read without a cache
+    _, _, frames_out, rows_out, columns_out = out.shape
+    if out.numel():
+        row = columns_out * c
+        block, warps = PAD_REST_BLOCK
+        _causal_pad_rest_cl_kernel[(b * frames_out * rows_out, triton.cdiv(row, block))](
+            source, out, next_cache, frames_out, rows_out, h, tc, tl_, hl, tc + tx, row, wl * c, (wl + w) * c,
+            source.stride(0), source.stride(2), source.stride(3), HAS_CACHE=cache is not None, BLOCK=block,
+            num_warps=warps)
+    return out, next_cache
+
+
+def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+    """(`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`), its last two frames before the right pad without the
+    spatial pad) written in one pass, both channels-last (NDHWC memory). The second is the next chunk's cache
+    in every mode of `rewrite.ops.wan.next_cache_reference` (its values; its layout is channels-last)."""
+    wl, wr, hl, hr, tl_, tr = pad
+    b, c, tx, h, w = x.shape
+    tc = 0 if cache is None else cache.shape[2]
+    out, next_cache = _padded_channels_last(x, cache, pad)
+    shape = out.shape
     source = x if cache is None else cache
     _, _, frames_out, rows_out, columns_out = shape
     if out.numel():
@@ -674,7 +741,7 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
         grid = (b * frames_out * rows_out, triton.cdiv(columns_out, block_w), triton.cdiv(c, block_c))
         _causal_pad_cl_kernel[grid](x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h, w, tl_,
                                     hl, wl, tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
-                                    BLOCK_W=block_w, BLOCK_C=block_c, SKIP_X=skip_x, num_warps=warps)
+                                    BLOCK_W=block_w, BLOCK_C=block_c, num_warps=warps)
     return out, next_cache
 
 
@@ -686,7 +753,7 @@ def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: 
     pad). x's (h, w) planes must be contiguous; `split`, `ctas` are `aten_reduction.plan(x)`'s."""
     if not _planes_contiguous(x):
         raise ValueError("rms_norm_padded_channels_last: x needs contiguous (h, w) planes")
-    out, next_cache = causal_pad_channels_last(x, cache, pad, skip_x=True)
+    out, next_cache = causal_pad_rest_channels_last(x, cache, pad)
     if not out.numel():
         return out, next_cache
     wl, _, hl, _, tl_, _ = pad

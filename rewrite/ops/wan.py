@@ -418,3 +418,54 @@ def _(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats, unfol
     _, c_out, h, w = _upsample_conv2d_output_shape(x.shape, weight.shape, padding)
     b, t = frames_shape[0], frames_shape[1]
     return x.new_empty((b, t, c_out, h, w)).permute(0, 2, 1, 3, 4)  # as dup_up_add's fake: main's layout
+
+
+# ---- 1x1x1 conv of a frame-major input (Wan 2.2's resnet shortcuts) -----------------------------------------
+def _frame_major(x: Tensor) -> bool:
+    """x is 5-D with [b, t, c, h, w] memory (what the up blocks' 2-D upsampler convs leave behind)."""
+    return x.dim() == 5 and x.permute(0, 2, 1, 3, 4).is_contiguous()
+
+
+def pointwise_conv3d_reference(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """The replaced ops: `conv3d(pad(x, zeros), weight, bias)` (a causal conv whose pad is all zeros)."""
+    return aten.conv3d.default(aten.pad.default(x, [0] * 6), weight, bias)
+
+
+def _pointwise_output_shape(x_shape, weight_shape) -> tuple[int, ...]:
+    b, _, t, h, w = x_shape
+    return (b, weight_shape[0], t, h, w)
+
+
+@torch.library.custom_op("rewrite::pointwise_conv3d", mutates_args=())
+def pointwise_conv3d(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """`conv3d(pad(x, zeros), weight, bias)` for a [c_out, c_in, 1, 1, 1] weight, returned frame-major
+    ([b, t, c, h, w] memory) when x is frame-major, else in the reference layout.
+
+    A 1x1x1 conv treats every frame alike, so for a frame-major x the kernel path runs cuDNN's conv2d on the
+    frames folded into the batch (a view: no copy), where ATen would first copy x twice (the zero pad's
+    clone and the conv's contiguous input). Only for shapes where `selftest.frame_conv_is_exact` found that
+    conv2d `torch.equal` to the NCDHW conv3d on the running GPU; the bias is ATen's `add_` in both. Else the
+    replaced ops run (their output copied into the frame-major layout, which the fake promises).
+    """
+    b, c_in, t, h, w = x.shape
+    c_out = weight.shape[0]
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    frame_major = _frame_major(x)
+    if (frame_major and x.is_cuda and use_kernel("pointwise_conv3d", tensors, FLOAT_DTYPES)
+            and selftest.frame_conv_is_exact(tuple(x.shape), tuple(weight.shape), x.dtype, x.device)):
+        frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c_in, h, w)  # a view of frame-major memory
+        y = aten.conv2d.default(frames, weight.reshape(c_out, c_in, 1, 1), bias)
+        return y.view(b, t, c_out, h, w).permute(0, 2, 1, 3, 4)
+    y = pointwise_conv3d_reference(x, weight, bias)
+    if not frame_major:
+        return y
+    out = y.new_empty((b, t, c_out, h, w)).permute(0, 2, 1, 3, 4)
+    return out.copy_(y)
+
+
+@pointwise_conv3d.register_fake
+def _(x, weight, bias):
+    b, c_out, t, h, w = _pointwise_output_shape(x.shape, weight.shape)
+    if _frame_major(x):
+        return x.new_empty((b, t, c_out, h, w)).permute(0, 2, 1, 3, 4)
+    return x.new_empty((b, c_out, t, h, w))
