@@ -22,6 +22,8 @@ PATTERN_MODULES: tuple[str, ...] = (
     "upsample_conv2d_dup_up_add",
     # after rms_norm_causal_conv3d, the op its guard wants as the only kind of user
     "pointwise_conv3d",
+    # after the two ops they chain (residual_bias first: norm_input_bias matches its result too)
+    "residual_bias", "norm_input_bias",
     # AuK: auk_alias_free lists its channels_last [fused] pattern before the lossless [exact] one (same search)
     "auk_alias_free", "auk_causal_conv1d", "auk_causal_conv_transpose1d", "auk_amp_average",
     # after the two families it combines (channels_last only)

@@ -5,7 +5,7 @@ Matches:  rewrite::causal_conv3d(rewrite::rms_norm(x, gamma, scale, norm_bias, e
           (after `rms_norm` and `causal_conv3d` matched; the norm's output has no other user: the next cache
           is taken inside the conv op; bias, residual and cache each present or absent)
 Replaces: rewrite::rms_norm_causal_conv3d(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode,
-                                          weight, bias, residual) -> (output, next cache)
+                                          weight, bias, residual, None, None, False) -> (output, next cache)
 Exactness: exact. The norm kernel's values (ATen's summation order, the same epilogue) are stored straight
           into the padded channels-last conv input and the next cache instead of a tensor the pad kernel
           would copy from; the rest is `causal_conv3d`'s. Where a piece is not proven for the input, the two
@@ -32,8 +32,8 @@ def search(x, gamma, cache, weight, bias, residual, scale, norm_bias, eps, upcas
 
 def replace(x, gamma, cache, weight, bias, residual, scale, norm_bias, eps, upcast, act, pad, mode):
     out = rewrite_ops.rms_norm_causal_conv3d.default(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode,
-                                                     weight, bias, residual)
-    return out[0], out[1]
+                                                     weight, bias, residual, None, None, False)
+    return out[0], out[1]  # every argument spelled out: the deferred-bias patterns match on them
 
 
 def guard(match) -> str | None:

@@ -30,9 +30,10 @@ def test_full_size_81_frames_bit_identical(version, height, width):
     assert torch.equal(actual, expected)
 
 
+@pytest.mark.parametrize("version", ("wan2.1", "wan2.2"))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=str)
-def test_full_size_other_dtypes_bit_identical(dtype):
-    vae = build_wan("wan2.1", "full").to("cuda", dtype)
+def test_full_size_other_dtypes_bit_identical(dtype, version):
+    vae = build_wan(version, "full").to("cuda", dtype)
     z = _latents(vae, 9, 480, 832, dtype, seed=1)
     with torch.no_grad():
         expected = vae.decode(z).sample
@@ -56,3 +57,15 @@ def test_two_resolutions_and_weight_reload_after_capture():
         z = _latents(vae, 9, 256, 320, torch.bfloat16, seed=2)
         assert torch.equal(vae.decode(z).sample, reference.decode(z).sample)
     assert sum(g.dtype == "torch.bfloat16" for g in report(vae).graphs) == 2
+
+
+def test_cudnn_disabled_takes_the_reference_path():
+    """The graphs defer conv biases as ATen's cuDNN path adds them; with cuDNN off the decode is the reference's."""
+    vae = build_wan("wan2.2", "tiny").to("cuda", torch.bfloat16)
+    reference = build_wan("wan2.2", "tiny").to("cuda", torch.bfloat16)
+    optimize(vae)
+    z = torch.randn((1, vae.config.z_dim, 2, 4, 6), generator=torch.Generator().manual_seed(4)).to("cuda", torch.bfloat16)
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=False):
+        assert torch.equal(vae.decode(z).sample, reference.decode(z).sample)
+        assert report(vae).last_path == "reference"
+        assert "cuDNN is disabled" in report(vae).last_reason

@@ -25,8 +25,8 @@ def _family_counts(matches: dict[str, int]) -> dict[str, int]:
     return counts
 
 
-def _expected(norms: int, caches_t1: int, caches: int, residuals: int, shortcuts: int,
-              wan22: bool) -> dict[str, dict[str, int]]:
+def _expected(norms: int, caches_t1: int, caches: int, residuals: int, shortcuts: int, wan22: bool,
+              deferred_biases: bool = False) -> dict[str, dict[str, int]]:
     # the resnets that change the channel count have a 1x1x1 shortcut conv (`pointwise_conv3d`)
     common = {"rms_norm[act=silu]": norms, "rms_norm[act=None]": 1, "conv3d_residual": residuals,
               "upsample_nearest2x": 3, "upsample_conv2d": 3, "pointwise_conv3d": shortcuts}
@@ -42,6 +42,14 @@ def _expected(norms: int, caches_t1: int, caches: int, residuals: int, shortcuts
     chunk0.update({"rms_norm_causal_conv3d[cache=None]": residuals,
                    "rms_norm_causal_conv3d[residual=None, cache=None]": norms - residuals})
     steady.update({"rms_norm_causal_conv3d": residuals, "rms_norm_causal_conv3d[residual=None]": norms - residuals})
+    if deferred_biases:  # CUDA graphs: each shortcut conv's bias moves into the epilogue that adds it, and
+        # every block's first conv bias into the norm reading that conv's output (`norm_input_bias_identity`
+        # where the residual is the block input)
+        chunk0.update({"residual_bias[cache=None, x_bias=None]": shortcuts,
+                       "norm_input_bias[cache=None, cache2=None]": shortcuts,
+                       "norm_input_bias_identity[cache=None, cache2=None]": residuals - shortcuts})
+        steady.update({"residual_bias[x_bias=None]": shortcuts, "norm_input_bias": shortcuts,
+                       "norm_input_bias_identity": residuals - shortcuts})
     if wan22:
         chunk0.update({"dup_up_add[chunk=steady]": 1, "dup_up_add[chunk=first]": 2})
         steady["dup_up_add[chunk=steady]"] = 3
@@ -75,6 +83,22 @@ def test_tiny_match_counts_per_dtype(wan_pair, version, dtype):
         assert _family_counts(graph.matches) == TINY[version][graph.name], graph.name
         half = "None" if dtype == torch.float32 else str(dtype)
         assert all(f"half={half}" in name for name, n in graph.matches.items() if n and name.startswith("rms_norm["))
+
+
+@pytest.mark.parametrize("version", ("wan2.1", "wan2.2"))
+def test_deferred_bias_families_match_every_block_of_cuda_graphs(monkeypatch, version):
+    """On CUDA graphs every residual block's first conv bias moves into the second norm and every shortcut
+    conv's bias into the epilogue; CPU graphs keep them (the CPU conv may fold its bias into the sum). The
+    CPU capture stands in for a CUDA one here (the guards' device test patched): structure only."""
+    from rewrite.ops import wan as wan_ops
+
+    monkeypatch.setattr(wan_ops, "conv_bias_is_separate", lambda device: True)
+    vae = build_wan(version, "tiny")
+    shortcuts = 2 if version == "wan2.1" else 1
+    expected = _expected(21, 10, 14, 10, shortcuts, version == "wan2.2", deferred_biases=True)
+    for graph in capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu")):
+        rewrite_graph(graph, "lossless")
+        assert _family_counts(graph.matches) == expected[graph.name], graph.name
 
 
 @pytest.fixture(scope="module")

@@ -104,3 +104,13 @@ def test_report_lists_graphs_with_nodes_capture_time_and_dtype(wan_pair):
         assert graph.nodes > 100 and graph.capture_seconds > 0 and graph.device == "cpu"
         assert graph.passes[0] == "canonicalize"
     assert "steady" in str(summary)
+
+
+def test_cudnn_disabled_is_a_fallback_reason_on_cuda_only():
+    from rewrite.runtime import guards
+
+    with torch.backends.cudnn.flags(enabled=False):
+        assert "cuDNN is disabled" in guards.cudnn_reason(torch.device("cuda", 0))
+        assert guards.cudnn_reason(torch.device("cpu")) is None
+    with torch.backends.cudnn.flags(enabled=True):
+        assert guards.cudnn_reason(torch.device("cuda", 0)) is None

@@ -172,9 +172,13 @@ def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_fram
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("bias,residual", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("bias,residual,residual_bias", [(True, True, False), (True, False, False),
+                                                        (False, True, False), (False, False, False),
+                                                        (True, True, True), (False, True, True)])
 @pytest.mark.parametrize("out_layout", ("contiguous", "frame_major"))
-def test_conv_epilogue_adds_with_atens_roundings(dtype, bias, residual, out_layout):
+def test_conv_epilogue_adds_with_atens_roundings(dtype, bias, residual, residual_bias, out_layout):
+    """Bias, residual and the residual's own deferred bias (a shortcut conv output without it) added with the
+    roundings of ATen's `y.add_(bias)`, `r.add_(r_bias)` and `y + r`."""
     from rewrite.ops import triton_wan
 
     g = torch.Generator().manual_seed(3)
@@ -182,12 +186,14 @@ def test_conv_epilogue_adds_with_atens_roundings(dtype, bias, residual, out_layo
     y = torch.randn(shape, generator=g).to(DEVICE, dtype).contiguous(memory_format=torch.channels_last_3d)
     b = torch.randn(shape[1], generator=g).to(DEVICE, dtype) if bias else None
     r = torch.randn(shape, generator=g).to(DEVICE, dtype) if residual else None
+    rb = torch.randn(shape[1], generator=g).to(DEVICE, dtype) if residual_bias else None
     if r is not None and out_layout == "frame_major":
         r = _frame_major(r)
     expected = y.contiguous() if b is None else y.contiguous().add_(b.view(1, -1, 1, 1, 1))
-    expected = expected + r if r is not None else expected
+    full_residual = r if rb is None else r + rb.view(1, -1, 1, 1, 1)
+    expected = expected + full_residual if r is not None else expected
     strides = expected.stride() if out_layout == "contiguous" else _frame_major(expected).stride()
-    actual = triton_wan.conv_epilogue(y, b, r, strides)
+    actual = triton_wan.conv_epilogue(y, b, r, strides, residual_bias=rb)
     assert actual.stride() == tuple(strides)
     assert torch.equal(actual, expected)
 
@@ -344,14 +350,16 @@ def test_upsample_conv2d_is_bit_identical_on_this_gpu(dtype, shape):
                                                          ((2, 24, 1, 4, 6), [1, 1, 1, 1, 2, 0], 0, "chunk0"),
                                                          ((1, 200, 1, 3, 5), [0, 0, 0, 0, 0, 0], 2, "steady_t1"),
                                                          ((1, 128, 3, 3, 5), [1, 1, 1, 1, 0, 0], 2, "steady")])
-@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major", "channels_last_deferred_bias"))
 @pytest.mark.parametrize("rest_block", [None, (32, 1)], ids=("default_block", "rows_in_32_value_blocks"))
 @pytest.mark.parametrize("cache_layout", ("contiguous", "channels_last"))
 def test_norm_written_into_the_padded_conv_input_is_exact(monkeypatch, shape, pad, cache_frames, mode, layout,
                                                           rest_block, cache_layout):
     """The norm kernel storing into the padded channels-last buffer (and the next cache) plus the kernel for the
     rest (cache frames, zero pad; rows split over several blocks, some entirely inside x) give what the norm
-    followed by the channels-last pad kernel gives, and that cache is the reference next cache."""
+    followed by the channels-last pad kernel gives, and that cache is the reference next cache. Layout
+    `channels_last_deferred_bias`: x is a channels-last conv output whose bias the norm kernel adds as it
+    reads (the reference: the contiguous tensor plus the bias, `wan.with_deferred_bias`)."""
     from rewrite.ops import triton_wan
 
     if rest_block is not None:
@@ -365,11 +373,15 @@ def test_norm_written_into_the_padded_conv_input_is_exact(monkeypatch, shape, pa
     cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, torch.bfloat16) if cache_frames else None
     if cache is not None and cache_layout == "channels_last":
         cache = cache.contiguous(memory_format=torch.channels_last_3d)
+    x_bias = (3 * torch.randn(shape[1], generator=g)).to(DEVICE, torch.bfloat16) if layout.endswith("bias") else None
+    x_in = x.contiguous(memory_format=torch.channels_last_3d) if x_bias is not None else x
+    x = wan.with_deferred_bias(x, x_bias)  # what the norm normalizes
     split = 2 if not CUDA else aten_reduction.plan(x, torch.float32).split
     with use_backend("triton"):
         normalized = triton_wan.rms_norm_fused(x, gamma, 4.0, 0.0, 1e-12, True, False, split)
         expected = triton_wan.causal_pad_channels_last(normalized, cache, pad)
-        actual = triton_wan.rms_norm_padded_channels_last(x, gamma, 4.0, 0.0, 1e-12, True, False, split, cache, pad)
+        actual = triton_wan.rms_norm_padded_channels_last(x_in, gamma, 4.0, 0.0, 1e-12, True, False, split, cache, pad,
+                                                          x_bias=x_bias)
     assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
     assert torch.equal(actual[1], wan.next_cache_reference(normalized, cache, mode))
 
@@ -399,6 +411,72 @@ def test_rms_norm_causal_conv3d_is_bit_identical_on_this_gpu(dtype, case, layout
         assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
 
 
+def _deferred_bias_block(dtype, case, channels, height, width, device, generator):
+    """A residual block's two norm + conv ops and a 1x1x1 shortcut, as the replaced graph has them (biases in
+    their convs) and as `residual_bias` + `norm_input_bias` rewrite them: (expected, actual) outputs."""
+    ops = torch.ops.rewrite
+    frames = 4 if case == "steady" else 1
+
+    def rand(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, device=device, generator=generator)).to(dtype)
+
+    x = _frame_major(rand(1, channels, frames, height, width, scale=3.0))
+    shortcut_in = _frame_major(rand(1, channels // 2, frames, height, width))
+    gamma1, gamma2 = 1 + rand(channels, 1, 1, 1, scale=0.2), 1 + rand(channels, 1, 1, 1, scale=0.2)
+    cache1, cache2 = (None, None) if case == "chunk0" else (rand(1, channels, 2, height, width),
+                                                            rand(1, channels, 2, height, width))
+    pad = [1, 1, 1, 1, 2 if case == "chunk0" else 0, 0]
+    w1, w2 = rand(channels, channels, 3, 3, 3, scale=0.05), rand(channels, channels, 3, 3, 3, scale=0.05)
+    ws = rand(channels, channels // 2, 1, 1, 1, scale=0.1)
+    b1, b2, bs = rand(channels), rand(channels), rand(channels)
+    norm = (channels ** 0.5, 0.0, 1e-12, dtype != torch.float32, "silu")
+    with use_backend("reference"):
+        first = ops.rms_norm_causal_conv3d(x, gamma1, *norm, cache1, pad, case, w1, b1, None)
+        shortcut = wan.pointwise_conv3d_reference(shortcut_in, ws, bs)
+        second = ops.rms_norm_causal_conv3d(first[0], gamma2, *norm, cache2, pad, case, w2, b2, shortcut)
+    with use_backend("auto" if device == "cuda" else "triton"):
+        first_d = ops.rms_norm_causal_conv3d(x, gamma1, *norm, cache1, pad, case, w1, None, None, None, None, True)
+        shortcut_d = ops.pointwise_conv3d(shortcut_in, ws, None)
+        second_d = ops.rms_norm_causal_conv3d(first_d[0], gamma2, *norm, cache2, pad, case, w2, b2, shortcut_d, b1, bs,
+                                              False)
+    return (first[1], second[0], second[1]), (first_d[1], second_d[0], second_d[1]), first_d[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["steady", "chunk0"])
+@pytest.mark.parametrize("channels,height,width", [(96, 60, 104), (1024, 30, 52)], ids=("96", "1024_split_across_blocks"))
+def test_deferred_conv_biases_are_bit_identical_on_this_gpu(dtype, case, channels, height, width):
+    """The first conv's bias added by the second norm (the first op returning cuDNN's channels-last output as it
+    is) and the shortcut's bias added in the epilogue: `torch.equal` to the block with its biases in place."""
+    g = torch.Generator(device="cuda").manual_seed(13)
+    with torch.no_grad():
+        expected, actual, raw = _deferred_bias_block(dtype, case, channels, height, width, "cuda", g)
+    assert raw.is_contiguous(memory_format=torch.channels_last_3d)
+    for e, a in zip(expected, actual):
+        assert torch.equal(a, e)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", ["steady", "chunk0"])
+def test_deferred_conv_biases_wiring_on_cpu(monkeypatch, case):
+    """The deferred-bias arguments end to end under the interpreter, the GPU-only gates opened: the kernel paths
+    (channels-last raw output, bias added in the norm and in the epilogue) against the ops with the biases in
+    place. A CPU conv may fold its bias into the sum and the two layouts' CPU convs sum in other orders, so fp32
+    within 1e-4 here (sums of ~200 products of unit-scale values, outputs up to ~10); the GPU test is exact."""
+    from rewrite.ops import selftest, triton_wan
+
+    monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
+    monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
+    monkeypatch.setattr(triton_wan, "norm_plan", lambda x, upcast, reference_contiguous=False:
+                        aten_reduction.NormPlan(split=2, vec=1, ctas=1))
+    g = torch.Generator().manual_seed(14)
+    expected, actual, raw = _deferred_bias_block(torch.float32, case, 8, 5, 6, "cpu", g)
+    assert raw.is_contiguous(memory_format=torch.channels_last_3d)
+    for e, a in zip(expected, actual):
+        assert a.shape == e.shape and torch.allclose(a, e, rtol=1e-4, atol=1e-4)
+
+
 def test_rms_norm_causal_conv3d_on_cpu_runs_the_replaced_ops():
     g = torch.Generator().manual_seed(11)
     x, cache = torch.randn(1, 4, 1, 5, 6, generator=g), torch.randn(1, 4, 2, 5, 6, generator=g)
@@ -425,7 +503,8 @@ def test_channels_last_path_wiring_on_cpu(monkeypatch, fused_norm, case):
 
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
-    monkeypatch.setattr(triton_wan, "norm_plan", lambda x, upcast: aten_reduction.NormPlan(split=2, vec=1, ctas=3))
+    monkeypatch.setattr(triton_wan, "norm_plan", lambda x, upcast, reference_contiguous=False:
+                        aten_reduction.NormPlan(split=2, vec=1, ctas=3))
     g = torch.Generator().manual_seed(12)
     frames = 3 if case == "steady" else 1
     x = torch.randn(1, 8, frames, 5, 6, generator=g)

@@ -124,24 +124,37 @@ def split_for(num_outputs: int, channels: int, vec: int, multiprocessors: int, t
     return split, ctas
 
 
-def plan(x: torch.Tensor, reduced_dtype: torch.dtype) -> Optional[NormPlan]:
+def plan(x: torch.Tensor, reduced_dtype: torch.dtype, reference_contiguous: bool = False) -> Optional[NormPlan]:
     """ATen's order for `linalg_vector_norm(x.to(reduced_dtype), 2, [1], True)` on CUDA, or None where it is
-    not reproduced. With an upcast, the fp32 copy ATen reduces is a fresh (aligned) tensor with x's strides."""
+    not reproduced. With an upcast, the fp32 copy ATen reduces is a fresh (aligned) tensor with x's strides.
+    `reference_contiguous`: the order for a fresh contiguous tensor of x's shape (x is a stand-in in another
+    layout for the tensor ATen's norm would see, e.g. a channels-last conv output for ATen's contiguous one)."""
     if not x.is_cuda or x.dim() not in (4, 5) or not x.numel():
         return None
     element_size = torch.empty((), dtype=reduced_dtype).element_size()
     if x.numel() * element_size >= 2**31:  # TensorIterator would split into 32-bit sub-iterations
         return None
-    if not _non_overlapping_dense(x):
+    if reference_contiguous:
+        strides, data_ptr = _contiguous_strides(tuple(x.shape)), 0
+    elif not _non_overlapping_dense(x):
         return None
-    outputs = _output_dims(tuple(x.shape), tuple(x.stride()))
-    if not outputs or outputs[0][1] >= x.stride(1):
+    else:
+        strides, data_ptr = tuple(x.stride()), x.data_ptr() if reduced_dtype == x.dtype else 0
+    outputs = _output_dims(tuple(x.shape), strides)
+    if not outputs or outputs[0][1] >= strides[1]:
         return None  # an inner reduction (channels fastest): another kernel and order
-    data_ptr = x.data_ptr() if reduced_dtype == x.dtype else 0
-    vec = output_vec_size(tuple(x.shape), tuple(x.stride()), data_ptr, element_size)
+    vec = output_vec_size(tuple(x.shape), strides, data_ptr, element_size)
     num_outputs = x.numel() // x.shape[1]
     split, ctas = split_for(num_outputs, x.shape[1], vec, *_device_limits(x.device.index or 0))
     return NormPlan(split=split, vec=vec, ctas=ctas)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _non_overlapping_dense(x: torch.Tensor) -> bool:

@@ -125,8 +125,17 @@ if triton is not None:
         return tl.reshape(s, [G, BLOCK_P])
 
     @triton.jit
+    def _with_deferred_bias(x, xb_ptr, c, C, m, HAS_XBIAS: tl.constexpr):
+        """A [channels, pixels] tile of x, plus x's deferred conv bias with ATen's `add_` rounding (HAS_XBIAS:
+        x is a conv output whose bias was not added); masked positions 0."""
+        if HAS_XBIAS:
+            b = tl.load(xb_ptr + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
+            x = tl.where(m, _round(x.to(tl.float32) + b, x.dtype), 0.0).to(x.dtype)
+        return x
+
+    @triton.jit
     def _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT: tl.constexpr, CTAS: tl.constexpr, CTAS_P2: tl.constexpr,
-                      BLOCK_P: tl.constexpr, UNROLL: tl.constexpr = 1):
+                      BLOCK_P: tl.constexpr, UNROLL: tl.constexpr = 1, xb_ptr=None, HAS_XBIAS: tl.constexpr = False):
         """fp32 L2 norm over the C channels of BLOCK_P pixels, summed in ATen's order (`aten_reduction`).
         One block (CTAS == 1): accumulator row i * SPLIT + y holds thread y's accumulator i, over channels
         4 SPLIT k + i SPLIT + y. CTAS blocks (padded to CTAS_P2 rows of threads): row (i * CTAS_P2 + g) * SPLIT
@@ -140,7 +149,8 @@ if triton is not None:
                 for u in tl.static_range(UNROLL):
                     c = c0 + u * GROUP + rows
                     m = (c < C)[:, None] & pmask[None, :]
-                    v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
+                    v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0)
+                    v = _with_deferred_bias(v, xb_ptr, c, C, m, HAS_XBIAS).to(tl.float32)
                     acc = tl.fma(v, v, acc)  # masked channels add +0.0 to a non-negative sum: no change
             sums = tl.reshape(_thread_sums(acc, SPLIT, BLOCK_P), [1, SPLIT, BLOCK_P])
             total = tl.reshape(_block_tree(sums, 1, SPLIT, BLOCK_P), [BLOCK_P])
@@ -154,7 +164,8 @@ if triton is not None:
                 for u in tl.static_range(UNROLL):
                     c = c0 + u * (4 * SPLIT * CTAS) + first
                     m = ((block < CTAS) & (c < C))[:, None] & pmask[None, :]
-                    v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0).to(tl.float32)
+                    v = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0)
+                    v = _with_deferred_bias(v, xb_ptr, c, C, m, HAS_XBIAS).to(tl.float32)
                     acc = tl.fma(v, v, acc)
             sums = tl.reshape(_thread_sums(acc, THREADS, BLOCK_P), [CTAS_P2, SPLIT, BLOCK_P])
             partial = _block_tree(sums, CTAS_P2, SPLIT, BLOCK_P)  # P_g: block g's tree result
@@ -191,10 +202,11 @@ if triton is not None:
 
     @triton.jit
     def _normalized_channels(x_ptr, x_pix, pmask, c, C, sx1, norm, gamma_ptr, scale, bias, UPCAST: tl.constexpr,
-                             SILU: tl.constexpr):
+                             SILU: tl.constexpr, xb_ptr=None, HAS_XBIAS: tl.constexpr = False):
         """(output values, mask) of channels c of the pixels: the second read of x and `_norm_epilogue`."""
         m = (c < C)[:, None] & pmask[None, :]
         x = tl.load(x_ptr + x_pix[None, :] + c[:, None].to(tl.int64) * sx1, mask=m, other=0.0)
+        x = _with_deferred_bias(x, xb_ptr, c, C, m, HAS_XBIAS)
         return _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST, SILU), m
 
     @triton.jit
@@ -217,26 +229,29 @@ if triton is not None:
             tl.store(out_ptr + o_pix[None, :] + c[:, None].to(tl.int64) * so1, y, mask=m)
 
     @triton.jit
-    def _rms_norm_padded_kernel(x_ptr, gamma_ptr, out_ptr, next_ptr, C, T, HW, W, sx0, sx1, sx2,
+    def _rms_norm_padded_kernel(x_ptr, xb_ptr, gamma_ptr, out_ptr, next_ptr, C, T, HW, W, sx0, sx1, sx2, sxp,
                                 TO, HO, WO, FT, PH, PW, SLOT0, scale, bias, eps,
                                 UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
                                 CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr,
-                                GROUP: tl.constexpr, UNROLL: tl.constexpr):
+                                GROUP: tl.constexpr, UNROLL: tl.constexpr, HAS_XBIAS: tl.constexpr):
         """`_rms_norm_fused_kernel` storing its output straight into a causal conv's padded input, channels-last
         ([B, TO, HO, WO, C] in memory; frame t of x at padded frame FT + t, pixel (h, w) at (PH + h, PW + w)),
-        and frames SLOT0 and SLOT0 + 1 of x also into the next cache ([B, 2, H, W, C] in memory)."""
+        and frames SLOT0 and SLOT0 + 1 of x also into the next cache ([B, 2, H, W, C] in memory). x's (h, w)
+        positions are one run of stride sxp (1: contiguous planes; C: channels-last); with HAS_XBIAS the norm's
+        input is x plus the deferred conv bias at xb_ptr (`_with_deferred_bias`)."""
         b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
-        x_pix = b * sx0 + t * sx2 + hw
+        x_pix = b * sx0 + t * sx2 + hw * sxp
         h = (hw // W).to(tl.int64)
         w = (hw % W).to(tl.int64)
         o_pix = (((b * TO + FT + t) * HO + PH + h) * WO + PW + w) * C
         slot = t - SLOT0
         n_pix = (((b * 2 + slot) * (HW // W) + h) * W + w) * C
-        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL)
+        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL, xb_ptr, HAS_XBIAS)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
         for c0 in range(0, C, GROUP):
             c = c0 + tl.arange(0, GROUP)
-            y, m = _normalized_channels(x_ptr, x_pix, pmask, c, C, sx1, norm, gamma_ptr, scale, bias, UPCAST, SILU)
+            y, m = _normalized_channels(x_ptr, x_pix, pmask, c, C, sx1, norm, gamma_ptr, scale, bias, UPCAST, SILU,
+                                        xb_ptr, HAS_XBIAS)
             tl.store(out_ptr + o_pix[None, :] + c[:, None], y, mask=m)
             if (slot >= 0) & (slot < 2):
                 tl.store(next_ptr + n_pix[None, :] + c[:, None], y, mask=m)
@@ -373,16 +388,18 @@ if triton is not None:
             tl.store(next_ptr + ((b * 2 + slot) * H + hs) * (HI - LO) + (j - LO), value, mask=pixels)
 
     @triton.jit
-    def _conv_epilogue_kernel(y_ptr, bias_ptr, res_ptr, dup_ptr, out_ptr, C, T, S, W, sy0, sy1, sy2, sys_, sr0, sr1,
-                              sr2, srs, sd0, sd1, sd2, sd3, sd4, so0, so1, so2, sos, FIRST, REPEATS: tl.constexpr,
-                              FT: tl.constexpr, FS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DUP: tl.constexpr,
-                              BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _conv_epilogue_kernel(y_ptr, bias_ptr, res_ptr, rb_ptr, dup_ptr, out_ptr, C, T, S, W, sy0, sy1, sy2, sys_, sr0,
+                              sr1, sr2, srs, sd0, sd1, sd2, sd3, sd4, so0, so1, so2, sos, FIRST, REPEATS: tl.constexpr,
+                              FT: tl.constexpr, FS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                              HAS_RES_BIAS: tl.constexpr, HAS_DUP: tl.constexpr, BLOCK_S: tl.constexpr,
+                              BLOCK_C: tl.constexpr):
         """out = round(round(y + bias) + residual) (each part optional) with ATen's roundings (the conv's
         bias `add_`, then the residual add), for tensors whose (h, w) positions are one strided run of S
         (`s*s` strides): reads the channels-last conv output along c and writes the output (and reads the
         residual) in their own layouts. With HAS_DUP the residual is Wan 2.2's DupUp3D shortcut of `dup`
-        (`_dup_up_add_kernel`'s gather; W is the output width). One (b, t) plane per program along axis 0,
-        a BLOCK_S x BLOCK_C tile."""
+        (`_dup_up_add_kernel`'s gather; W is the output width). With HAS_RES_BIAS the residual is a conv
+        output whose bias (at rb_ptr) was deferred: round(residual + bias) first, as ATen's `add_`. One (b, t)
+        plane per program along axis 0, a BLOCK_S x BLOCK_C tile."""
         plane = tl.program_id(0)
         t32 = plane % T
         sp32 = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -400,6 +417,9 @@ if triton is not None:
             acc = _round(acc + bias, dtype).to(tl.float32)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + (b * sr0 + t * sr2) + sp[:, None] * srs + c[None, :] * sr1, mask=mask, other=0.0)
+            if HAS_RES_BIAS:
+                rb = tl.load(rb_ptr + c, mask=c < C, other=0.0).to(tl.float32)[None, :]
+                r = _round(r.to(tl.float32) + rb, dtype)
             acc = acc + r.to(tl.float32)
         if HAS_DUP:  # 32-bit index math (positions and channels fit), the factors known at compile time
             h = (sp32 // W)[:, None]
@@ -529,11 +549,16 @@ FUSED_NORM = True  # the one-kernel norm where `aten_reduction.plan` reproduces 
 MAX_NORM_THREADS = 64  # split x padded ctas rows of accumulators the fused norm holds (4 each): Wan's <= 4 x 16
 
 
-def norm_plan(x: Tensor, upcast: bool):
-    """ATen's summation order for this CUDA norm input, or None (then ATen's reduction kernel runs)."""
-    if not FUSED_NORM or not x.is_cuda or (x.dtype != torch.float32) != upcast or not _planes_contiguous(_as5d(x)):
+def norm_plan(x: Tensor, upcast: bool, reference_contiguous: bool = False):
+    """ATen's summation order for this CUDA norm input, or None (then ATen's reduction kernel runs).
+    `reference_contiguous`: x stands in for a contiguous tensor (`aten_reduction.plan`); its (h, w) positions
+    need only be one strided run."""
+    if not FUSED_NORM or not x.is_cuda or (x.dtype != torch.float32) != upcast:
         return None
-    plan = aten_reduction.plan(x, torch.float32)
+    x5 = _as5d(x)
+    if not (_run_stride(x5) is not None if reference_contiguous else _planes_contiguous(x5)):
+        return None
+    plan = aten_reduction.plan(x, torch.float32, reference_contiguous)
     return None if plan is None or _norm_threads(plan.split, plan.ctas) > MAX_NORM_THREADS else plan
 
 
@@ -747,12 +772,15 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) ->
 
 def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
                                   silu: bool, split: int, cache: Tensor | None, pad: list[int],
-                                  ctas: int = 1) -> tuple[Tensor, Tensor]:
-    """`causal_pad_channels_last(rms_norm(x), cache, pad)` without materializing the norm: the norm kernel
-    stores into the padded buffer and the next cache, the pad kernel writes only the rest (cache frames, zero
-    pad). x's (h, w) planes must be contiguous; `split`, `ctas` are `aten_reduction.plan(x)`'s."""
-    if not _planes_contiguous(x):
-        raise ValueError("rms_norm_padded_channels_last: x needs contiguous (h, w) planes")
+                                  ctas: int = 1, x_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`causal_pad_channels_last(rms_norm(x [+ x_bias]), cache, pad)` without materializing the norm: the norm
+    kernel stores into the padded buffer and the next cache, the pad kernel writes only the rest (cache frames,
+    zero pad). x's (h, w) positions must be one strided run (contiguous planes, or channels-last); `split`,
+    `ctas` are `aten_reduction`'s plan for the layout whose summation order the norm must follow. `x_bias`: x
+    is a conv output whose bias was deferred; the norm's input is `x.add_(x_bias)` (ATen's rounding)."""
+    pixel_stride = _run_stride(x)
+    if pixel_stride is None:
+        raise ValueError(f"rms_norm_padded_channels_last: x's (h, w) positions are not one strided run {x.stride()}")
     out, next_cache = causal_pad_rest_channels_last(x, cache, pad)
     if not out.numel():
         return out, next_cache
@@ -762,9 +790,10 @@ def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: 
     _, _, frames_out, rows_out, columns_out = out.shape
     constexprs = _norm_constexprs(split, ctas, c, h * w)
     _rms_norm_padded_kernel[(b * tx, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
-        x, gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], frames_out, rows_out, columns_out, tl_ + tc, hl, wl,
-        tx - 2, float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu, **constexprs,
-        enable_fp_fusion=False, num_warps=_norm_warps(c, h * w))
+        x, x if x_bias is None else x_bias, gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], pixel_stride,
+        frames_out, rows_out, columns_out, tl_ + tc, hl, wl, tx - 2, float(scale), float(bias), float(eps),
+        UPCAST=upcast, SILU=silu, HAS_XBIAS=x_bias is not None, **constexprs, enable_fp_fusion=False,
+        num_warps=_norm_warps(c, h * w))
     return out, next_cache
 
 
@@ -779,13 +808,17 @@ def _run_stride(t: Tensor) -> int | None:
 
 
 def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_strides: tuple[int, ...],
-                  dup_up: tuple[Tensor, int, int, int, int] | None = None) -> Tensor:
+                  dup_up: tuple[Tensor, int, int, int, int] | None = None,
+                  residual_bias: Tensor | None = None) -> Tensor:
     """`y.add_(bias) [+ residual]` with ATen's roundings into a new tensor of `out_strides` (y is a conv
     output without its bias, any layout whose (h, w) positions form one strided run). `dup_up` =
     (x, repeats, factor_t, factor_s, first_frame) adds `DupUp3D(x)[:, :, first_frame:]` as the residual
-    (`dup_up_add`'s gather; not with `residual`)."""
+    (`dup_up_add`'s gather; not with `residual`). `residual_bias`: the residual is a conv output without its
+    bias, added first (`residual.add_(residual_bias)`'s rounding)."""
     if residual is not None and dup_up is not None:
         raise ValueError("conv_epilogue: a residual or a DupUp3D shortcut, not both")
+    if residual_bias is not None and residual is None:
+        raise ValueError("conv_epilogue: residual_bias without a residual")
     out = torch.empty_strided(y.shape, out_strides, dtype=y.dtype, device=y.device)
     res = residual if residual is not None else out
     runs = [_run_stride(t) for t in (y, res, out)]
@@ -797,12 +830,13 @@ def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_s
         block_s, block_c, warps = EPILOGUE_TILE if dup_up is None else DUP_UP_EPILOGUE_TILE
         block_c = _channel_block(c, block_c)
         grid = (b * t, triton.cdiv(h * w, block_s), triton.cdiv(c, block_c))
-        _conv_epilogue_kernel[grid](y, y if bias is None else bias, res, dup, out, c, t, h * w, w,
+        _conv_epilogue_kernel[grid](y, y if bias is None else bias, res, res if residual_bias is None else residual_bias,
+                                    dup, out, c, t, h * w, w,
                                     *y.stride()[:3], runs[0], *res.stride()[:3], runs[1], *dup.stride(),
                                     *out.stride()[:3], runs[2], first, REPEATS=repeats, FT=factor_t, FS=factor_s,
                                     HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-                                    HAS_DUP=dup_up is not None, BLOCK_S=block_s, BLOCK_C=block_c,
-                                    enable_fp_fusion=False, num_warps=warps)
+                                    HAS_RES_BIAS=residual_bias is not None, HAS_DUP=dup_up is not None,
+                                    BLOCK_S=block_s, BLOCK_C=block_c, enable_fp_fusion=False, num_warps=warps)
     return out
 
 

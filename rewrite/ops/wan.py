@@ -175,18 +175,21 @@ def _channels_last_conv_serves(x: Tensor, cache: Optional[Tensor], pad: list[int
             and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device))
 
 
-def _channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor]) -> Tensor:
-    """cuDNN's conv of the channels-last padded input and weight without bias, then bias (+ residual) with
-    ATen's roundings into the replaced subgraph's layout."""
+def _channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                        residual_bias: Optional[Tensor] = None) -> Tensor:
+    """cuDNN's conv of the channels-last padded input and weight without bias, then bias (+ residual [+ its
+    deferred bias]) with ATen's roundings into the replaced subgraph's layout."""
     y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
-    return _kernels().conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual))
+    return _kernels().conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual),
+                                    residual_bias=residual_bias)
 
 
 def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                         residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """The output is contiguous with or without a residual: ATen's conv output is, and the replaced
+    `conv + residual` add takes the layout of that first operand (`_conv_output_strides`)."""
     out_shape = _conv_output_shape(_padded_shape(x.shape, cache, pad, mode), weight.shape)
-    out = x.new_empty(out_shape) if residual is None else torch.empty_like(residual)
-    return out, x.new_empty(_next_cache_shape(x.shape, mode))
+    return x.new_empty(out_shape), x.new_empty(_next_cache_shape(x.shape, mode))
 
 
 @torch.library.custom_op("rewrite::causal_conv3d", mutates_args=())
@@ -238,36 +241,75 @@ def _(x, upcast):
 
 
 # ---- RMS norm (+ SiLU) feeding a causal conv3d ------------------------------------------------------------
+def conv_bias_is_separate(device: torch.device) -> bool:
+    """Whether ATen's conv adds its bias with a separate `add_` (one rounding after the sum) on this device:
+    its cuDNN path does (CUDA, cuDNN on: `guards.cudnn_reason` keeps graphs off when it is not); CPU convs
+    may fold the bias into the sum. Where it holds, a conv's bias may be deferred into a later kernel."""
+    return device.type == "cuda"
+
+
+def with_deferred_bias(x: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """A conv output whose bias `add_` was deferred, completed as ATen completes it: `x.add_(bias)` on the
+    contiguous conv output (the layout ATen's conv of a contiguous input has)."""
+    if bias is None:
+        return x
+    return aten.add.Tensor(aten.contiguous.default(x), aten.view.default(bias, [-1, 1, 1, 1]))
+
+
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d", mutates_args=())
 def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
                            act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
-                           bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """`causal_conv3d(rms_norm(x, ...), cache, pad, mode, weight, bias, residual)`.
+                           bias: Optional[Tensor], residual: Optional[Tensor], x_bias: Optional[Tensor] = None,
+                           residual_bias: Optional[Tensor] = None,
+                           channels_last_out: bool = False) -> tuple[Tensor, Tensor]:
+    """`causal_conv3d(rms_norm(with_deferred_bias(x, x_bias), ...), cache, pad, mode, weight, bias,
+    with_deferred_bias(residual, residual_bias))`, the output channels-last (NDHWC memory) if
+    `channels_last_out` (only without bias and residual: a raw conv output for another such op's `x`).
+
+    `x_bias` / `residual_bias`: x / the residual is a conv output whose bias was left out (any layout); its
+    value is the contiguous conv output plus the bias (`with_deferred_bias`), and the norm sums in the order
+    ATen's norm has for that contiguous tensor.
 
     Kernel path: the fused norm kernel stores the normalized (+ SiLU) values straight into the conv's padded
-    channels-last input and into the next cache; the pad kernel writes only the cache frames and the zero
-    pad; then the conv and epilogue of `causal_conv3d`. Where a piece is not available (ATen's norm order not
-    reproduced for x, SiLU not proven exact on this device, the channels-last conv not proven equal for the
-    shape) the two ops run one after the other.
+    channels-last input and into the next cache (adding x's deferred bias as it reads x); the pad kernel writes
+    only the cache frames and the zero pad; then the conv and epilogue of `causal_conv3d` (the residual's
+    deferred bias added in the epilogue), or no epilogue for `channels_last_out`. Where a piece is not
+    available (ATen's norm order not reproduced for x, SiLU not proven exact on this device, the channels-last
+    conv not proven equal for the shape) the ops run one after the other.
     """
-    tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual) if t is not None)
+    if channels_last_out and (bias is not None or residual is not None):
+        raise ValueError("rms_norm_causal_conv3d: channels_last_out is for the raw conv output (no bias, no residual)")
+    if residual_bias is not None and residual is None:
+        raise ValueError("rms_norm_causal_conv3d: residual_bias without a residual")
+    tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
     if (x.dim() == 5 and gamma.numel() == x.shape[1] and act in ("silu", None)
             and use_kernel("rms_norm_causal_conv3d", tensors, FLOAT_DTYPES)):
         kernels = _kernels()
-        plan = kernels.norm_plan(x, upcast)
+        plan = kernels.norm_plan(x, upcast, reference_contiguous=x_bias is not None)
         if (plan is not None and (act is None or selftest.silu_is_exact(x.device, x.dtype))
                 and _channels_last_conv_serves(x, cache, pad, mode, weight, residual)):
             padded, next_cache = kernels.rms_norm_padded_channels_last(
                 x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
-                cache if mode != "chunk0" else None, pad, plan.ctas)
-            return _channels_last_conv(padded, weight, bias, residual), next_cache
-    normalized = rms_norm(x, gamma, scale, norm_bias, eps, upcast, act)
-    return causal_conv3d(normalized, cache, pad, mode, weight, bias, residual)
+                cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias)
+            if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
+                y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d))
+                return y.contiguous(memory_format=torch.channels_last_3d), next_cache
+            return _channels_last_conv(padded, weight, bias, residual, residual_bias), next_cache
+    normalized = rms_norm(with_deferred_bias(x, x_bias), gamma, scale, norm_bias, eps, upcast, act)
+    out, next_cache = causal_conv3d(normalized, cache, pad, mode, weight, bias,
+                                    None if residual is None else with_deferred_bias(residual, residual_bias))
+    if channels_last_out:
+        out = out.contiguous(memory_format=torch.channels_last_3d)
+    return out, next_cache
 
 
 @rms_norm_causal_conv3d.register_fake
-def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual):
-    return _causal_conv3d_fake(x, cache, pad, mode, weight, residual)
+def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias=None,
+      residual_bias=None, channels_last_out=False):
+    out, next_cache = _causal_conv3d_fake(x, cache, pad, mode, weight, residual)
+    if channels_last_out:
+        out = out.clone(memory_format=torch.channels_last_3d)
+    return out, next_cache
 
 
 # ---- nearest-exact 2x upsample feeding a conv2d (Wan's Resample) ------------------------------------------

@@ -63,6 +63,15 @@ def capture_in_progress_reason(device: torch.device) -> str | None:
     return None
 
 
+def cudnn_reason(device: torch.device) -> str | None:
+    """cuDNN is switched off: the Wan lossless graphs defer conv biases into later kernels, which matches
+    ATen only where cuDNN runs the convs (ATen then adds a conv bias with a separate `add_`; its other CUDA
+    conv paths fold the bias into the sum)."""
+    if device.type == "cuda" and not torch.backends.cudnn.enabled:
+        return "cuDNN is disabled (torch.backends.cudnn.enabled is False); the graphs assume ATen's cuDNN convs"
+    return None
+
+
 class AcceptedState:
     """What the full guards of a decode accepted, re-checked on later calls in C-level loops (``map``/``any``
     over prepared lists: tens of nanoseconds per module or weight, where the Python walk of `hook_reason` and

@@ -97,6 +97,7 @@ class WanRunner:
             or guards.hook_reason(decoder, "decoder", allowed_forward=self._installed_forward)
             or guards.uniform_parameters_reason(decoder, x)
             or guards.capture_in_progress_reason(x.device)
+            or guards.cudnn_reason(x.device)
         )
         if reason is None and self.graphs_for(decoder, x.dtype, x.device) is None:
             reason = self.graphs.errors[(x.dtype, x.device)]
