@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.ops import wan as _ops  # noqa: F401  (registers torch.ops.rewrite.*)
+from rewrite.ops import wan as _ops  # registers torch.ops.rewrite.*; conv_bias_is_separate
 
 rewrite_ops = torch.ops.rewrite
 
