@@ -65,19 +65,25 @@ def _conv_settings() -> tuple:
     return cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32
 
 
-def channels_last_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
-                             device: torch.device, padding: tuple[int, ...] = (0, 0, 0)) -> bool:
-    """Whether conv2d/conv3d (by the weight's rank; stride 1, `padding`) of seeded random contiguous operands
-    equals the same conv of the same values in channels-last memory (no bias)."""
-    conv = torch.nn.functional.conv3d if len(weight_shape) == 5 else torch.nn.functional.conv2d
-    memory_format = torch.channels_last_3d if len(weight_shape) == 5 else torch.channels_last
+def _seeded_conv_operands(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
+                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, weight): seeded random contiguous operands of a conv check, the weight scaled by 1/sqrt(fan in)."""
     generator = torch.Generator(device=device).manual_seed(0)
     fan_in = 1
     for size in weight_shape[1:]:
         fan_in *= size
     weight = torch.randn(weight_shape, generator=generator, device=device, dtype=torch.float32).mul_(fan_in ** -0.5)
     weight = weight.to(dtype)
-    x = torch.randn(input_shape, generator=generator, device=device, dtype=dtype)
+    return torch.randn(input_shape, generator=generator, device=device, dtype=dtype), weight
+
+
+def channels_last_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
+                             device: torch.device, padding: tuple[int, ...] = (0, 0, 0)) -> bool:
+    """Whether conv2d/conv3d (by the weight's rank; stride 1, `padding`) of seeded random contiguous operands
+    equals the same conv of the same values in channels-last memory (no bias)."""
+    conv = torch.nn.functional.conv3d if len(weight_shape) == 5 else torch.nn.functional.conv2d
+    memory_format = torch.channels_last_3d if len(weight_shape) == 5 else torch.channels_last
+    x, weight = _seeded_conv_operands(input_shape, weight_shape, dtype, device)
     expected = conv(x, weight, None, 1, list(padding))
     x = x.contiguous(memory_format=memory_format)  # the contiguous copy is freed here
     actual = conv(x, weight.contiguous(memory_format=memory_format), None, 1, list(padding))
@@ -86,15 +92,16 @@ def channels_last_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[i
 
 def channels_last_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
                                 device: torch.device, padding: tuple[int, ...] = (0, 0, 0)) -> bool:
-    if device.type != "cuda":
-        return False
     key = (tuple(input_shape), tuple(weight_shape), tuple(padding), dtype, str(device), _conv_settings())
-    return _cached_conv_check(_CONV_RESULTS, key, lambda: channels_last_conv_check(
+    return _cached_conv_check(_CONV_RESULTS, device, key, lambda: channels_last_conv_check(
         tuple(input_shape), tuple(weight_shape), dtype, device, tuple(padding)))
 
 
-def _cached_conv_check(results: dict[tuple, bool], key: tuple, check) -> bool:
-    """`check()`'s verdict, computed once per key (no_grad); False without caching during a CUDA graph capture."""
+def _cached_conv_check(results: dict[tuple, bool], device: torch.device, key: tuple, check) -> bool:
+    """`check()`'s verdict, computed once per key (no_grad); False off CUDA, and without caching during a CUDA
+    graph capture."""
+    if device.type != "cuda":
+        return False
     if key not in results:
         if torch.cuda.is_current_stream_capturing():
             return False
@@ -109,10 +116,7 @@ def frame_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[int, ...]
     with a [c_out, c, 1, 1, 1] weight equals conv3d of the same values in NCDHW memory (no bias)."""
     b, c, t, h, w = input_shape
     c_out = weight_shape[0]
-    generator = torch.Generator(device=device).manual_seed(0)
-    weight = torch.randn(weight_shape, generator=generator, device=device, dtype=torch.float32).mul_(c ** -0.5)
-    weight = weight.to(dtype)
-    x = torch.randn(input_shape, generator=generator, device=device, dtype=dtype)
+    x, weight = _seeded_conv_operands(input_shape, weight_shape, dtype, device)
     expected = torch.nn.functional.conv3d(x, weight)
     frames = x.permute(0, 2, 1, 3, 4).contiguous()  # [b, t, c, h, w]
     del x
@@ -122,10 +126,8 @@ def frame_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[int, ...]
 
 def frame_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
                         device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
     key = (tuple(input_shape), tuple(weight_shape), dtype, str(device), _conv_settings())
-    return _cached_conv_check(_FRAME_CONV_RESULTS, key, lambda: frame_conv_check(
+    return _cached_conv_check(_FRAME_CONV_RESULTS, device, key, lambda: frame_conv_check(
         tuple(input_shape), tuple(weight_shape), dtype, device))
 
 

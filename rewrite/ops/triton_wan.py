@@ -753,13 +753,12 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) ->
     """(`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`), its last two frames before the right pad without the
     spatial pad) written in one pass, both channels-last (NDHWC memory). The second is the next chunk's cache
     in every mode of `rewrite.ops.wan.next_cache_reference` (its values; its layout is channels-last)."""
-    wl, wr, hl, hr, tl_, tr = pad
+    wl, _, hl, _, tl_, _ = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
     out, next_cache = _padded_channels_last(x, cache, pad)
-    shape = out.shape
     source = x if cache is None else cache
-    _, _, frames_out, rows_out, columns_out = shape
+    _, _, frames_out, rows_out, columns_out = out.shape
     if out.numel():
         block_w, block_c, warps = PAD_CL_TILE_FEW_CHANNELS if c <= PAD_CL_TILE_FEW_CHANNELS[1] else PAD_CL_TILE
         block_c = _channel_block(c, block_c)

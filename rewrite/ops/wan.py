@@ -179,9 +179,14 @@ def _channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], 
                         residual_bias: Optional[Tensor] = None) -> Tensor:
     """cuDNN's conv of the channels-last padded input and weight without bias, then bias (+ residual [+ its
     deferred bias]) with ATen's roundings into the replaced subgraph's layout."""
-    y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
+    y = _channels_last_conv_raw(padded, weight)
     return _kernels().conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual),
                                     residual_bias=residual_bias)
+
+
+def _channels_last_conv_raw(padded: Tensor, weight: Tensor) -> Tensor:
+    """cuDNN's conv, without bias, of the channels-last padded input with the channels-last weight."""
+    return aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
 
 
 def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
@@ -292,7 +297,7 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
                 x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
                 cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias)
             if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
-                y = aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d))
+                y = _channels_last_conv_raw(padded, weight)
                 return y.contiguous(memory_format=torch.channels_last_3d), next_cache
             return _channels_last_conv(padded, weight, bias, residual, residual_bias), next_cache
     normalized = rms_norm(with_deferred_bias(x, x_bias), gamma, scale, norm_bias, eps, upcast, act)
@@ -473,9 +478,13 @@ def pointwise_conv3d_reference(x: Tensor, weight: Tensor, bias: Optional[Tensor]
     return aten.conv3d.default(aten.pad.default(x, [0] * 6), weight, bias)
 
 
-def _pointwise_output_shape(x_shape, weight_shape) -> tuple[int, ...]:
-    b, _, t, h, w = x_shape
-    return (b, weight_shape[0], t, h, w)
+def _empty_pointwise_output(x: Tensor, weight: Tensor) -> Tensor:
+    """An empty [b, c_out, t, h, w] output in the layout `pointwise_conv3d` promises: frame-major for a
+    frame-major x, else contiguous (the reference conv's)."""
+    b, _, t, h, w = x.shape
+    if _frame_major(x):
+        return x.new_empty((b, t, weight.shape[0], h, w)).permute(0, 2, 1, 3, 4)
+    return x.new_empty((b, weight.shape[0], t, h, w))
 
 
 @torch.library.custom_op("rewrite::pointwise_conv3d", mutates_args=())
@@ -499,15 +508,9 @@ def pointwise_conv3d(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tenso
         y = aten.conv2d.default(frames, weight.reshape(c_out, c_in, 1, 1), bias)
         return y.view(b, t, c_out, h, w).permute(0, 2, 1, 3, 4)
     y = pointwise_conv3d_reference(x, weight, bias)
-    if not frame_major:
-        return y
-    out = y.new_empty((b, t, c_out, h, w)).permute(0, 2, 1, 3, 4)
-    return out.copy_(y)
+    return _empty_pointwise_output(x, weight).copy_(y) if frame_major else y
 
 
 @pointwise_conv3d.register_fake
 def _(x, weight, bias):
-    b, c_out, t, h, w = _pointwise_output_shape(x.shape, weight.shape)
-    if _frame_major(x):
-        return x.new_empty((b, t, c_out, h, w)).permute(0, 2, 1, 3, 4)
-    return x.new_empty((b, c_out, t, h, w))
+    return _empty_pointwise_output(x, weight)
