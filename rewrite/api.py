@@ -13,9 +13,10 @@ import sys
 import torch
 from torch import nn
 
-from rewrite.levels import check_level
+from rewrite.levels import LEVELS, check_level
 from rewrite.pipeline import rewrite_graph
-from rewrite.report import Report
+from rewrite.report import Report, WarmupResult
+from rewrite.runtime.runner import installed_runner
 
 logger = logging.getLogger("rewrite")
 
@@ -68,9 +69,12 @@ def optimize(module: nn.Module, level: str = "lossless", **options) -> nn.Module
     """
     check_level(level)
     runner_class = _runner_class(module)
-    # Built first: a bad option raises before anything installed is touched.
-    runner = None if level == "off" else runner_class(module, level, rewrite_graph, **options)
-    previous = module.__dict__.get("_rewrite_runner")
+    # Built first: a bad option raises before anything installed is touched (at "off" too: an option
+    # misspelt there would be one misspelt at the other levels).
+    runner = runner_class(module, LEVELS[-1] if level == "off" else level, rewrite_graph, **options)
+    if level == "off":
+        runner = None
+    previous = installed_runner(module)
     if previous is not None:
         runner_class.uninstall(module)
         if runner is not None and _same_configuration(previous, runner, options):
@@ -93,24 +97,30 @@ def _same_configuration(previous, runner, options: dict) -> bool:
     return previous.level == runner.level and getattr(previous, "options", {}) == recorded and set(options) <= set(recorded)
 
 
-def warmup(module: nn.Module, device=None, dtype=None, batch: int = 1, **shapes) -> None:
+def warmup(module: nn.Module, device=None, dtype=None, batch: int = 1, **shapes) -> WarmupResult:
     """Capture ahead of time the graphs `optimize(module, ...)` would capture on first use.
 
-    `device`/`dtype` default to the parameters'. AuK: `frames=` exact lengths (default: every bucket at
-    `channels_last`, nothing more at `lossless`). Wan: `shapes=[(latent_h, latent_w), ...]`.
-    Raises RuntimeError when the module is not optimized or the graphs cannot serve that dtype/device.
+    `device`/`dtype` default to the parameters'. AuK: `frames=[...]` exact lengths in latent frames
+    (default: every bucket at `channels_last`, nothing more at `lossless`). Wan: `shapes=[(latent_h,
+    latent_w), ...]` (without it only the step graphs are captured). Returns what it captured and how long it
+    took (`WarmupResult`). Raises TypeError/ValueError for bad sizes, RuntimeError when the module is not
+    optimized or the graphs cannot serve that dtype/device.
     """
-    runner = module.__dict__.get("_rewrite_runner")
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"warmup expects an optimized module; got {type(module).__name__}")
+    runner = installed_runner(module)
     if runner is None:
         raise RuntimeError(f"warmup: {type(module).__name__} is not optimized (call rewrite.optimize first)")
     parameter = next(module.parameters())
     device = torch.device(device) if device is not None else parameter.device
-    runner.warmup(device, dtype if dtype is not None else parameter.dtype, batch=batch, **shapes)
+    return runner.warmup(device, dtype if dtype is not None else parameter.dtype, batch=batch, **shapes)
 
 
 def report(module: nn.Module) -> Report:
     """What `optimize` did to `module`: graphs (nodes, capture time, matches), fallbacks, the last path."""
-    runner = module.__dict__.get("_rewrite_runner")
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"report expects a module (an optimized decoder); got {type(module).__name__}")
+    runner = installed_runner(module)
     if runner is None:
         return Report(type(module).__name__, "off", [], {}, "reference", "not optimized")
     return Report(
@@ -121,5 +131,5 @@ def report(module: nn.Module) -> Report:
         last_path=runner.fallbacks.last_path,
         last_reason=runner.fallbacks.last_reason,
         last_detail=runner.fallbacks.last_detail,
-        cuda_graphs=runner.cuda_graph_counts() if hasattr(runner, "cuda_graph_counts") else {},
+        cuda_graphs=runner.cuda_graph_counts(),
     )

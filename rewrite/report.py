@@ -78,3 +78,14 @@ class FallbackLog:
         self.counts[reason] += 1
         self.last_path, self.last_reason, self.last_detail = "reference", reason, None
         (logger.warning if first else logger.debug)("rewrite: reference path taken: %s", reason)
+
+
+@dataclasses.dataclass
+class WarmupResult:
+    """What `rewrite.warmup` did: the CUDA-graph shapes it captured (the model's own sizes: Wan (batch,
+    latent height, latent width), AuK (batch, latent frames)), the seconds it took, and a note when it
+    captured less than a later decode needs."""
+
+    shapes: list[tuple[int, ...]]
+    seconds: float
+    note: str | None = None

@@ -35,7 +35,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from rewrite.capture.export import CapturedGraph, export_step
+from rewrite.capture.export import CapturedGraph, export_step, tracing_copy
 
 #: latent dims that stay symbolic: batch and frames (the latent size is the model's)
 DYNAMIC_DIMS = (0, 1)
@@ -109,7 +109,9 @@ def capture_auk_decode(vae: nn.Module, dtype: torch.dtype, device: torch.device,
 
     No real computation happens (export runs on fake tensors), so `vae` may live on the meta device.
     ``activations_as_ops``: record each alias-free activation as one op node (the default; see above).
+    What is traced is a `tracing_copy` of `vae` (eval mode, same tensors): the live module is never touched.
     """
+    vae = tracing_copy(vae)
     z = torch.zeros(EXAMPLE_BATCH, EXAMPLE_FRAMES, vae.config.latent_dim, dtype=dtype, device=device)
     with activation_modules_as_ops(vae) if activations_as_ops else contextlib.nullcontext():
         return export_step(GRAPH_NAME, AuKDecodeStep(vae), (z,), dynamic_dims=DYNAMIC_DIMS)

@@ -115,6 +115,11 @@ class WeightLocations:
     slot_dicts: list[dict]  # owner._parameters or owner._buffers of each param/buffer placeholder
     slot_names: list[str]
 
+    @classmethod
+    def joined(cls, parts: Sequence["WeightLocations"]) -> "WeightLocations":
+        """The locations of several graphs' weights as one (e.g. Wan's chunk-0 and steady graphs)."""
+        return cls(*([item for part in parts for item in getattr(part, field.name)] for field in dataclasses.fields(cls)))
+
     def tree_unchanged(self) -> bool:
         return all(map(operator.is_, map(dict.get, self.edge_dicts, self.edge_names), self.edge_children))
 
@@ -173,6 +178,37 @@ class _WeightBinding:
         if any(v is None for v, (kind, _) in zip(values, self.slots) if kind in ("param", "buffer")):
             return None
         return values
+
+
+#: attributes `optimize` installs on a module instance (`rewrite.runtime`), never part of what is traced
+INSTALLED_ATTRIBUTES = ("forward", "_rewrite_runner", "_decode", "decode", "decode_tiles")
+
+
+def tracing_copy(root: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `root`'s module tree to trace in place of the live module.
+
+    New module objects with their own parameter, buffer and child dicts, holding the *same* tensor objects
+    under the same names (so the captured graph names the live module's weights); in eval mode; without
+    hooks and without the instance attributes `optimize` installs (``forward`` wrappers included: the decode
+    guards refuse a live module that has them). ``torch.export`` swaps the traced module's parameters for
+    fake tensors and the capture registers hooks while it traces: on the copy nobody else can see that, and
+    a capture that fails leaves the live module as it was. Other attributes are shared, not copied.
+    """
+    def copy_module(module: torch.nn.Module) -> torch.nn.Module:
+        state = {name: value for name, value in module.__dict__.items() if name not in INSTALLED_ATTRIBUTES}
+        for name, value in state.items():
+            if "hook" in name and isinstance(value, dict):
+                state[name] = type(value)()
+        state["_parameters"] = dict(module._parameters)
+        state["_buffers"] = dict(module._buffers)
+        state["_non_persistent_buffers_set"] = set(module._non_persistent_buffers_set)
+        state["_modules"] = {name: None if child is None else copy_module(child) for name, child in module._modules.items()}
+        state["training"] = False
+        clone = type(module).__new__(type(module))
+        clone.__dict__.update(state)  # not through Module.__setattr__: the dicts are set as they are
+        return clone
+
+    return copy_module(root)
 
 
 _KINDS = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rewrite.capture.export import CapturedGraph, concrete_shape, export_step
+from rewrite.capture.export import CapturedGraph, concrete_shape, export_step, tracing_copy
 
 #: latent dims that stay symbolic in the exported graphs: batch, height, width (frames are one per step)
 DYNAMIC_DIMS = (0, 3, 4)
@@ -106,8 +106,10 @@ def capture_wan_decoder(decoder: nn.Module, dtype: torch.dtype, device: torch.de
     """Export the chunk-0 and steady step graphs of a `WanDecoder3d` for one dtype and device.
 
     No real computation happens: export runs on fake tensors; the steady graph's example caches are
-    allocated from the shapes chunk 0's graph reports for the example latent size.
+    allocated from the shapes chunk 0's graph reports for the example latent size. What is traced is a
+    `tracing_copy` of `decoder` (eval mode, same tensors): the live decoder is never touched.
     """
+    decoder = tracing_copy(decoder)
     z_dim = decoder.conv_in.in_channels
     x = torch.zeros(EXAMPLE_BATCH, z_dim, 1, EXAMPLE_HEIGHT, EXAMPLE_WIDTH, dtype=dtype, device=device)
     chunk0 = export_step("chunk0", WanChunk0Step(decoder), (x,), dynamic_dims=DYNAMIC_DIMS, strip_prefix="decoder.")

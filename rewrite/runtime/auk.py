@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import types
+import time
 import weakref
 from typing import Iterable, Iterator, Sequence
 
@@ -48,10 +48,11 @@ from rewrite.capture.auk import capture_auk_decode, reference_decode
 from rewrite.capture.export import CapturedGraph
 from rewrite.levels import level_enables
 from rewrite.ops import compile_ahead, triton_conv1d, valid_length
-from rewrite.report import FallbackLog, GraphReport
+from rewrite.report import GraphReport, WarmupResult
 from rewrite.runtime import guards
-from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.graphs import CudaGraphBackend, GraphPool, static_buffer_mode
+from rewrite.runtime.locks import CAPTURE_GATE
+from rewrite.runtime.runner import DecoderRunner, installed_runner
 from rewrite.runtime.tiles import Window, plan_tiles
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,21 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
+def _frame_counts(frames) -> tuple[int, ...] | None:
+    """`warmup`'s `frames`: None, or a list of positive latent frame counts; a clear error for anything else."""
+    if frames is None:
+        return None
+    expected = "frames must be a list of positive latent frame counts, e.g. [250, 600]"
+    if isinstance(frames, (str, bytes)) or not isinstance(frames, Iterable):
+        hint = f" (did you mean [{frames!r}]?)" if isinstance(frames, int) and not isinstance(frames, bool) else ""
+        raise TypeError(f"warmup: {expected}; got {frames!r}{hint}")
+    values = tuple(frames)
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"warmup: {expected}; got the entry {value!r}")
+    return values
+
+
 def tile_batches(count: int, largest: int = MAX_TILE_BATCH) -> list[int]:
     """How `count` equal-width windows are stacked: one batch when `count` <= `largest`, else batches of
     `largest` and one of the rest (e.g. 5 -> [5], 13 -> [8, 5]). One replay of a batch of n windows costs
@@ -103,7 +119,7 @@ def tile_batches(count: int, largest: int = MAX_TILE_BATCH) -> list[int]:
     return [largest] * (count // largest) + ([count % largest] if count % largest else [])
 
 
-class AuKRunner:
+class AuKRunner(DecoderRunner):
     """The captured decode graph of one `AuKVAE`, its CUDA graphs, and the code that routes a decode."""
 
     model_name = "auk"
@@ -133,11 +149,8 @@ class AuKRunner:
         # heuristics (on vs off: 5 s clip 13.6 vs 13.1 ms, 12 s 23.0 vs 22.3 ms) while the trials' workspaces raised
         # the peak memory of a warm-up to 48.8 GiB.
         self.cudnn_benchmark = cudnn_benchmark
-        self.options = {"compile_shapes": self.compile_shapes, "tile_frames": self.tile_frames,
-                        "max_graphs": self.max_graphs, "cudnn_benchmark": self.cudnn_benchmark}
-        self.rewrite_graph = rewrite_graph  # fn(CapturedGraph, level) applying the level's passes in place
-        self.graphs: CaptureCache[CapturedGraph] = CaptureCache()  # per (dtype, device)
-        self.fallbacks = FallbackLog()
+        super().__init__(level, rewrite_graph, {"compile_shapes": self.compile_shapes, "tile_frames": self.tile_frames,
+                                                "max_graphs": self.max_graphs, "cudnn_benchmark": self.cudnn_benchmark})
         self.backend = graph_backend if graph_backend is not None else CudaGraphBackend()
         self.bucket_graphs = GraphPool(self.backend)  # (batch, bucket, dtype, device), one shared pool
         self.exact_graphs = GraphPool(self.backend, max_entries=self.max_graphs)  # (batch, frames, dtype, device)
@@ -147,7 +160,7 @@ class AuKRunner:
         # Conv weights packed for the Triton convs (channels_last), kept between calls: the graphs read them, and
         # `_replay` re-packs those whose version counter changed before replaying.
         self.packed_weights = triton_conv1d.PackedWeightCache()
-        self._decoder_modules: list | None = None  # vae.decoder.named_modules(), listed once for the hook guard
+        self._decoder_modules: list | None = None  # vae.decoder.named_modules(), listed by the last full check
         # per (dtype, device): what the full guards accepted last, re-checked cheaply by the next call
         self._accepted: dict[tuple, guards.AcceptedState] = {}
         self._pad: tuple | None = None  # (mean, log_std, their versions and pointers, pad latent): `pad_latent`
@@ -159,26 +172,35 @@ class AuKRunner:
         self.vae = vae
 
     # ---- installation -------------------------------------------------------------------------------
+    @classmethod
+    def entry_points(cls, vae: nn.Module):
+        return [(vae, "decode", _optimized_decode), (vae, "decode_tiles", _optimized_decode_tiles)]
+
     def install(self, vae: nn.Module) -> None:
         self.vae = vae
-        vae._rewrite_runner = self
-        vae.decode = types.MethodType(_optimized_decode, vae)
-        vae.decode_tiles = types.MethodType(_optimized_decode_tiles, vae)
-
-    @staticmethod
-    def uninstall(vae: nn.Module) -> None:
-        for name in ("decode", "decode_tiles", "_rewrite_runner"):
-            vae.__dict__.pop(name, None)
+        super().install(vae)
 
     # ---- capture ------------------------------------------------------------------------------------
-    def graph_for(self, dtype: torch.dtype, device: torch.device) -> CapturedGraph | None:
-        """The rewritten decode graph for this dtype/device, captured on first use; None if capture failed."""
+    def graph_for(self, dtype: torch.dtype, device: torch.device, listing=None) -> CapturedGraph | None:
+        """The rewritten decode graph for this dtype/device, captured on first use and again after the decoder
+        changed (`DecoderRunner.captured`); None if capture failed."""
         def capture():
             graph = capture_auk_decode(self.vae, dtype, device)
             self.rewrite_graph(graph, self.level)
             return graph
 
-        return self.graphs.get((dtype, device), capture, f"{dtype} on {device}")
+        listing = list(self.vae.decoder.named_modules(prefix="decoder")) if listing is None else listing
+        return self.captured((dtype, device), listing, capture, f"{dtype} on {device}")
+
+    def forget_graphs(self, key) -> None:
+        """The decode graph of `key` is captured again: every CUDA graph and what was derived from the old one goes."""
+        self.bucket_graphs.retire()
+        self.exact_graphs.retire()
+        self.capture_failures.clear()
+        self._static_tails.clear()
+        self._accepted.pop(key, None)
+        self._weight_pointers.pop(key, None)
+        self._compiled_ahead.discard(key)
 
     def graph_reports(self) -> list[GraphReport]:
         return [GraphReport.of(g) for g in self.graphs.values.values()]
@@ -189,7 +211,8 @@ class AuKRunner:
                 "capture failures": len(self.capture_failures)}
 
     @torch.no_grad()  # captures for no-grad decodes, whatever the caller's grad mode (as Wan's warmup)
-    def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, frames: Sequence[int] | None = None) -> None:
+    def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1,
+               frames: Sequence[int] | None = None) -> WarmupResult:
         """Capture ahead of time the graphs a decode of `batch` clips of these lengths would capture.
 
         Exports and rewrites the decode graph for (dtype, device), then captures
@@ -199,17 +222,24 @@ class AuKRunner:
         ``tile_frames`` also replays windows stacked along the batch (``batch`` times 2, 4 or 8): those
         graphs are captured by its first decode. Raises what a capture failure raised.
         """
-        z = torch.zeros(_positive_int("batch", batch), 1, self.vae.config.latent_dim, dtype=dtype, device=device)
-        reason = self.fallback_reason(z)
-        if reason is not None:
-            raise RuntimeError(f"warmup: the graphs cannot serve {dtype} on {device}: {reason}")
-        if not self.backend.can_capture(device):
-            return
-        if frames is None:
-            frames = self.compile_shapes if self.bucketed else ()
-        for width in sorted({_positive_int("frames entry", f) for f in frames}, reverse=True):
-            pool, key = self._pool_for(batch, width, z.dtype, z.device)
-            self._capture(pool, key, batch, width, z.dtype, z.device)
+        widths = _frame_counts(frames)
+        batch = _positive_int("batch", batch)
+        start = time.perf_counter()
+        z = torch.zeros(batch, 1, self.vae.config.latent_dim, dtype=dtype, device=device)
+        with self.lock.holding(z.device), CAPTURE_GATE.running():
+            reason = self.fallback_reason(z)
+            if reason is not None:
+                raise RuntimeError(f"warmup: the graphs cannot serve {dtype} on {device}: {reason}")
+            if not self.backend.can_capture(device):
+                return WarmupResult([], time.perf_counter() - start,
+                                    f"no CUDA graphs on {device.type}: the decode graph is captured and runs eagerly")
+            if widths is None:
+                widths = self.compile_shapes if self.bucketed else ()
+            for width in sorted(set(widths), reverse=True):
+                pool, key = self._pool_for(batch, width, z.dtype, z.device)
+                self._capture(pool, key, batch, width, z.dtype, z.device)
+        note = None if widths else "lossless captures exact lengths only: pass frames=[...] for the CUDA graphs"
+        return WarmupResult([(batch, w) for w in sorted(set(widths), reverse=True)], time.perf_counter() - start, note)
 
     # ---- guards -------------------------------------------------------------------------------------
     def fallback_reason(self, z: torch.Tensor) -> str | None:
@@ -217,7 +247,8 @@ class AuKRunner:
 
         Cheap enough to run on every decode: a call whose full checks passed leaves a
         `guards.AcceptedState`, and the next call only re-checks that nothing those checks look at changed
-        (C-level loops over prepared lists); otherwise the full checks run: the parameters' dtype/device
+        (C-level loops over prepared lists); otherwise the full checks run (hooks, train mode, a decoder
+        changed since its capture, which captures it again): the parameters' dtype/device
         agreement on the graph's own weight list (`CapturedGraph.weights`, owners resolved once), the full
         module walk of `uniform_tensors_reason` only to word a reason once something disagrees. With that
         list at hand they also retire every CUDA graph when a weight tensor was replaced since the captures.
@@ -232,14 +263,15 @@ class AuKRunner:
                 and guards.capture_in_progress_reason(z.device) is None):
             return None  # nothing the checks below look at has changed since they accepted a call
         self._accepted.pop(key, None)
-        if self._decoder_modules is None or self._decoder_modules[0][1] is not vae.decoder:
-            self._decoder_modules = list(vae.decoder.named_modules(prefix="decoder"))
+        self._decoder_modules = listing = list(vae.decoder.named_modules(prefix="decoder"))
         reason = (
             guards.autograd_reason(vae, z)
-            or guards.hook_reason(vae.decoder, "decoder", modules=self._decoder_modules)
+            or guards.hook_reason(vae.decoder, "decoder", modules=listing)
+            or guards.training_reason(listing)
+            or guards.tensor_attribute_reason(listing)
             or guards.capture_in_progress_reason(z.device)
         )
-        if reason is None and self.graph_for(z.dtype, z.device) is None:
+        if reason is None and self.graph_for(z.dtype, z.device, listing) is None:
             reason = self.graphs.errors[(z.dtype, z.device)]
         if reason is None:
             try:
@@ -377,9 +409,14 @@ class AuKRunner:
 
     # ---- decode -------------------------------------------------------------------------------------
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        """`AuKVAE.decode` through the graphs, or through the reference when a guard objects."""
+        """`AuKVAE.decode` through the graphs, or through the reference when a guard objects. One call of
+        this module at a time (`lock`), its work on the caller's current stream."""
+        self.vae._check_latents(z)  # the model's own ValueError for bad latents
+        with self.lock.holding(z.device), CAPTURE_GATE.running():
+            return self._decode_held(z)
+
+    def _decode_held(self, z: torch.Tensor) -> torch.Tensor:
         vae = self.vae
-        vae._check_latents(z)  # the model's own ValueError for bad latents
         reason = self.fallback_reason(z)
         if reason is not None:
             self.fallbacks.took_reference(reason)
@@ -435,24 +472,29 @@ class AuKRunner:
         vae = self.vae
         vae._check_latents(z)
         batch, frames, _ = z.shape
-        if (not self.bucketed or frames <= self.tile_frames or self.fallback_reason(z) is not None
-                or not self.backend.can_capture(z.device)):
-            yield 0, self.decode(z)
+        with self.lock.holding(z.device), CAPTURE_GATE.running():
+            whole = (not self.bucketed or frames <= self.tile_frames or self.fallback_reason(z) is not None
+                     or not self.backend.can_capture(z.device))
+            if whole:
+                piece = self._decode_held(z)
+        if whole:
+            yield 0, piece
             return
-        hop, pad = vae.config.hop_length, self.pad_latent()
+        hop = vae.config.hop_length
         windows = self.plan(frames)
-        for i, w in enumerate(windows):
-            window = z[:, w.window_start : w.window_start + w.window_frames]
-            reason = self.fallback_reason(z) if i else None  # the first piece was checked above
-            if reason is not None:
-                self.fallbacks.took_reference(reason)
-                out = reference_decode(vae, window)
-            else:
-                out = self._replay(window, w.window_frames, pad)
-                self._took(f"CUDA graphs, streaming {len(windows)} tiled windows",
-                           (batch, w.window_frames, z.dtype, z.device))
-            offset = w.emit_start - w.window_start
-            piece = out[:, offset * hop : (offset + w.emit_end - w.emit_start) * hop].clone()
+        for w in windows:  # the lock is held per window, never across a yield (the caller runs in between)
+            with self.lock.holding(z.device), CAPTURE_GATE.running():
+                window = z[:, w.window_start : w.window_start + w.window_frames]
+                reason = self.fallback_reason(z)
+                if reason is not None:
+                    self.fallbacks.took_reference(reason)
+                    out = reference_decode(vae, window)
+                else:
+                    out = self._replay(window, w.window_frames, self.pad_latent())
+                    self._took(f"CUDA graphs, streaming {len(windows)} tiled windows",
+                               (batch, w.window_frames, z.dtype, z.device))
+                offset = w.emit_start - w.window_start
+                piece = out[:, offset * hop : (offset + w.emit_end - w.emit_start) * hop].clone()
             yield w.emit_start, piece
 
     def _took(self, detail: str, *keys: tuple) -> None:
@@ -479,14 +521,16 @@ def _chunks(items: list, sizes: list[int]) -> Iterator[list]:
         start += size
 
 
+@torch.compiler.disable  # torch.compile on top runs this as it is: the graphs are already compiled
 def _optimized_decode(vae: nn.Module, z: torch.Tensor) -> torch.Tensor:
     """Replacement for `AuKVAE.decode` (bound to the instance by `AuKRunner.install`)."""
-    return vae._rewrite_runner.decode(z)
+    return installed_runner(vae).decode(z)
 
 
+@torch.compiler.disable
 def _optimized_decode_tiles(vae: nn.Module, z: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
     """`vae.decode_tiles(z)`: streaming decode (installed by `AuKRunner.install`)."""
-    return vae._rewrite_runner.decode_tiles(z)
+    return installed_runner(vae).decode_tiles(z)
 
 
 __all__ = ["AuKRunner", "DEFAULT_COMPILE_SHAPES", "DEFAULT_MAX_GRAPHS", "MAX_TILE_BATCH", "tile_batches"]

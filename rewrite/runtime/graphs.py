@@ -26,6 +26,8 @@ from typing import Callable, Hashable, Sequence
 import torch
 from torch import Tensor
 
+from rewrite.runtime.locks import CAPTURE_GATE
+
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -49,12 +51,21 @@ def _capture_stream(device: torch.device) -> "torch.cuda.Stream":
     return stream
 
 
+def _finish_pending_replays() -> None:
+    """Wait for every queued replay before graphs are dropped: their memory goes back to the allocator, which
+    may hand it to work on another stream at once."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 class StaticStep:
     """One captured step: `replay()` runs `fn(*inputs)` on the captured buffers and returns its outputs."""
 
     def __init__(self, fn: Callable[..., Sequence[Tensor]], inputs: Sequence[Tensor], pool=None, warmup: int = 1):
         self.inputs = list(inputs)
-        with torch.cuda.device(self.inputs[0].device):  # capture on the inputs' device, whichever is current
+        # Alone among rewrite's work (`rewrite.runtime.locks`); "thread_local": work of other threads in the
+        # process may go on (on other streams) without invalidating the capture.
+        with CAPTURE_GATE.capturing(), torch.cuda.device(self.inputs[0].device):
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -62,7 +73,8 @@ class StaticStep:
                     fn(*self.inputs)
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool, stream=_capture_stream(self.inputs[0].device)):
+            with torch.cuda.graph(self.graph, pool=pool, stream=_capture_stream(self.inputs[0].device),
+                                  capture_error_mode="thread_local"):
                 self.outputs = list(fn(*self.inputs))
 
     def replay(self) -> list[Tensor]:
@@ -83,9 +95,12 @@ class GraphCache:
         pointers = tuple(0 if w is None else w.data_ptr() for w in weights)
         entry = self._entries.get(key)
         if entry is not None and entry[0] != pointers:
+            _finish_pending_replays()
             del self._entries[key]
             entry = None
         if entry is None:
+            if len(self._entries) >= self.max_entries:
+                _finish_pending_replays()
             while len(self._entries) >= self.max_entries:
                 self._entries.popitem(last=False)
             entry = (pointers, build())
@@ -95,6 +110,8 @@ class GraphCache:
         return entry[1]
 
     def clear(self) -> None:
+        if self._entries:
+            _finish_pending_replays()
         self._entries.clear()
 
     def __deepcopy__(self, memo: dict) -> "GraphCache":
@@ -164,6 +181,7 @@ class GraphPool:
     def retire(self) -> None:
         """Drop every graph of this generation and its pool."""
         if self.steps or self._pool is not None:
+            _finish_pending_replays()
             self.generation += 1
         self.steps = {}
         self._pool = None

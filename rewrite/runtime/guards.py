@@ -6,12 +6,20 @@ for the log and the report. None of them looks at tensor values, only at the cal
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import enum
 import itertools
 import operator
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 from torch.nn.modules import module as _module_globals
+
+from rewrite.capture.export import INSTALLED_ATTRIBUTES
+
+Listing = Sequence[tuple[str, nn.Module]]  # ``region.named_modules(prefix=...)``, listed ahead
 
 
 def autograd_reason(module: nn.Module, *inputs: torch.Tensor) -> str | None:
@@ -72,25 +80,140 @@ def cudnn_reason(device: torch.device) -> str | None:
     return None
 
 
+def training_reason(modules: Listing) -> str | None:
+    """Train mode where it changes the result: the graphs compute the eval-mode decode (`tracing_copy`).
+
+    Mode-dependent are the torch modules whose forward reads ``training``: dropout with p > 0 (also inside
+    ``nn.MultiheadAttention``), batch and instance norms, RReLU. Train mode elsewhere computes what eval
+    mode computes (Wan's dropout defaults to p = 0), so the graphs still serve it."""
+    active = [name for name, module in modules if module.training and _computes_differently_in_training(module)]
+    if not active:
+        return None
+    shown = ", ".join(active[:3]) + (f" and {len(active) - 3} more" if len(active) > 3 else "")
+    return (f"train mode with active dropout or batch statistics in {shown}; the graphs compute the eval-mode "
+            "decode (call .eval() for the graphs)")
+
+
+def tensor_attribute_reason(modules: Listing) -> str | None:
+    """A tensor held as a plain attribute (not a parameter or buffer): export would bake it into the graph as
+    a constant, which a later assignment would not reach; the graphs read parameters and buffers by name."""
+    found = [f"{name}.{key}" if name else key for name, module in modules
+             for key, value in module.__dict__.items() if isinstance(value, torch.Tensor)]
+    if not found:
+        return None
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return f"tensors held as plain attributes, not parameters or buffers: {shown}"
+
+
+def _computes_differently_in_training(module: nn.Module) -> bool:
+    if isinstance(module, nn.modules.dropout._DropoutNd):
+        return module.p > 0
+    if isinstance(module, nn.MultiheadAttention):
+        return module.dropout > 0
+    return isinstance(module, (nn.modules.batchnorm._NormBase, nn.RReLU))
+
+
+#: a plain module's own ``__dict__`` entries (parameters, hooks, ...): not settings of what it computes
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__) | frozenset(INSTALLED_ATTRIBUTES)
+_PLAIN_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format,
+                enum.Enum)
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list, frozenset)):
+        return all(map(_is_plain, value))
+    return isinstance(value, _PLAIN_TYPES)
+
+
+def module_settings(module: nn.Module) -> dict[str, Any]:
+    """The non-tensor attributes of `module` that its forward may read: plain values (numbers, strings,
+    dtypes, enums, tuples/lists of them) in its ``__dict__``, e.g. a conv's ``padding_mode`` and
+    ``_padding``, an RMS norm's ``scale``. Lists are copied, so an edit in place shows as a change."""
+    return {name: list(value) if isinstance(value, list) else value for name, value in module.__dict__.items()
+            if name not in _MODULE_INTERNALS and _is_plain(value)}
+
+
+@dataclasses.dataclass
+class ModuleSnapshot:
+    """What a capture read of a module tree besides tensor values: each module's type, children, which
+    parameters and buffers are set (not None) and its `module_settings`. `changes(listing)` names what
+    differs now (an activation swapped for another type, ``conv.bias = None``, a parametrization (which
+    changes the module's type), a conv's ``padding_mode``, an added or removed submodule)."""
+
+    entries: dict[str, tuple[type, tuple[str, ...], tuple[str, ...], tuple[str, ...], dict[str, Any]]]
+
+    @classmethod
+    def of(cls, listing: Listing) -> "ModuleSnapshot":
+        return cls({name: _describe(module) for name, module in listing})
+
+    def changes(self, listing: Listing, shown: int = 3) -> list[str]:
+        now = {name: _describe(module) for name, module in listing}
+        found = []
+        for name in sorted(set(now) | set(self.entries)):
+            before, after = self.entries.get(name), now.get(name)
+            if before is None or after is None:
+                found.append(f"{name} {'added' if before is None else 'removed'}")
+                continue
+            if before[0] is not after[0]:  # another module: its own settings are not an edit
+                found.append(f"{name} type: {_short(before[0])} -> {_short(after[0])}")
+                continue
+            for label, old, new in zip(("children", "parameters", "buffers"), before[1:4], after[1:4]):
+                if old != new:
+                    found.append(f"{name} {label}: {_short(old)} -> {_short(new)}")
+            for key in sorted(set(before[4]) | set(after[4])):
+                if before[4].get(key, "<unset>") != after[4].get(key, "<unset>"):
+                    found.append(f"{name}.{key}: {before[4].get(key, '<unset>')!r} -> {after[4].get(key, '<unset>')!r}")
+            if len(found) > shown:
+                break
+        return found[:shown] + (["and more"] if len(found) > shown else [])
+
+
+def _describe(module: nn.Module):
+    return (type(module), tuple(module._modules),
+            tuple(k for k, v in module._parameters.items() if v is not None),
+            tuple(k for k, v in module._buffers.items() if v is not None), module_settings(module))
+
+
+def _short(value: Any) -> str:
+    return value.__name__ if isinstance(value, type) else repr(value)
+
+
+_call = getattr(operator, "call", lambda function, argument: function(argument))
+
+
 class AcceptedState:
-    """What the full guards of a decode accepted, re-checked on later calls in C-level loops (``map``/``any``
-    over prepared lists: tens of nanoseconds per module or weight, where the Python walk of `hook_reason` and
-    the weight lookup cost ~0.5 ms per decode on the GPU machine's host).
+    """What the full guards of a decode accepted, re-checked on later calls in C-level loops (``map``/``all``
+    over prepared lists: tens of nanoseconds per module or weight, where the Python walk of the full checks
+    costs about a millisecond per decode on the GPU machine's host).
 
     `holds(region)` is True while: `region` is the same module object; no global module hook; no hook in any
-    of the listed modules' hook dicts (``register_*_hook`` adds to those dicts in place); no module gained an
-    instance ``forward``; the module-tree edges leading to the weights hold the same children; every weight
-    name holds the same tensor object with the same data pointer (`CapturedGraph.weight_locations`). When it
-    is False the caller runs its full checks, which word the reason. Not covered, as in the full checks: a
-    module added deep inside the region after the listing, hook dicts replaced wholesale (not an API).
+    of the listed modules' hook dicts (``register_*_hook`` adds to those dicts in place); every module's
+    instance ``forward`` (none, or the one `optimize` installed) and type are as accepted; every module
+    holds the same children, parameter and buffer objects under the same names, the same `module_settings`
+    values and the same ``training`` flag; the module-tree edges leading to the weights hold the same
+    children and every weight name the same tensor with the same data pointer
+    (`CapturedGraph.weight_locations`). When it is False the caller runs its full checks, which word the
+    reason (and list the region's modules again). Not covered, as in the full checks: hook dicts replaced
+    wholesale (not an API), attributes that are not plain values (`module_settings`).
     """
 
-    def __init__(self, region: nn.Module, modules: list[tuple[str, nn.Module]], locations) -> None:
+    def __init__(self, region: nn.Module, modules: Listing, locations) -> None:
         self.region = region
         listed = [m for _, m in modules]
         self.hook_dicts = [d for m in listed for d in (m._forward_hooks, m._forward_pre_hooks,
                                                         m._backward_hooks, m._backward_pre_hooks)]
         self.module_dicts = [m.__dict__ for m in listed]
+        self.forwards = list(map(dict.get, self.module_dicts, itertools.repeat("forward")))
+        self.listed = listed
+        self.types = list(map(type, listed))
+        self.training = list(map(operator.attrgetter("training"), listed))
+        member_dicts = ([getattr(m, attribute) for m in listed] for attribute in ("_modules", "_parameters", "_buffers"))
+        self.member_values = [(dicts, list(itertools.chain.from_iterable(map(dict.values, dicts)))) for dicts in member_dicts]
+        with_settings = [(m.__dict__, tuple(module_settings(m))) for m in listed]
+        with_settings = [(d, keys) for d, keys in with_settings if keys]
+        self.settings_dicts = [d for d, _ in with_settings]
+        self.settings_getters = [operator.itemgetter(*keys) for _, keys in with_settings]
+        self.settings = copy.deepcopy(list(map(_call, self.settings_getters, self.settings_dicts)))  # plain values
         self.locations = locations
         self.tensors = locations.tensors()
         self.pointers = list(map(torch.Tensor.data_ptr, self.tensors))
@@ -106,7 +229,21 @@ class AcceptedState:
             return False
         if _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks:
             return False
-        if any(self.hook_dicts) or any(map(operator.contains, self.module_dicts, itertools.repeat("forward"))):
+        if any(self.hook_dicts):
+            return False
+        if not all(map(operator.is_, map(dict.get, self.module_dicts, itertools.repeat("forward")), self.forwards)):
+            return False
+        if list(map(type, self.listed)) != self.types or list(map(operator.attrgetter("training"), self.listed)) != self.training:
+            return False
+        for dicts, values in self.member_values:
+            if sum(map(len, dicts)) != len(values):
+                return False
+            if not all(map(operator.is_, itertools.chain.from_iterable(map(dict.values, dicts)), values)):
+                return False
+        try:
+            if list(map(_call, self.settings_getters, self.settings_dicts)) != self.settings:
+                return False
+        except KeyError:  # a setting was deleted
             return False
         if not self.locations.tree_unchanged():
             return False

@@ -1,107 +1,165 @@
 """Decode driver for an optimized `AutoencoderKLWan`: the frame loop around the captured step graphs.
 
-`WanRunner.install(vae)` sets two instance attributes and nothing else (no parameter, buffer or submodule
+`WanRunner.install(vae)` sets four instance attributes and nothing else (no parameter, buffer or submodule
 changes, so `state_dict()` is untouched):
   * `vae._decode`: post_quant_conv, chunk 0 graph, steady graph per later frame written into a
     preallocated video, unpatchify, clamp. Tiling and slicing stay diffusers' own code paths.
   * `vae.decoder.forward`: serves diffusers' own callers of the decoder (e.g. `tiled_decode`) from the
     same graphs, keeping the feat_cache list protocol; any call it cannot serve goes to the class forward.
-`WanRunner.uninstall(vae)` removes both. Every call first runs the guards of `rewrite.runtime.guards`;
-when one objects, the call runs diffusers' reference code and the reason is logged and reported.
+  * `vae._rewrite_runner` and `vae.decoder._rewrite_runner`: this runner.
+`WanRunner.uninstall(vae)` removes them. Every call first runs the guards of `rewrite.runtime.guards`;
+when one objects, the call runs diffusers' reference code and the reason is logged and reported. Calls
+of one module run one at a time, stream-ordered (`DecoderRunner.lock`); a decoder changed since its capture
+is captured again (`DecoderRunner.captured`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
+import logging
+import time
 
 import torch
 from torch import nn
 
-from rewrite.capture.export import CapturedGraph
+from rewrite.capture.export import WeightLocations
 from rewrite.capture.wan import capture_wan_decoder, reference_forward
-from rewrite.report import FallbackLog, GraphReport
+from rewrite.report import GraphReport, WarmupResult
 from rewrite.runtime import guards
 from rewrite.runtime.cache_writes import write_caches_in_place
-from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
 from rewrite.runtime.graphs import GraphCache, StaticStep, static_buffer_mode
+from rewrite.runtime.locks import CAPTURE_GATE
+from rewrite.runtime.runner import DecoderRunner, installed_runner
+
+logger = logging.getLogger("rewrite")
 
 
-class WanRunner:
+class WanRunner(DecoderRunner):
     """Captured graphs per (dtype, device) of one Wan VAE and the code that runs them."""
 
     model_name = "wan"
 
     def __init__(self, vae: nn.Module, level: str, rewrite_graph) -> None:
-        self.level = level
-        self.rewrite_graph = rewrite_graph  # fn(CapturedGraph, level) applying the level's passes in place
-        self.graphs: CaptureCache[tuple[CapturedGraph, CapturedGraph]] = CaptureCache()  # per (dtype, device)
-        self.fallbacks = FallbackLog()
+        super().__init__(level, rewrite_graph, {})
         self.z_dim = vae.config.z_dim
         self.temporal_factor = 2 ** sum(bool(t) for t in vae.decoder.temperal_upsample)
         self.cuda_graphs = GraphCache(max_entries=4)  # per (batch, latent h, w, dtype, device)
         self.use_cuda_graphs = True
         self.channels_last_weights = ChannelsLastWeights()  # shared by the CUDA graphs of every shape
-        self._reference_decode = type(vae)._decode.__get__(vae)
+        self._accepted: dict[tuple, guards.AcceptedState] = {}  # per (dtype, device): see `region_reason`
         self.vae = vae
 
     # ---- installation -------------------------------------------------------------------------------
+    @classmethod
+    def entry_points(cls, vae: nn.Module):
+        return [(vae, "_decode", _optimized_decode), (vae.decoder, "forward", _routed_decoder_forward)]
+
     def install(self, vae: nn.Module) -> None:
         self.vae = vae
-        vae._rewrite_runner = self
-        vae._decode = types.MethodType(_optimized_decode, vae)
-        vae.decoder.forward = types.MethodType(_routed_decoder_forward, vae.decoder)
-        vae.decoder._rewrite_runner = self
+        super().install(vae)
         self._installed_forward = vae.decoder.__dict__["forward"]
 
-    @staticmethod
-    def uninstall(vae: nn.Module) -> None:
-        for obj, names in ((vae, ("_decode", "_rewrite_runner")), (vae.decoder, ("forward", "_rewrite_runner"))):
-            for name in names:
-                obj.__dict__.pop(name, None)
+    def _reference_decode(self, z: torch.Tensor, return_dict: bool = True):
+        """diffusers' own `_decode` (its decoder calls reach the class forward directly, counted once)."""
+        with self.serving_reference():
+            return type(self.vae)._decode(self.vae, z, return_dict=return_dict)
 
     # ---- capture ------------------------------------------------------------------------------------
-    def graphs_for(self, decoder: nn.Module, dtype: torch.dtype, device: torch.device):
-        """The (chunk0, steady) graphs for this dtype/device, captured and rewritten on first use."""
+    def graphs_for(self, decoder: nn.Module, dtype: torch.dtype, device: torch.device, listing=None):
+        """The (chunk0, steady) graphs for this dtype/device, captured and rewritten on first use and again
+        after the decoder changed (`DecoderRunner.captured`); None when the capture failed."""
         def capture():
             pair = capture_wan_decoder(decoder, dtype, device)
             for graph in pair:
                 self.rewrite_graph(graph, self.level)
             return pair
 
-        return self.graphs.get((dtype, device), capture, f"{dtype} on {device}")
+        listing = list(decoder.named_modules(prefix="decoder")) if listing is None else listing
+        return self.captured((dtype, device), listing, capture, f"{dtype} on {device}")
+
+    def forget_graphs(self, key) -> None:
+        self.cuda_graphs.clear()
+        self._accepted.pop(key, None)
 
     def graph_reports(self) -> list[GraphReport]:
         return [GraphReport.of(g) for pair in self.graphs.values.values() for g in pair]
 
-    def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, shapes=()) -> None:
-        """Capture the graphs, and on CUDA the chunk-0/steady CUDA graphs, for latent sizes `shapes`.
+    def cuda_graph_counts(self) -> dict[str, int]:
+        return {"CUDA graph shapes": len(self.cuda_graphs)} if self.cuda_graphs.captures else {}
 
-        `shapes` lists `(latent_height, latent_width)` pairs; each is served by decoding a two-frame zero
-        latent (chunk 0 and one steady step) of that size.
-        """
-        for height, width in shapes:
+    def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, shapes=None) -> WarmupResult:
+        """Capture the graphs for `dtype`/`device` and, on CUDA, the chunk-0/steady CUDA graphs of the latent
+        sizes `shapes`, a list of `(latent_height, latent_width)` pairs; each is served by decoding a two-frame
+        zero latent (chunk 0 and one steady step) of that size. Without `shapes` only the step graphs are
+        captured (each size's CUDA graphs then come with its first decode; the result says so)."""
+        pairs = _latent_sizes(shapes)
+        start = time.perf_counter()
+        if not pairs:
+            x = torch.zeros(batch, self.z_dim, 1, 1, 1, device=device, dtype=dtype)
+            with self.lock.holding(device), CAPTURE_GATE.running():
+                reason = self.region_reason(self.vae.decoder, x)
+            if reason is not None:
+                raise RuntimeError(f"warmup: the graphs cannot serve {dtype} on {device}: {reason}")
+            note = ("no shapes given: the step graphs are captured; the CUDA graphs of a latent size are captured "
+                    "by its first decode (pass shapes=[(latent_height, latent_width), ...])")
+            logger.info("rewrite: warmup: %s", note)
+            return WarmupResult([], time.perf_counter() - start, note)
+        for height, width in pairs:
             z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
             with torch.no_grad():
                 self.vae._decode(z)
             if self.fallbacks.last_path != "graphs":
                 raise RuntimeError(f"warmup: the graphs cannot serve {tuple(z.shape)} {dtype} on {device}: "
                                    f"{self.fallbacks.last_reason}")
+        return WarmupResult([(batch, h, w) for h, w in pairs], time.perf_counter() - start)
 
     # ---- decode-time routing ------------------------------------------------------------------------
-    def fallback_reason(self, decoder: nn.Module, x: torch.Tensor) -> str | None:
-        """Why this decoder input cannot run through the graphs, or None (captures on first use)."""
-        reason = (
-            guards.autograd_reason(decoder, x)
-            or guards.hook_reason(decoder, "decoder", allowed_forward=self._installed_forward)
-            or guards.uniform_parameters_reason(decoder, x)
-            or guards.capture_in_progress_reason(x.device)
-            or guards.cudnn_reason(x.device)
-        )
-        if reason is None and self.graphs_for(decoder, x.dtype, x.device) is None:
-            reason = self.graphs.errors[(x.dtype, x.device)]
+    def decode_reason(self, vae: nn.Module, z: torch.Tensor) -> str | None:
+        """Why `vae._decode(z)` cannot run through the graphs, or None. Checked on the latents, before
+        ``post_quant_conv`` runs (it runs once, on whichever path serves the call)."""
+        reason = guards.autograd_reason(vae, z) or self.region_reason(vae.decoder, z)
+        if reason is None:
+            reason = guards.uniform_parameters_reason(vae.post_quant_conv, z)
         return reason
+
+    def region_reason(self, decoder: nn.Module, x: torch.Tensor) -> str | None:
+        """Why a decoder input of `x`'s dtype and device cannot run through the graphs, or None (captures
+        on first use). A call whose full checks passed leaves a `guards.AcceptedState`: the next call only
+        re-checks cheaply that nothing those checks look at has changed."""
+        key = (x.dtype, x.device)
+        accepted = self._accepted.get(key)
+        if accepted is not None and accepted.holds(decoder) and self._call_reason(decoder, x) is None:
+            return None
+        self._accepted.pop(key, None)
+        listing = list(decoder.named_modules(prefix="decoder"))
+        reason = (
+            guards.hook_reason(decoder, "decoder", allowed_forward=self._installed_forward, modules=listing)
+            or guards.training_reason(listing)
+            or guards.tensor_attribute_reason(listing)
+            or guards.uniform_parameters_reason(decoder, x)
+            or self._call_reason(decoder, x)
+        )
+        if reason is not None:
+            return reason
+        graphs = self.graphs_for(decoder, x.dtype, x.device, listing)
+        if graphs is None:
+            return self.graphs.errors[key]
+        try:
+            for graph in graphs:
+                graph.weights(decoder)
+        except AttributeError as error:  # e.g. a parametrization, or a parameter replaced by a plain tensor
+            return f"a graph weight is no longer a parameter or buffer of that name: {error}"
+        locations = [graph.weight_locations(decoder) for graph in graphs]
+        if all(part is not None for part in locations):
+            self._accepted[key] = guards.AcceptedState(decoder, listing, WeightLocations.joined(locations))
+        return None
+
+    @staticmethod
+    def _call_reason(decoder: nn.Module, x: torch.Tensor) -> str | None:
+        """The checks of the call's own context (grad mode, a capture in progress, cuDNN switched off)."""
+        return (guards.autograd_reason(decoder, x) or guards.capture_in_progress_reason(x.device)
+                or guards.cudnn_reason(x.device))
 
     def check_latents(self, z: torch.Tensor) -> None:
         if not isinstance(z, torch.Tensor) or z.dim() != 5 or z.shape[1] != self.z_dim:
@@ -116,9 +174,10 @@ class WanRunner:
         """All latent frames of `x` (after post_quant_conv) through the graphs, into one preallocated video.
 
         On CUDA the steps replay CUDA graphs per (batch, h, w, dtype); elsewhere, or once a capture has
-        failed, the graph modules run eagerly with the caches passed from step to step.
+        failed, the graph modules run eagerly with the caches passed from step to step. The caller holds
+        `lock` (the CUDA graphs' static buffers are this module's).
         """
-        chunk0, steady = self.graphs_for(decoder, x.dtype, x.device)
+        chunk0, steady = self.graphs[(x.dtype, x.device)]
         weights0, weights = chunk0.weights(decoder), steady.weights(decoder)
         steps = None
         if x.is_cuda and self.use_cuda_graphs:
@@ -142,6 +201,24 @@ class WanRunner:
             start = 1 + (i - 1) * self.temporal_factor
             video[:, :, start : start + y.shape[2]] = y
         return video
+
+
+def _latent_sizes(shapes) -> list[tuple[int, int]]:
+    """`warmup`'s `shapes` as (height, width) pairs of positive ints; a clear error for anything else."""
+    expected = "shapes must be a list of (latent_height, latent_width) pairs of positive ints, e.g. [(60, 104)]"
+    if shapes is None:
+        return []
+    if isinstance(shapes, (str, bytes)) or not isinstance(shapes, (list, tuple)):
+        raise TypeError(f"warmup: {expected}; got {shapes!r}")
+    if len(shapes) == 2 and all(isinstance(v, int) for v in shapes):
+        raise TypeError(f"warmup: {expected}; got the flat pair {tuple(shapes)!r} (did you mean [{tuple(shapes)!r}]?)")
+    pairs = []
+    for pair in shapes:
+        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair)):
+            raise ValueError(f"warmup: {expected}; got the entry {pair!r}")
+        pairs.append((int(pair[0]), int(pair[1])))
+    return pairs
 
 
 class _WanEagerSteps:
@@ -214,12 +291,13 @@ class _WanCudaGraphs:
         return self._next.replay()[0]
 
 
+@torch.compiler.disable  # torch.compile on top runs this as it is: the graphs are already compiled
 def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True):
     """Replacement for `AutoencoderKLWan._decode` (bound to the instance by `WanRunner.install`)."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
     from diffusers.models.autoencoders.vae import DecoderOutput
 
-    runner: WanRunner = vae._rewrite_runner
+    runner: WanRunner = installed_runner(vae)
     runner.check_latents(z)
     _, _, _, height, width = z.shape
     if vae.use_tiling and (
@@ -228,17 +306,13 @@ def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True)
     ):
         return vae.tiled_decode(z, return_dict=return_dict)  # its decoder calls come back through the graphs
 
-    reason = guards.autograd_reason(vae, z)
-    x = None
-    if reason is None:
-        x = vae.post_quant_conv(z)
-        reason = runner.fallback_reason(vae.decoder, x)
-    if reason is not None:
-        runner.fallbacks.took_reference(reason)
-        return runner._reference_decode(z, return_dict=return_dict)
-
-    video = runner.decode_frames(vae.decoder, x)
-    runner.fallbacks.took_graphs()
+    with runner.lock.holding(z.device), CAPTURE_GATE.running():
+        reason = runner.decode_reason(vae, z)
+        if reason is not None:
+            runner.fallbacks.took_reference(reason)
+            return runner._reference_decode(z, return_dict=return_dict)
+        video = runner.decode_frames(vae.decoder, vae.post_quant_conv(z))
+        runner.fallbacks.took_graphs()
     if vae.config.patch_size is not None:
         video = unpatchify(video, patch_size=vae.config.patch_size)
     video.clamp_(min=-1.0, max=1.0)
@@ -246,33 +320,36 @@ def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True)
     return DecoderOutput(sample=video) if return_dict else (video,)
 
 
+@torch.compiler.disable
 def _routed_decoder_forward(decoder: nn.Module, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006
     """Instance forward of the decoder: one chunk through the graphs, keeping diffusers' cache protocol.
 
     Serves calls with a feat_cache list whose slots are all empty (chunk 0) or all steady-form tensors
     (2 frames each); anything else (uncached calls, a cache the reference filled) runs the class forward.
+    Inside the runner's own reference decode it runs the class forward directly, uncounted.
     """
-    runner: WanRunner = decoder._rewrite_runner
-    if feat_cache is None:
+    runner: WanRunner = installed_runner(decoder)
+    if feat_cache is None or runner.in_reference:
         return reference_forward(decoder, x, feat_cache, feat_idx, first_chunk)
-    reason = runner.fallback_reason(decoder, x)
-    graphs = None if reason else runner.graphs[(x.dtype, x.device)]
-    if graphs is not None:
-        chunk0, steady = graphs
-        slots = sum(kind == "user" for kind, _ in steady.input_kinds) - 1  # the user inputs are x and the caches
-        current = feat_cache[:slots]
-        if first_chunk or all(slot is None for slot in current):
-            y, *caches = chunk0(chunk0.weights(decoder), x)
-        elif all(isinstance(slot, torch.Tensor) and slot.shape[2] == 2 for slot in current):
-            y, *caches = steady(steady.weights(decoder), x, *current)
-        else:
-            graphs = None
-            reason = "decoder cache is in the reference's chunk-1 form"
-    if graphs is None:
-        runner.fallbacks.took_reference(reason)
-        return reference_forward(decoder, x, feat_cache, feat_idx, first_chunk)
-    feat_cache[:slots] = caches
-    feat_idx[0] += slots
-    runner.fallbacks.took_graphs()
+    with runner.lock.holding(x.device), CAPTURE_GATE.running():
+        reason = runner.region_reason(decoder, x)
+        graphs = None if reason else runner.graphs[(x.dtype, x.device)]
+        if graphs is not None:
+            chunk0, steady = graphs
+            slots = len(steady.user_input_names) - 1  # the user inputs are x and the caches
+            current = feat_cache[:slots]
+            if first_chunk or all(slot is None for slot in current):
+                y, *caches = chunk0(chunk0.weights(decoder), x)
+            elif all(isinstance(slot, torch.Tensor) and slot.shape[2] == 2 for slot in current):
+                y, *caches = steady(steady.weights(decoder), x, *current)
+            else:
+                graphs = None
+                reason = "decoder cache is in the reference's chunk-1 form"
+        if graphs is None:
+            runner.fallbacks.took_reference(reason)
+            with runner.serving_reference():
+                return reference_forward(decoder, x, feat_cache, feat_idx, first_chunk)
+        feat_cache[:slots] = caches
+        feat_idx[0] += slots
+        runner.fallbacks.took_graphs()
     return y
-

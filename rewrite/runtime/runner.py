@@ -1,0 +1,167 @@
+"""What the model runners share: installation, concurrency, pickling, and capture against module changes.
+
+A runner drives one optimized module. This base holds the parts that do not depend on the model:
+
+* installation: `install(module)` sets the instance attributes the subclass names in `entry_points` as
+  `functools.partial` objects (bound like methods, and picklable, unlike bound methods of functions the
+  class does not have); `uninstall` removes them;
+* concurrency: `lock` (`locks.ModuleLock`) serialises the decodes of this module and orders them across
+  CUDA streams; captures run under `locks.CAPTURE_GATE` (`CaptureCache`, `graphs.StaticStep`);
+* pickling: a runner pickles as a `PendingRunner` (its class, level, pass pipeline and options; graphs
+  and CUDA graphs are never written), which `installed_runner` turns back into a runner on the module's first
+  use after loading, so a loaded module is optimized as the pickled one was; ``copy.deepcopy`` copies the
+  runner with its captured FX graphs (each runner's CUDA graphs refuse to be copied and start empty);
+* capture against changes: `captured(key, listing, capture, what)` returns the graphs of `key`, captured
+  again when the module tree changed since (`guards.ModuleSnapshot`: a module type, a non-tensor setting,
+  a parameter set to None, ...), at most `MAX_RECAPTURES` times per key; then the reference path serves.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import functools
+import logging
+import threading
+from typing import Any, Callable, Hashable, Iterator
+
+from torch import nn
+
+from rewrite.report import FallbackLog
+from rewrite.runtime import guards
+from rewrite.runtime.captures import CaptureCache
+from rewrite.runtime.locks import ModuleLock
+
+logger = logging.getLogger("rewrite")
+
+#: captures of one key after module changes before the reference path serves that key for good
+MAX_RECAPTURES = 3
+
+
+class DecoderRunner:
+    """Base of `WanRunner` and `AuKRunner` (see the module docstring)."""
+
+    model_name = "?"
+
+    def __init__(self, level: str, rewrite_graph: Callable, options: dict[str, Any]) -> None:
+        self.level = level
+        self.rewrite_graph = rewrite_graph  # fn(CapturedGraph, level) applying the level's passes in place
+        self.options = options
+        self.fallbacks = FallbackLog()
+        self.graphs: CaptureCache = CaptureCache()  # per (dtype, device)
+        self.snapshots: dict[Hashable, guards.ModuleSnapshot] = {}  # per key: the module tree as captured
+        self.recaptures: collections.Counter = collections.Counter()
+        self.lock = ModuleLock()
+        self._serving = threading.local()  # .reference: this thread runs the reference decode for a call
+
+    # ---- installation -------------------------------------------------------------------------------
+    @classmethod
+    def entry_points(cls, module: nn.Module) -> list[tuple[nn.Module, str, Callable]]:
+        """(owner, attribute, function) triples: `install` sets ``owner.attribute = partial(function, owner)``
+        and ``owner._rewrite_runner``; `uninstall` removes both."""
+        raise NotImplementedError
+
+    def install(self, module: nn.Module) -> None:
+        for owner, name, function in self.entry_points(module):
+            owner.__dict__[name] = functools.partial(function, owner)
+            owner.__dict__["_rewrite_runner"] = self
+
+    @classmethod
+    def uninstall(cls, module: nn.Module) -> None:
+        for owner, name, _ in cls.entry_points(module):
+            owner.__dict__.pop(name, None)
+            owner.__dict__.pop("_rewrite_runner", None)
+
+    # ---- reference path -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def serving_reference(self) -> Iterator[None]:
+        """While this thread runs the reference decode of a call: installed entry points it reaches again
+        (Wan's decoder forward) go straight to the class code, counted once, as one reference call."""
+        previous = getattr(self._serving, "reference", False)
+        self._serving.reference = True
+        try:
+            yield
+        finally:
+            self._serving.reference = previous
+
+    @property
+    def in_reference(self) -> bool:
+        return getattr(self._serving, "reference", False)
+
+    # ---- capture ------------------------------------------------------------------------------------
+    def captured(self, key: Hashable, listing: guards.Listing, capture: Callable[[], Any], what: str):
+        """The graphs of `key` (None when their capture failed: `graphs.errors[key]` says why), captured on
+        first use and again when the module tree in `listing` changed since (`forget_graphs` is called first)."""
+        snapshot = self.snapshots.get(key)
+        if snapshot is not None and key in self.graphs.values:
+            changes = snapshot.changes(listing)
+            if changes:
+                self.recaptures[key] += 1
+                if self.recaptures[key] > MAX_RECAPTURES:
+                    self.graphs.forget(key)
+                    self.graphs.errors[key] = (f"the decoder changed after {MAX_RECAPTURES} recaptures for {what} "
+                                               f"({'; '.join(changes)}); the reference path serves it from now on")
+                    self.forget_graphs(key)
+                    return None
+                logger.warning("rewrite: the decoder changed since its capture for %s (%s); capturing again",
+                               what, "; ".join(changes))
+                self.graphs.forget(key)
+                self.forget_graphs(key)
+        if key not in self.graphs.values and key not in self.graphs.errors:
+            self.snapshots[key] = guards.ModuleSnapshot.of(listing)
+        return self.graphs.get(key, capture, what)
+
+    def cuda_graph_counts(self) -> dict[str, int]:
+        """For the report: how many CUDA graphs of which kind the runner holds."""
+        return {}
+
+    def graph_reports(self) -> list:
+        raise NotImplementedError
+
+    def forget_graphs(self, key: Hashable) -> None:
+        """Drop what was derived from the graphs of `key` (CUDA graphs, accepted guard states)."""
+
+    # ---- copies and pickles ---------------------------------------------------------------------------
+    def __deepcopy__(self, memo: dict) -> "DecoderRunner":
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            clone.__dict__[name] = threading.local() if name == "_serving" else copy.deepcopy(value, memo)
+        return clone
+
+    def __reduce__(self):
+        return PendingRunner, (type(self), self.vae, self.level, self.rewrite_graph, self.options)
+
+
+class PendingRunner:
+    """A runner as it was pickled: rebuilt for its module by `installed_runner` on the module's first use
+    (`module` is the optimized module itself, whichever of its owners is used first)."""
+
+    def __init__(self, runner_class: type, module: nn.Module, level: str, rewrite_graph: Callable,
+                 options: dict[str, Any]) -> None:
+        self.runner_class, self.module, self.level = runner_class, module, level
+        self.rewrite_graph, self.options = rewrite_graph, options
+
+    def restore(self) -> DecoderRunner:
+        module = self.module
+        runner = self.runner_class(module, self.level, self.rewrite_graph, **self.options)
+        self.runner_class.uninstall(module)
+        runner.install(module)
+        logger.info("rewrite: %s loaded from a pickle, optimized again at level %r", type(module).__name__, self.level)
+        return runner
+
+
+_RESTORE_LOCK = threading.Lock()
+
+
+def installed_runner(module: nn.Module) -> DecoderRunner | None:
+    """The runner installed on `module` (rebuilt first if the module was unpickled), or None."""
+    runner = module.__dict__.get("_rewrite_runner")
+    if isinstance(runner, PendingRunner):
+        with _RESTORE_LOCK:
+            runner = module.__dict__.get("_rewrite_runner")
+            if isinstance(runner, PendingRunner):
+                runner = runner.restore()
+                runner = module.__dict__.get("_rewrite_runner")
+    return runner
