@@ -21,8 +21,8 @@ import operator
 import torch
 import torch.fx as fx
 
+from rewrite.engine.aliasing import aliases_of
 from rewrite.passes.manager import PassContext, PassResult
-from rewrite.runtime.cache_writes import aliases_of
 
 aten = torch.ops.aten
 

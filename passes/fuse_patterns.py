@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from rewrite import patterns as pattern_registry
+import rewrite.patterns as pattern_registry
 from rewrite.engine.matcher import find_matches
 from rewrite.engine.rewriter import replace_matches
 from rewrite.levels import level_enables

@@ -25,7 +25,7 @@ import torch
 
 from rewrite.engine.pattern import variants
 from rewrite.ops import wan as _ops  # noqa: F401  (registers torch.ops.rewrite.*)
-from rewrite.patterns.residual_bias import guard  # the same conditions on the conv whose bias moves
+from rewrite.patterns._guards import conv_bias_deferrable  # the conditions on the conv whose bias moves
 
 rewrite_ops = torch.ops.rewrite
 
@@ -73,9 +73,9 @@ def replace_identity(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bia
 
 _SCALARS = ("scale", "norm_bias", "eps", "upcast", "act", "pad", "mode", "scale2", "norm_bias2", "eps2", "upcast2",
             "act2", "pad2", "mode2")
-PATTERNS = (variants(search_identity, replace_identity, guard, name="norm_input_bias_identity", exactness="exact",
+PATTERNS = (variants(search_identity, replace_identity, conv_bias_deferrable, name="norm_input_bias_identity", exactness="exact",
                      level="lossless", scalars=_SCALARS, optional=("bias2", "cache", "cache2"),
                      module_types=("WanResidualBlock",))
-            + variants(search, replace, guard, name="norm_input_bias", exactness="exact", level="lossless",
+            + variants(search, replace, conv_bias_deferrable, name="norm_input_bias", exactness="exact", level="lossless",
                        scalars=_SCALARS, optional=("residual_bias", "residual", "bias2", "cache", "cache2"),
                        module_types=("WanResidualBlock",)))

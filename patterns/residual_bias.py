@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.ops import wan as _ops  # registers torch.ops.rewrite.*; conv_bias_is_separate
+from rewrite.ops import wan as _ops  # noqa: F401  (registers torch.ops.rewrite.*)
+from rewrite.patterns._guards import conv_bias_deferrable
 
 rewrite_ops = torch.ops.rewrite
 
@@ -40,18 +41,6 @@ def replace(x, weight, bias, y, gamma, cache, weight2, bias2, x_bias, scale, nor
     return out[0], out[1]
 
 
-def guard(match) -> str | None:
-    """The conv ("weight", "bias") may have its bias deferred: a CUDA graph, one bias value per channel."""
-    device = match.inputs["weight"].meta["val"].device
-    if not _ops.conv_bias_is_separate(device):
-        return f"the graph runs on {device}, where ATen's conv may fold its bias into the sum"
-    bias = match.inputs["bias"].meta["val"]
-    channels = match.inputs["weight"].meta["val"].shape[0]
-    if bias.dim() != 1 or bias.shape[0] != channels:
-        return f"bias {list(bias.shape)} is not one value per output channel ({channels})"
-    return None
-
-
-PATTERNS = variants(search, replace, guard, name="residual_bias", exactness="exact", level="lossless",
+PATTERNS = variants(search, replace, conv_bias_deferrable, name="residual_bias", exactness="exact", level="lossless",
                     scalars=("scale", "norm_bias", "eps", "upcast", "act", "pad", "mode"),
                     optional=("bias2", "cache", "x_bias"), module_types=("WanResidualBlock",))

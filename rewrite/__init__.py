@@ -2,9 +2,28 @@
 
     from rewrite import optimize, report
     vae = optimize(vae, level="lossless")   # "off" | "lossless" (default) | "channels_last"
+
+The entry points load `rewrite.api` on first use, so that importing a subpackage (`rewrite.ops`,
+`rewrite.engine`, ...) does not load the API, the passes and the runtime behind it.
 """
 
-from rewrite.api import optimize, report, warmup
+import importlib
+
 from rewrite.levels import LEVELS
 
 __all__ = ["optimize", "report", "warmup", "LEVELS"]
+_API = ("optimize", "report", "warmup")
+
+# The submodule `rewrite.report` (stdlib only) shares its name with the entry point `report`. It is loaded
+# now and its package attribute dropped, so that `rewrite.report` always names the function (found by
+# `__getattr__`), whatever imports the submodule first.
+importlib.import_module("rewrite.report")
+del globals()["report"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        api = importlib.import_module("rewrite.api")
+        globals().update({entry: getattr(api, entry) for entry in _API})
+        return globals()[name]
+    raise AttributeError(f"module 'rewrite' has no attribute {name!r}")

@@ -13,8 +13,8 @@ new_n)`` (same count). Exactness: exact (the same values land in the same buffer
 copy moves). Preconditions, checked: a cache whose new value may alias an old cache (a view of it, through
 any op whose schema declares an aliasing return) is left for the end-of-step copy, as is the cache it
 aliases, and nothing is moved when ``y`` may alias a cache. Which nodes may alias an input is read from
-the op schemas (ATen views annotate their returns; custom ops return fresh tensors); any other call is
-assumed to alias.
+the op schemas (`rewrite.engine.aliasing`: ATen views annotate their returns; custom ops return fresh
+tensors; any other call is assumed to alias).
 """
 
 from __future__ import annotations
@@ -24,27 +24,9 @@ import copy
 import torch
 import torch.fx as fx
 
-__all__ = ["aliases_of", "may_alias_an_input", "write_caches_in_place"]
+from rewrite.engine.aliasing import aliases_of
 
-
-def may_alias_an_input(node: fx.Node) -> bool:
-    if node.op != "call_function":
-        return True
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return any(ret.alias_info is not None for ret in target._schema.returns)
-    return True  # getitem, Python operators and anything else: assume it may
-
-
-def aliases_of(node: fx.Node) -> set[fx.Node]:
-    """`node` and every node whose value may share its memory (views of views...)."""
-    seen, stack = {node}, [node]
-    while stack:
-        for user in stack.pop().users:
-            if user not in seen and user.op != "output" and may_alias_an_input(user):
-                seen.add(user)
-                stack.append(user)
-    return seen
+__all__ = ["write_caches_in_place"]
 
 
 def write_caches_in_place(graph_module: fx.GraphModule, user_inputs: list[str]) -> tuple[fx.GraphModule, list[int]]:

@@ -1,0 +1,23 @@
+"""Guard predicates that several pattern families share (one definition, imported by each family).
+
+A guard takes a `rewrite.engine.matcher.Match` and returns None when the match may be replaced, else the
+reason it may not.
+"""
+
+from __future__ import annotations
+
+from rewrite.ops import wan as _ops  # conv_bias_is_separate (looked up per call: tests patch it)
+
+
+def conv_bias_deferrable(match) -> str | None:
+    """The conv of the match's ("weight", "bias") inputs may have its bias deferred into a later kernel: the
+    graph runs where ATen's conv adds its bias with a separate `add_` (a CUDA graph), and the bias holds one
+    value per output channel."""
+    device = match.inputs["weight"].meta["val"].device
+    if not _ops.conv_bias_is_separate(device):
+        return f"the graph runs on {device}, where ATen's conv may fold its bias into the sum"
+    bias = match.inputs["bias"].meta["val"]
+    channels = match.inputs["weight"].meta["val"].shape[0]
+    if bias.dim() != 1 or bias.shape[0] != channels:
+        return f"bias {list(bias.shape)} is not one value per output channel ({channels})"
+    return None
