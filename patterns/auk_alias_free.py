@@ -30,7 +30,7 @@ import torch
 from rewrite.engine.pattern import variants
 from rewrite.ops import alias_free as _fused_op  # noqa: F401  (registers torch.ops.rewrite.alias_free_snake)
 from rewrite.ops import auk as _ops  # noqa: F401  (registers torch.ops.rewrite.*)
-from rewrite.ops.auk import DOWN_PAD, NUM_TAPS, RATIO, SNAKE_EPS, UP_CROP, UP_PAD
+from rewrite.ops.alias_free_geometry import DOWN_PAD, FILTER_TAPS, RESAMPLE_RATIO, SNAKE_EPS, UP_CROP, UP_PAD
 
 aten = torch.ops.aten
 
@@ -46,14 +46,15 @@ def replace_module_op(x, alpha, beta, taps, impl):
 def search(x, alpha, beta, taps, channels, impl):
     padded = aten.pad.default(x, [UP_PAD, UP_PAD], "replicate")
     up = aten.conv_transpose1d.default(padded, aten.expand.default(taps, [channels, -1, -1]), None,
-                                       [RATIO], [0], [0], channels)
-    u = aten.slice.Tensor(aten.mul.Tensor(up, RATIO), 2, UP_CROP, -UP_CROP)
+                                       [RESAMPLE_RATIO], [0], [0], channels)
+    u = aten.slice.Tensor(aten.mul.Tensor(up, RESAMPLE_RATIO), 2, UP_CROP, -UP_CROP)
     a = aten.exp.default(aten.view.default(alpha, [1, -1, 1]))
     b = aten.exp.default(aten.view.default(beta, [1, -1, 1]))
     inv_b = aten.mul.Tensor(aten.reciprocal.default(aten.add.Tensor(b, SNAKE_EPS)), 1.0)
     v = aten.add.Tensor(u, aten.mul.Tensor(inv_b, aten.pow.Tensor_Scalar(aten.sin.default(aten.mul.Tensor(u, a)), 2)))
     return aten.conv1d.default(aten.pad.default(v, [DOWN_PAD, 0], "replicate"),
-                               aten.expand.default(taps, [channels, -1, -1]), None, [RATIO], [0], [1], channels)
+                               aten.expand.default(taps, [channels, -1, -1]), None, [RESAMPLE_RATIO], [0], [1],
+                               channels)
 
 
 def replace(x, alpha, beta, taps, channels, impl):
@@ -72,8 +73,8 @@ def guard(match) -> str | None:
         if value.numel() != channels or value.dtype != x.dtype:
             return f"{name} {tuple(value.shape)} {value.dtype} does not hold {channels} values of {x.dtype}"
     taps = match.inputs["taps"].meta["val"]
-    if taps.numel() != NUM_TAPS or taps.dtype != x.dtype:
-        return f"taps {tuple(taps.shape)} {taps.dtype} is not {NUM_TAPS} values of {x.dtype}"
+    if taps.numel() != FILTER_TAPS or taps.dtype != x.dtype:
+        return f"taps {tuple(taps.shape)} {taps.dtype} is not {FILTER_TAPS} values of {x.dtype}"
     return None
 
 

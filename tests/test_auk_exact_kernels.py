@@ -93,7 +93,7 @@ def snake_inputs(x, alpha, beta, taps, logscale=True):
     channels = x.shape[1]
     padded = aten.pad.default(x, [auk.UP_PAD, auk.UP_PAD], "replicate")
     up = aten.conv_transpose1d.default(padded, aten.expand.default(taps, [channels, -1, -1]), None,
-                                       [auk.RATIO], [0], [0], channels)
+                                       [auk.RESAMPLE_RATIO], [0], [0], channels)
     a, b = alpha.view(1, -1, 1), beta.view(1, -1, 1)
     if logscale:
         a, b = a.exp(), b.exp()
@@ -103,7 +103,7 @@ def snake_inputs(x, alpha, beta, taps, logscale=True):
 
 def reference_vpad(up, a, inv_b, sin=aten.sin.default):
     """The reference's input to its final conv1d: ``pad(u + inv_b * sin(u * a)**2, (11, 0), "replicate")``."""
-    u = aten.slice.Tensor(aten.mul.Tensor(up, auk.RATIO), 2, auk.UP_CROP, -auk.UP_CROP)
+    u = aten.slice.Tensor(aten.mul.Tensor(up, auk.RESAMPLE_RATIO), 2, auk.UP_CROP, -auk.UP_CROP)
     v = aten.add.Tensor(u, aten.mul.Tensor(inv_b, aten.pow.Tensor_Scalar(sin(aten.mul.Tensor(u, a)), 2)))
     return aten.pad.default(v, [auk.DOWN_PAD, 0], "replicate")
 
@@ -144,7 +144,7 @@ def test_snake_kernel_interpreter(dtype, shape, logscale):
     x, alpha, beta, taps = make_inputs(*shape, dtype, seed=shape[-1], logscale=logscale)
     up, a, inv_b = snake_inputs(x, alpha, beta, taps, logscale)
     with torch.no_grad(), use_backend("triton"):
-        out = triton_auk.snake_exact(up, a, inv_b, auk.RATIO, auk.UP_CROP, auk.DOWN_PAD)
+        out = triton_auk.snake_exact(up, a, inv_b, auk.RESAMPLE_RATIO, auk.UP_CROP, auk.DOWN_PAD)
     assert out.shape == (shape[0], shape[1], 2 * shape[2] + auk.DOWN_PAD) and out.is_contiguous()
     # every step but the sine, bit for bit
     assert same_bits(out, reference_vpad(up, a, inv_b, sin=numpy_sin))
@@ -257,7 +257,7 @@ def _assert_triton_path_exact(shape, dtype, seed, logscale=True, scale=1.0):
         out = alias_free_snake_exact(x, alpha, beta, taps, logscale)
         expected = alias_free_snake_exact_reference(x, alpha, beta, taps, logscale)
         up, a, inv_b = snake_inputs(x, alpha, beta, taps, logscale)
-        vpad = triton_auk.snake_exact(up, a, inv_b, auk.RATIO, auk.UP_CROP, auk.DOWN_PAD)
+        vpad = triton_auk.snake_exact(up, a, inv_b, auk.RESAMPLE_RATIO, auk.UP_CROP, auk.DOWN_PAD)
         vpad_expected = reference_vpad(up, a, inv_b)
     assert same_bits(vpad, vpad_expected), (shape, dtype, (vpad != vpad_expected).sum().item())
     assert same_bits(out, expected), (shape, dtype, (out != expected).sum().item())

@@ -13,6 +13,8 @@ import pathlib
 import subprocess
 import sys
 
+import torch
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = {"rewrite.patterns": ROOT / "patterns", "rewrite.passes": ROOT / "passes"}
 
@@ -77,3 +79,22 @@ def test_a_pattern_imports_no_other_patterns_module_but_the_shared_guards():
         others = {m.split(".")[2] for m in imported if m.startswith("rewrite.patterns.")} & patterns - {"_guards"}
         assert not others, (name, others)
 
+
+def test_the_model_reads_the_alias_free_geometry_of_the_ops():
+    from rewrite.models import auk as model
+    from rewrite.ops import alias_free_geometry as geometry
+    from rewrite.ops.alias_free import alias_free_snake_reference
+
+    for name in ("FILTER_TAPS", "RESAMPLE_RATIO", "UP_PAD", "UP_CROP", "DOWN_PAD"):
+        assert getattr(model, name) == getattr(geometry, name), name
+    module = model.AliasFreeSnakeBeta(3)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        module.act.alpha.normal_(0, 0.5, generator=generator)
+        module.act.beta.normal_(0, 0.5, generator=generator)
+        for length in (1, 2, 7, 40):
+            x = torch.randn(2, 3, length, generator=generator)
+            assert module.upsample(x).shape[-1] == geometry.RESAMPLE_RATIO * length
+            y = module(x)
+            assert y.shape == x.shape
+            assert torch.equal(y, alias_free_snake_reference(x, module.act.alpha, module.act.beta, module.taps))

@@ -56,6 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rewrite.ops.alias_free_geometry import DOWN_PAD, FILTER_TAPS, RESAMPLE_RATIO, UP_CROP, UP_PAD
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -154,16 +156,9 @@ def _as_tuples(value: Any) -> Any:
 # Alias-free SnakeBeta activation
 # ---------------------------------------------------------------------------------------------------
 
-FILTER_TAPS = 12  # Kaiser-windowed sinc, shared by the upsampler and the low-pass
+# FILTER_TAPS, RESAMPLE_RATIO, UP_PAD, UP_CROP, DOWN_PAD: `rewrite.ops.alias_free_geometry` (imported above)
 FILTER_CUTOFF = 0.25  # of the (2x) sample rate: the original Nyquist
 FILTER_HALF_WIDTH = 0.3
-RESAMPLE_RATIO = 2
-# Upsampler: replicate-pad UP_PAD samples each side, transposed conv (stride 2, 12 taps), crop UP_CROP
-# each side.  Length: (L + 2*5 - 1) * 2 + 12 - 2*15 = 2L.
-UP_PAD = FILTER_TAPS // RESAMPLE_RATIO - 1  # 5
-UP_CROP = UP_PAD * RESAMPLE_RATIO + (FILTER_TAPS - RESAMPLE_RATIO) // 2  # 15
-# Causal low-pass: replicate-pad 11 on the left only, conv stride 2.  Length: (2L + 11 - 12) // 2 + 1 = L.
-DOWN_PAD = FILTER_TAPS - 1  # 11
 
 
 def kaiser_beta(attenuation_db: float) -> float:

@@ -8,8 +8,8 @@ Computes (``AliasFreeSnakeBeta.forward`` of `rewrite.models.auk`, DESIGN 3.3), f
     y = conv1d(replicate_pad(v, 11, 0), taps, stride=2, groups=C)                             # [B, C, T]
 
 (``exp`` only with ``logscale=True``, the AuK default.) The ratio 2, the 12 taps, the pads (5, 5) and
-(11, 0) and the crop 15 are fixed by the AuK geometry (``auk.FILTER_TAPS``, ``UP_PAD``, ``UP_CROP``,
-``DOWN_PAD``): they are constants of the op, checked against `rewrite.models.auk` at import. The
+(11, 0) and the crop 15 are fixed by the AuK geometry (`rewrite.ops.alias_free_geometry`, which the model
+reads too): they are constants of the op. The
 up- and down-sampler share one filter (the module's ``taps`` buffer), so the op takes it once.
 
 Implementations:
@@ -96,8 +96,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rewrite.models import auk
 from rewrite.ops import compile_ahead, dispatch, triton_conv1d, valid_length
+from rewrite.ops.alias_free_geometry import DOWN_PAD, FILTER_TAPS, RESAMPLE_RATIO, SNAKE_EPS, UP_CROP, UP_PAD
 from rewrite.ops.dispatch import INTERPRETING, get_backend, set_backend, use_backend
 
 try:  # Triton is optional: without it every call takes the reference path.
@@ -124,12 +124,6 @@ __all__ = [
 # Geometry (fixed by the AuK decoder)
 # ---------------------------------------------------------------------------------------------------
 
-NUM_TAPS = 12
-RATIO = 2
-UP_PAD = 5  # replicate pad on each side of the input
-UP_CROP = 15  # samples dropped at each end of the transposed conv's output
-DOWN_PAD = 11  # replicate pad on the left of the SnakeBeta output
-SNAKE_EPS = 1e-9
 HALO = 8  # positions a Triton tile recomputes on its left (the low-pass reaches back 6: 8 keeps alignment)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -137,15 +131,6 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # module switch for probes and tests).
 TRITON_CONV = True
 
-
-def _check_geometry() -> None:
-    """The constants above must be the reference module's (this op replaces exactly that module)."""
-    expected = (auk.FILTER_TAPS, auk.RESAMPLE_RATIO, auk.UP_PAD, auk.UP_CROP, auk.DOWN_PAD)
-    if (NUM_TAPS, RATIO, UP_PAD, UP_CROP, DOWN_PAD) != expected:
-        raise RuntimeError(f"alias_free_snake: geometry differs from rewrite.models.auk {expected}")
-
-
-_check_geometry()
 
 # ---------------------------------------------------------------------------------------------------
 # Reference: the eager module's aten sequence
@@ -155,15 +140,15 @@ _check_geometry()
 def alias_free_snake_reference(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool = True) -> Tensor:
     """The eager `AliasFreeSnakeBeta` computation, call for call (``torch.equal`` to the module)."""
     channels = x.shape[1]
-    filt = taps.view(1, 1, NUM_TAPS).expand(channels, -1, -1)
+    filt = taps.view(1, 1, FILTER_TAPS).expand(channels, -1, -1)
     padded = F.pad(x, (UP_PAD, UP_PAD), mode="replicate")
-    u = RATIO * F.conv_transpose1d(padded, filt, stride=RATIO, groups=channels)
+    u = RESAMPLE_RATIO * F.conv_transpose1d(padded, filt, stride=RESAMPLE_RATIO, groups=channels)
     u = u[..., UP_CROP:-UP_CROP]
     a, b = alpha.view(1, -1, 1), beta.view(1, -1, 1)
     if logscale:
         a, b = a.exp(), b.exp()
     v = u + 1.0 / (b + SNAKE_EPS) * torch.sin(u * a).pow(2)
-    return F.conv1d(F.pad(v, (DOWN_PAD, 0), mode="replicate"), filt, stride=RATIO, groups=channels)
+    return F.conv1d(F.pad(v, (DOWN_PAD, 0), mode="replicate"), filt, stride=RESAMPLE_RATIO, groups=channels)
 
 
 def _validate(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor) -> None:
@@ -174,8 +159,8 @@ def _validate(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor) -> None:
     for name, t in (("alpha", alpha), ("beta", beta)):
         if t.numel() != channels:
             raise ValueError(f"alias_free_snake: {name} must hold C={channels} values, got shape {tuple(t.shape)}")
-    if taps.numel() != NUM_TAPS:
-        raise ValueError(f"alias_free_snake: taps must hold {NUM_TAPS} values, got shape {tuple(taps.shape)}")
+    if taps.numel() != FILTER_TAPS:
+        raise ValueError(f"alias_free_snake: taps must hold {FILTER_TAPS} values, got shape {tuple(taps.shape)}")
     for name, t in (("alpha", alpha), ("beta", beta), ("taps", taps)):
         if t.dtype != x.dtype or t.device != x.device:
             raise ValueError(

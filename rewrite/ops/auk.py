@@ -38,16 +38,10 @@ import torch
 from torch import Tensor
 
 from rewrite.ops import dispatch
+from rewrite.ops.alias_free_geometry import DOWN_PAD, FILTER_TAPS, RESAMPLE_RATIO, SNAKE_EPS, UP_CROP, UP_PAD
 
 aten = torch.ops.aten
 
-# Geometry of the alias-free activation (fixed by the AuK decoder; see rewrite.models.auk).
-NUM_TAPS = 12
-RATIO = 2
-UP_PAD = 5
-UP_CROP = 15
-DOWN_PAD = 11
-SNAKE_EPS = 1e-9
 
 
 # ---- alias-free SnakeBeta ---------------------------------------------------------------------------------
@@ -60,8 +54,8 @@ def alias_free_snake_exact_reference(x: Tensor, alpha: Tensor, beta: Tensor, tap
     channels = x.shape[1]
     padded = aten.pad.default(x, [UP_PAD, UP_PAD], "replicate")
     up = aten.conv_transpose1d.default(padded, aten.expand.default(taps, [channels, -1, -1]), None,
-                                       [RATIO], [0], [0], channels)
-    u = aten.slice.Tensor(aten.mul.Tensor(up, RATIO), 2, UP_CROP, -UP_CROP)
+                                       [RESAMPLE_RATIO], [0], [0], channels)
+    u = aten.slice.Tensor(aten.mul.Tensor(up, RESAMPLE_RATIO), 2, UP_CROP, -UP_CROP)
     a = aten.view.default(alpha, [1, -1, 1])
     b = aten.view.default(beta, [1, -1, 1])
     if logscale:
@@ -69,7 +63,8 @@ def alias_free_snake_exact_reference(x: Tensor, alpha: Tensor, beta: Tensor, tap
     inv_b = aten.mul.Tensor(aten.reciprocal.default(aten.add.Tensor(b, SNAKE_EPS)), 1.0)
     v = aten.add.Tensor(u, aten.mul.Tensor(inv_b, aten.pow.Tensor_Scalar(aten.sin.default(aten.mul.Tensor(u, a)), 2)))
     return aten.conv1d.default(aten.pad.default(v, [DOWN_PAD, 0], "replicate"),
-                               aten.expand.default(taps, [channels, -1, -1]), None, [RATIO], [0], [1], channels)
+                               aten.expand.default(taps, [channels, -1, -1]), None, [RESAMPLE_RATIO], [0], [1],
+                               channels)
 
 
 EXACT_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -86,7 +81,7 @@ def exact_kernel_unsupported_reason(x: Tensor, alpha: Tensor, beta: Tensor, taps
         return reason
     if x.dim() != 3 or x.shape[0] * x.shape[1] == 0 or x.shape[2] < 1:
         return f"x {tuple(x.shape)} is not a non-empty [B, C, T]"
-    for name, t, count in (("alpha", alpha, x.shape[1]), ("beta", beta, x.shape[1]), ("taps", taps, NUM_TAPS)):
+    for name, t, count in (("alpha", alpha, x.shape[1]), ("beta", beta, x.shape[1]), ("taps", taps, FILTER_TAPS)):
         if t.numel() != count or t.dtype != x.dtype:
             return f"{name} {tuple(t.shape)} {t.dtype} is not {count} values of {x.dtype}"
     return None
@@ -112,14 +107,15 @@ def alias_free_snake_exact_kernels(x: Tensor, alpha: Tensor, beta: Tensor, taps:
     # the copy moves values only, and the reference's replicate pad materializes a contiguous tensor too.
     padded = triton_auk.replicate_pad1d(x.contiguous(), UP_PAD, UP_PAD)
     up = aten.conv_transpose1d.default(padded, aten.expand.default(taps, [channels, -1, -1]), None,
-                                       [RATIO], [0], [0], channels)
+                                       [RESAMPLE_RATIO], [0], [0], channels)
     a = aten.view.default(alpha, [1, -1, 1])
     b = aten.view.default(beta, [1, -1, 1])
     if logscale:
         a, b = aten.exp.default(a), aten.exp.default(b)
     inv_b = aten.mul.Tensor(aten.reciprocal.default(aten.add.Tensor(b, SNAKE_EPS)), 1.0)
-    vpad = triton_auk.snake_exact(up, a, inv_b, RATIO, UP_CROP, DOWN_PAD)
-    return aten.conv1d.default(vpad, aten.expand.default(taps, [channels, -1, -1]), None, [RATIO], [0], [1], channels)
+    vpad = triton_auk.snake_exact(up, a, inv_b, RESAMPLE_RATIO, UP_CROP, DOWN_PAD)
+    return aten.conv1d.default(vpad, aten.expand.default(taps, [channels, -1, -1]), None, [RESAMPLE_RATIO], [0], [1],
+                               channels)
 
 
 @torch.library.custom_op("rewrite::alias_free_snake_exact", mutates_args=())
