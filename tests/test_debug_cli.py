@@ -2,6 +2,7 @@
 
 `main([...])` runs in-process. Capturing is the slow part (~10 s per model), so each model is captured
 once per session and every run gets a fresh copy of its graphs (the passes rewrite them in place).
+Arguments are checked before the capture: those tests make the capture fail if it is reached.
 Tests that need known matches swap the pattern registry for two tiny test patterns, so that they do not
 depend on what the Wan pattern files hold; the others run with the real registry, whatever it holds.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 
@@ -19,6 +21,7 @@ import pytest
 import torch
 import torch.fx as fx
 
+from rewrite import explain, supported
 from rewrite import patterns as pattern_registry
 from rewrite.capture.export import CapturedGraph
 from rewrite.engine.pattern import Pattern, variants
@@ -29,7 +32,7 @@ from rewrite.tools import debug
 
 aten = torch.ops.aten
 GRAPHS = ["chunk0", "steady"]
-CAPTURE = dict(debug.MODELS)  # the real adapters (the fixture below swaps debug.MODELS for cached ones)
+CAPTURE = debug.capture_graphs  # the real capture (the fixture below swaps in the cached one)
 _CAPTURED: dict[tuple[str, str, torch.dtype, bool], list[CapturedGraph]] = {}
 
 
@@ -47,16 +50,24 @@ def captured(model: str, config: str = "tiny", dtype: torch.dtype = torch.float3
     """Fresh copies of the model's graphs, captured once per session."""
     key = (model, config, dtype, aten_activations)
     if key not in _CAPTURED:
-        _CAPTURED[key] = CAPTURE[model](config, dtype, aten_activations=aten_activations)
+        _CAPTURED[key] = CAPTURE(supported.get(model), config, dtype, aten_activations=aten_activations)
     return [copy_graph(g) for g in _CAPTURED[key]]
 
 
 @pytest.fixture(autouse=True)
 def cached_models(monkeypatch):
-    """Every model adapter of the CLI serves the session's cached capture."""
-    adapters = {name: (lambda config, dtype, aten_activations=False, name=name:
-                       captured(name, config, dtype, aten_activations)) for name in CAPTURE}
-    monkeypatch.setattr(debug, "MODELS", adapters)
+    """The CLI's capture serves the session's cached capture of every model."""
+    monkeypatch.setattr(debug, "capture_graphs", lambda model, config, dtype, aten_activations=False:
+                        captured(model.name, config, dtype, aten_activations))
+
+
+@pytest.fixture
+def no_capture(monkeypatch):
+    """A capture fails the test: what is checked here must be checked before it."""
+    def capture(*args, **kwargs):
+        raise AssertionError("captured before the arguments were checked")
+
+    monkeypatch.setattr(debug, "capture_graphs", capture)
 
 
 def silu_search(x):
@@ -108,21 +119,26 @@ def run_json(capsys, *argv: str) -> dict:
     return json.loads(out)  # the whole of stdout is one JSON object
 
 
-def lossless_names() -> list[str]:
-    return [p.name for p in debug.enabled_patterns("lossless")]
+def applicable_names(report: dict) -> list[str]:
+    """The patterns enabled at the report's level that it does not list as not applicable, in registry order."""
+    return [p.name for p in explain.enabled_patterns(report["level"]) if p.name not in report["not_applicable"]]
 
 
 # --------------------------------------------------------------------------------------------- output
 
 
 @pytest.mark.parametrize("model", ["wan2.1", "wan2.2"])
-def test_table_lists_both_graphs_and_every_enabled_pattern(model, capsys):
+def test_table_lists_both_graphs_and_every_applicable_pattern(model, capsys):
+    report = run_json(capsys, model)
     assert debug.main([model]) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("pattern"))
     assert header.split()[1:] == GRAPHS
-    for name in lossless_names():
+    for name in applicable_names(report):
         assert any(line.startswith(name + " ") for line in out.splitlines()), name
+    for name in report["not_applicable"]:
+        assert not any(line.startswith(name + " ") for line in out.splitlines()), name
+    assert f"{len(report['not_applicable'])} patterns do not apply here and are not shown" in out
 
 
 @pytest.mark.parametrize("model", ["wan2.1", "wan2.2"])
@@ -132,7 +148,7 @@ def test_json_has_both_graphs_with_counts_and_empty_near_misses(model, capsys):
         "model": model, "config": "tiny", "level": "lossless", "dtype": "float32"}
     assert [g["name"] for g in report["graphs"]] == GRAPHS
     for graph in report["graphs"]:
-        assert list(graph["matches"]) == lossless_names()
+        assert list(graph["matches"]) == applicable_names(report)
         assert graph["near_misses"] == {}
         assert graph["nodes"] > 0
         assert len(graph["subgraphs"]) == sum(graph["matches"].values())
@@ -175,13 +191,163 @@ def test_level_decides_the_rows(test_patterns, capsys):
     assert list(report["graphs"][0]["matches"]) == [p.name for p in TEST_PATTERNS]
 
 
+# --------------------------------------------------------------------------------------------- applicability
+
+
+def families_by_kind(report: dict) -> dict[str, set[str]]:
+    """Reason kind -> the families with a pattern of that kind in the report's not_applicable."""
+    family = {p.name: p.family for p in pattern_registry.registry()}
+    kinds: dict[str, set[str]] = {}
+    for name, reason in report["not_applicable"].items():
+        kinds.setdefault(explain.reason_kind(reason), set()).add(family[name])
+    return kinds
+
+
+def test_patterns_that_do_not_apply_are_named_with_why(capsys):
+    """Wan 2.1 in fp32 on the CPU: AuK's and Wan 2.2's patterns are another model's, the half-dtype variants
+    another dtype's, the deferred conv biases CUDA's, the fused activations another level's."""
+    report = run_json(capsys, "wan2.1")
+    kinds = families_by_kind(report)
+    assert {"alias_free_activation", "causal_conv1d", "amp_average", "dup_up_add",
+            "upsample_conv2d_dup_up_add"} <= kinds["other model"]
+    assert {"residual_bias", "norm_input_bias", "norm_input_bias_identity"} <= kinds["needs CUDA"]
+    assert {"snake_causal_conv1d", "deferred_conv_bias"} <= kinds["other level"]
+    dtype = {n for n, r in report["not_applicable"].items() if explain.reason_kind(r) == "dtype"}
+    assert "rms_norm[act=silu, half=torch.bfloat16]" in dtype and "upsample_nearest2x[upcast=True]" in dtype
+    assert "rms_norm[act=silu, half=None]" not in report["not_applicable"]
+    reasons = report["not_applicable"]
+    assert reasons["dup_up_add[chunk=steady]"].startswith("other model: matches WanResidualUpBlock modules")
+    assert reasons["rms_norm[act=None, half=torch.float16]"] == "dtype: matches float16 graphs (this one is float32)"
+    assert reasons["residual_bias"].startswith("needs CUDA: its guard rejects cpu graphs (the graph runs on cpu")
+    assert reasons["snake_causal_conv1d"] == "needs --level channels_last"
+    wan22 = run_json(capsys, "wan2.2")
+    assert "dup_up_add[chunk=steady]" not in wan22["not_applicable"]
+    assert wan22["graphs"][1]["matches"]["dup_up_add[chunk=steady]"] > 0
+
+
+def test_all_patterns_lists_the_others_with_why(capsys):
+    report = run_json(capsys, "wan2.1")
+    assert debug.main(["wan2.1", "--all-patterns"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("pattern"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("nodes (captured"))
+    header, lines = lines[start], lines[start + 2:end + 2]  # the rows, then the line after the table
+    assert header.split()[1:] == [*GRAPHS, "does", "not", "apply"]
+    for pattern in pattern_registry.registry():
+        [row] = [line for line in lines if line.startswith(pattern.name + " ")]
+        assert row.endswith(report["not_applicable"].get(pattern.name, row.split()[-1])), row
+    [row] = [line for line in lines if line.startswith("snake_causal_conv1d ")]
+    assert row.split()[1:3] == ["-", "-"]  # not run at lossless
+    assert not any("do not apply here and are not shown" in line for line in lines)
+
+
+def test_dtype_variants_that_cannot_apply():
+    by_name = {p.name: p for p in pattern_registry.registry()}
+    bf16, plain = by_name["rms_norm[act=silu, half=torch.bfloat16]"], by_name["rms_norm[act=silu, half=None]"]
+    upcast = by_name["upsample_nearest2x[upcast=True]"]
+    assert explain.dtype_reason(bf16, torch.float32) == "dtype: matches bfloat16 graphs (this one is float32)"
+    assert explain.dtype_reason(bf16, torch.float16) == "dtype: matches bfloat16 graphs (this one is float16)"
+    assert explain.dtype_reason(bf16, torch.bfloat16) is None
+    assert explain.dtype_reason(plain, torch.float32) is None and explain.dtype_reason(plain, torch.bfloat16) is None
+    assert explain.dtype_reason(upcast, torch.float32).startswith("dtype: matches an upcast to float32")
+    assert explain.dtype_reason(upcast, torch.float16) is None
+
+
+def test_near_misses_leave_out_the_patterns_that_cannot_apply(capsys):
+    """fp32 Wan 2.2: no section for a bf16/fp16 variant, a CUDA-only family or a pattern matched elsewhere."""
+    report = run_json(capsys, "wan2.2", "--near-misses")
+    matched = {n for g in report["graphs"] for n, count in g["matches"].items() if count}
+    for graph in report["graphs"]:
+        assert graph["near_misses"]
+        assert not set(graph["near_misses"]) & (set(report["not_applicable"]) | matched)
+        assert all(graph["matches"][name] == 0 for name in graph["near_misses"])
+
+
+# --------------------------------------------------------------------------------------------- sizes, nodes, combined matches
+
+
+def test_symbolic_sizes_are_named(capsys):
+    wan = run_json(capsys, "wan2.1")
+    for graph in wan["graphs"]:
+        assert set(graph["sizes"]) == {"batch", "height", "width"}
+        assert graph["input"] == "[batch, 4, 1, height, width]"
+        shapes = [n["shape"] for s in graph["subgraphs"] for n in s["nodes"]]
+        assert shapes and not any(re.search(r"\bs\d+\b", shape) for shape in shapes)
+        assert any("height + 2" in shape for shape in shapes)  # the padded causal conv input
+    [auk] = run_json(capsys, "auk")["graphs"]
+    assert set(auk["sizes"]) == {"batch", "frames"} and auk["input"] == "[batch, frames, 8]"
+    assert debug.main(["wan2.1", "--graph", "steady"]) == 0
+    out = capsys.readouterr().out
+    assert f"sizes of steady: batch = {wan['graphs'][1]['sizes']['batch']}," in out
+    assert "(the graph input is [batch, 4, 1, height, width])" in out
+
+
+def test_text_shows_how_the_nodes_of_a_match_connect(test_patterns, capsys):
+    report = run_json(capsys, "wan2.1", "--graph", "steady")
+    first = report["graphs"][0]["subgraphs"][0]
+    [node] = first["nodes"]
+    assert debug.main(["wan2.1", "--graph", "steady"]) == 0
+    out = capsys.readouterr().out
+    assert f"    inputs: x = {first['inputs']['x']}" in out
+    [line] = [line for line in out.splitlines() if line.split()[:1] == [node["name"]]]
+    assert line.endswith(f"<- {', '.join(node['inputs'])}")
+
+
+def test_combined_matches_name_the_matches_they_combine(capsys):
+    report = run_json(capsys, "wan2.1", "--graph", "steady")
+    subgraphs = {f"{s['pattern']} #{s['number']}": s for s in report["graphs"][0]["subgraphs"]}
+    combined = [s for s in subgraphs.values() if s["family"] == "causal_conv3d"]
+    assert combined and all(s["combines"] for s in combined)
+    for record in combined:
+        for label in record["combines"]:
+            assert subgraphs[label]["combined_into"] == f"{record['pattern']} #{record['number']}"
+        assert "causal_conv_input" in {subgraphs[label]["family"] for label in record["combines"]}
+    norm_conv = next(s for s in subgraphs.values() if s["family"] == "rms_norm_causal_conv3d")
+    assert {subgraphs[label]["family"] for label in norm_conv["combines"]} == {"rms_norm", "causal_conv3d"}
+
+
+def test_graph_dot_boxes_every_match_in_its_own_colour(tmp_path, capsys):
+    report = run_json(capsys, "wan2.1", "--graph", "steady", "--dot", str(tmp_path))
+    text = (tmp_path / "steady.dot").read_text()
+    subgraphs = report["graphs"][0]["subgraphs"]
+    matched = list(dict.fromkeys(s["pattern"] for s in subgraphs))
+    fills = dict(re.findall(r'"legend_\d+" \[label="([^"]+)", style="filled", fillcolor="(#[0-9a-f]{6})"\]', text))
+    assert list(fills) == matched and len(set(fills.values())) == len(fills)  # no colour shared
+    for record in subgraphs:  # a box per match, combined ones included
+        assert f'subgraph "cluster_{record["pattern"]} #{record["number"]}"' in text
+    inner = next(s for s in subgraphs if s["family"] == "causal_conv_input")
+    outer = inner["combined_into"]
+    block = text[text.index(f'subgraph "cluster_{outer}"'):]
+    assert block.index(f'subgraph "cluster_{inner["pattern"]} #{inner["number"]}"') < block.index("\n  }")  # nested
+    node = inner["nodes"][0]["name"]
+    [line] = [line for line in text.splitlines() if line.startswith(f'  "{node}" [label=')]
+    assert f'\\n{inner["pattern"]} #{inner["number"]}"' in line and f'fillcolor="{fills[inner["pattern"]]}"' in line
+
+
+def test_distinct_colors_never_repeat():
+    colors = explain.distinct_colors(200)
+    assert len(set(colors)) == 200 and all(re.fullmatch(r"#[0-9a-f]{6}", c) for c in colors)
+
+
+def test_level_off_rewrites_nothing(capsys):
+    report = run_json(capsys, "wan2.1", "--level", "off")
+    for graph in report["graphs"]:
+        assert graph["passes"] == [] and graph["nodes_after"] == graph["nodes"] and graph["matches"] == {}
+    assert debug.main(["wan2.1", "--level", "off"]) == 0
+    out = capsys.readouterr().out
+    assert "level off rewrites nothing" in out
+    [row] = [line for line in out.splitlines() if line.startswith("nodes")]
+    assert "->" not in row and row.split()[-2:] == [str(g["nodes"]) for g in report["graphs"]]
+
+
 # --------------------------------------------------------------------------------------------- AuK
 
 AUK_LOSSLESS = {"alias_free_activation[exact]": 109, "causal_conv1d": 54, "causal_conv1d[residual=None]": 54,
                 "causal_conv1d[residual=None, bias=None]": 1, "causal_conv_transpose1d": 6, "amp_average": 6}
 
 
-def test_auk_table_has_one_decode_graph_and_every_enabled_pattern(capsys):
+def test_auk_table_has_one_decode_graph_and_every_applicable_pattern(capsys):
+    report = run_json(capsys, "auk")
     assert debug.main(["auk"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("auk (tiny, float32) at level lossless")
@@ -190,7 +356,7 @@ def test_auk_table_has_one_decode_graph_and_every_enabled_pattern(capsys):
     table = [line.split() for line in out.splitlines() if len(line.split()) == 2]  # pattern, count
     rows = {name: count for name, count in table if name.startswith(("alias_free", "amp_"))}
     assert rows == {"alias_free_activation[exact]": "109", "amp_average": "6"}
-    for name in lossless_names():
+    for name in applicable_names(report):
         assert any(line.startswith(name + " ") for line in out.splitlines()), name
     assert "alias_free_activation[exact] #109 in decode: decoder.activation_post" in out
 
@@ -200,7 +366,7 @@ def test_auk_json_counts_and_subgraphs(capsys):
     assert {k: report[k] for k in ("model", "config", "level", "dtype")} == {
         "model": "auk", "config": "tiny", "level": "lossless", "dtype": "float32"}
     [graph] = report["graphs"]
-    assert graph["name"] == "decode" and list(graph["matches"]) == lossless_names()
+    assert graph["name"] == "decode" and list(graph["matches"]) == applicable_names(report)
     assert {k: v for k, v in graph["matches"].items() if v} == AUK_LOSSLESS
     assert len(graph["subgraphs"]) == sum(AUK_LOSSLESS.values())
     first = next(s for s in graph["subgraphs"] if s["pattern"] == "alias_free_activation[exact]")
@@ -272,7 +438,7 @@ def test_dot_files(test_patterns, tmp_path, capsys):
     for name in GRAPHS:
         text = (tmp_path / f"{name}.dot").read_text()
         assert text.startswith(f'digraph "{name}" {{') and text.rstrip().endswith("}")
-        assert 'fillcolor="lightblue"' in text  # the first pattern's color
+        assert f'fillcolor="{explain.distinct_colors(1)[0]}"' in text  # the first pattern's colour
     subgraph = (tmp_path / "chunk0.test_silu.1.dot").read_text()
     assert "aten.silu.default" in subgraph and 'style="dashed"' in subgraph  # the silu and its input
 
@@ -314,7 +480,7 @@ def test_bad_arguments_exit_2_with_usage(argv, message, capsys):
     assert "usage: rewrite-debug" in err and message in err
 
 
-def test_unknown_graph_lists_the_graphs(capsys):
+def test_unknown_graph_lists_the_graphs(no_capture, capsys):
     with pytest.raises(SystemExit) as exit_info:
         debug.main(["wan2.1", "--graph", "chunk1"])
     assert exit_info.value.code == 2
@@ -327,6 +493,27 @@ def test_unknown_pattern_lists_the_patterns(test_patterns, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "unknown pattern 'rms'" in err and "test_silu, test_silu[silu_], test_silu_mul, test_tanh" in err
+
+
+@pytest.mark.parametrize("make_argv, message", [
+    (lambda tmp: ["wan2.1", "--dot", str(tmp / "a_file")], "is a file; give a directory"),
+    (lambda tmp: ["wan2.1", "--graphml", str(tmp)], "is a directory; give a file name"),
+    (lambda tmp: ["wan2.1", "--graphml", str(tmp / "a_file" / "g.graphml")], "is a file, not a directory"),
+    (lambda tmp: ["wan2.2", "--aten-activations"], "--aten-activations is for models with alias-free activations"),
+    (lambda tmp: ["auk", "--graph", "steady"], "unknown graph 'steady'; this model's graphs: decode"),
+])
+def test_arguments_are_checked_before_the_capture(make_argv, message, tmp_path, no_capture, capsys):
+    (tmp_path / "a_file").write_text("not a directory")
+    with pytest.raises(SystemExit) as exit_info:
+        debug.main(make_argv(tmp_path))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: rewrite-debug" in err and message in err and "Traceback" not in err
+
+
+def test_graph_names_of_the_model_table_are_the_captured_ones():
+    for name in supported.names():
+        assert [g.name for g in captured(name)] == list(supported.get(name).graph_names)
 
 
 def test_pattern_of_a_higher_level_names_the_level(test_patterns, capsys):
