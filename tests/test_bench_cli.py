@@ -1,4 +1,5 @@
-"""`rewrite-bench`: argument checks, the AuK and Wan runs on tiny models (JSON layout, exactness columns), SNR.
+"""`rewrite-bench`: argument checks, the AuK and Wan runs on tiny models (JSON layout, exactness columns), SNR,
+the chart (`--plot`, from a run and from saved results).
 
 `main([...])` runs in-process. Each model runs once per module (a tiny config, one timed call per level, no
 untimed calls); the tests read the JSON it printed. Argument errors stop in `parse_args`, before any model
@@ -11,6 +12,8 @@ import contextlib
 import io
 import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,9 +38,17 @@ def run_main(argv: list[str]) -> tuple[str, dict]:
     return text[:start], json.loads(text[start:])
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.fixture(scope="module")
-def auk_run():
-    return run_main(AUK_ARGS)
+def auk_plot(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("plot") / "auk.png"
+
+
+@pytest.fixture(scope="module")
+def auk_run(auk_plot):
+    return run_main([*AUK_ARGS, "--plot", str(auk_plot)])
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +179,58 @@ def test_random_init_weights_are_seeded():
 def test_json_names_the_model_seed(auk_run):
     _, summary = auk_run
     assert summary["model_seed"] == bench.MODEL_SEED
+
+
+# ---------------------------------------------------------------------------------------------------- plot
+
+
+def test_plot_of_a_run(auk_run, auk_plot):
+    assert auk_plot.read_bytes().startswith(PNG_MAGIC) and auk_plot.stat().st_size > 10_000
+
+
+def test_plot_from_saved_results_runs_nothing(auk_run, wan_run, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "run", lambda args: pytest.fail("ran a benchmark"))
+    files = []
+    for name, (_, summary) in (("wan", wan_run), ("auk", auk_run)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(summary, indent=2, default=str))
+    png = tmp_path / "chart.png"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert bench.main(["--plot", str(png), "--from", str(files[0]), "--from", str(files[1])]) == 0
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    assert stdout.getvalue() == bench.format_table(wan_run[1]) + "\n\n" + bench.format_table(auk_run[1]) + "\n"
+
+
+def test_bar_labels_say_how_exact_each_level_is():
+    auk, wan = bench.ADAPTERS["auk"], bench.ADAPTERS["wan2.1"]
+    assert bench.exactness({"bit_identical": None}, wan) == "reference"
+    assert bench.exactness({"bit_identical": True, "psnr_db": math.inf}, wan) == "bit-identical"
+    assert bench.exactness({"bit_identical": False, "psnr_db": 47.25}, wan) == "PSNR 47.2 dB"
+    assert bench.exactness({"bit_identical": False, "snr_db": 71.04}, auk) == "SNR 71.0 dB"
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(["--model", "auk", "--plot", "chart.png"])
+    assert stop.value.code == 2
+    assert 'pip install -e ".[plot]"' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("make_argv", "message"), [
+    (lambda tmp: ["--plot", str(tmp / "chart.xyz")], "unknown image format '.xyz'"),
+    (lambda tmp: ["--plot", str(tmp / "missing" / "chart.png")], "does not exist"),
+    (lambda tmp: ["--json", str(tmp / "missing" / "out.json")], "does not exist"),
+    (lambda tmp: ["--from", str(tmp / "missing.json")], "No such file or directory"),
+    (lambda tmp: ["--from", str(tmp / "bad.json")], "not JSON"),
+    (lambda tmp: ["--from", str(tmp / "other.json")], "not a rewrite-bench results file"),
+])
+def test_bad_output_arguments_stop_before_the_run(make_argv, message, tmp_path, capsys):
+    (tmp_path / "bad.json").write_text("{nope")
+    (tmp_path / "other.json").write_text('{"model": "auk"}')
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(make_argv(tmp_path))
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err

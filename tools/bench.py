@@ -7,8 +7,14 @@ then best of N timed calls after untimed warm-up calls, peak memory, and the out
 level (`torch.equal`, max-abs, and PSNR over Wan's [-1, 1] video range or SNR of the AuK waveform).
 Ratios are computed within this one run.
 
-A model adapter (`WanBench`, `AuKBench`) builds the model, checks its own arguments, makes the inputs and
-says how to decode and compare; `bench_levels` is the one timing loop both share.
+The models are those of `rewrite.supported` (which also builds them); a bench adapter per model family
+(`WanBench`, `AuKBench`) checks its own arguments, makes the inputs and says how to decode and compare;
+`bench_levels` is the one timing loop both share.
+
+``--plot FILE.png`` draws the best time per level and input, each bar labelled with its speedup and its
+exactness (bit-identical, else PSNR or SNR); ``--from results.json`` (repeatable, one panel per file) prints
+and plots results a run saved with ``--json`` instead of running. The plot needs matplotlib
+(``pip install -e ".[plot]"``).
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rewrite import supported
+
+DTYPES = supported.DTYPES
 
 
 @dataclasses.dataclass
@@ -84,7 +93,6 @@ def _seeded_latents(shape: tuple[int, ...], device: torch.device, dtype: torch.d
 class WanBench:
     """Wan 2.1 / 2.2 video decoder: one latent video of `--frames` x `--size`; output `decode(z).sample`."""
 
-    models = ("wan2.1", "wan2.2")
     default_dtype = "bfloat16"
     quality_key, quality_title = "psnr_db", "PSNR dB"
     best_title, best_scale = "best s", 1.0
@@ -102,11 +110,9 @@ class WanBench:
         if args.frames < 1 or (args.frames - 1) % 4:
             parser.error(f"--frames must be 1 + 4k (Wan's temporal factor), got {args.frames}")
 
-    def __init__(self, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
-        from rewrite.models.wan import build_wan
-
+    def __init__(self, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, seed: int) -> None:
         self.args, self.device, self.dtype = args, device, dtype
-        self.vae = build_wan(args.model, args.config).to(device=device, dtype=dtype)
+        self.vae = supported.get(args.model).build(args.config, seed=seed, device=device, dtype=dtype)
         ratio = self.vae.spatial_compression_ratio
         if args.height % ratio or args.width % ratio:
             raise SystemExit(f"rewrite-bench: --size must be a multiple of {ratio} for {args.model}")
@@ -135,7 +141,6 @@ class AuKBench:
     `decode(z)` returns the waveform `[batch, frames * 480]` itself.
     """
 
-    models = ("auk",)
     default_dtype = "float32"
     quality_key, quality_title = "snr_db", "SNR dB"
     best_title, best_scale = "best ms", 1e3
@@ -168,11 +173,9 @@ class AuKBench:
         args.seconds = seconds
         args.clip_frames = [round(value * frame_rate) for value in seconds]
 
-    def __init__(self, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
-        from rewrite.models.auk import AuKVAE
-
+    def __init__(self, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, seed: int) -> None:
         self.args, self.device, self.dtype = args, device, dtype
-        self.vae = AuKVAE(self.config(args.config)).eval().to(device=device, dtype=dtype)
+        self.vae = supported.get(args.model).build(args.config, seed=seed, device=device, dtype=dtype)
 
     def cases(self) -> list[Case]:
         cfg = self.vae.config
@@ -194,7 +197,8 @@ class AuKBench:
                 "dtype": args.dtype, **head, "clips": cases}
 
 
-ADAPTERS = {model: adapter for adapter in (WanBench, AuKBench) for model in adapter.models}
+#: the bench adapter of each supported model, by the model's family
+ADAPTERS = {model.name: {"wan": WanBench, "auk": AuKBench}[model.family] for model in supported.MODELS}
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -202,11 +206,10 @@ ADAPTERS = {model: adapter for adapter in (WanBench, AuKBench) for model in adap
 
 def parse_args(argv):
     from rewrite.levels import LEVELS
-    from rewrite.models.wan import SIZES
 
     parser = argparse.ArgumentParser(prog="rewrite-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=tuple(ADAPTERS), default="wan2.1")
-    parser.add_argument("--config", choices=SIZES, default="full")
+    parser.add_argument("--config", choices=supported.CONFIGS, default="full")
     parser.add_argument("--size", default=None, help="Wan: output HxW in pixels (default 480x832)")
     parser.add_argument("--frames", type=int, default=None, help="Wan: output frames, 1 + 4k (default 81)")
     parser.add_argument("--seconds", default=None,
@@ -220,7 +223,16 @@ def parse_args(argv):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
     parser.add_argument("--profile", action="store_true", help="per-kernel table of one call per level")
+    parser.add_argument("--plot", metavar="FILE", type=Path,
+                        help="draw the results as a bar chart (FILE.png; needs pip install -e \".[plot]\")")
+    parser.add_argument("--from", dest="sources", metavar="RESULTS", type=Path, action="append",
+                        help="print (and with --plot draw) a saved --json results file instead of running "
+                             "(repeatable: one chart panel per file)")
     args = parser.parse_args(argv)
+    check_outputs(parser, args)
+    if args.sources:
+        args.results = [read_results(parser, path) for path in args.sources]
+        return args
     args.levels = [level.strip() for level in args.levels.split(",") if level.strip()]
     for level in args.levels:
         if level not in LEVELS:
@@ -231,6 +243,41 @@ def parse_args(argv):
     if args.repeat < 1 or args.warmup < 0 or args.batch < 1:
         parser.error("--repeat and --batch must be >= 1, --warmup >= 0")
     return args
+
+
+def check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The files written at the end are checked before the run: their directories exist, matplotlib is
+    installed for --plot and knows the file's format."""
+    if args.json not in (None, "-") and not Path(args.json).parent.is_dir():
+        parser.error(f"--json {args.json}: directory {Path(args.json).parent} does not exist")
+    if args.plot is None:
+        if args.sources is None:
+            return
+    else:
+        try:
+            from matplotlib.backend_bases import FigureCanvasBase
+        except ImportError:
+            parser.error('--plot needs matplotlib, which is not installed: pip install -e ".[plot]"')
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if args.plot.suffix.lstrip(".").lower() not in formats:
+            parser.error(f"--plot {args.plot}: unknown image format {args.plot.suffix!r}; use one of "
+                         f"{', '.join('.' + f for f in sorted(formats))}")
+        if not args.plot.parent.is_dir():
+            parser.error(f"--plot {args.plot}: directory {args.plot.parent} does not exist")
+
+
+def read_results(parser: argparse.ArgumentParser, path: Path) -> dict:
+    """A results file written by ``--json`` (exit 2 with the usage if it is not one)."""
+    try:
+        summary = json.loads(path.read_text())
+    except OSError as error:
+        parser.error(f"--from {path}: {error.strerror or error}")
+    except ValueError as error:
+        parser.error(f"--from {path}: not JSON ({error})")
+    if not isinstance(summary, dict) or summary.get("model") not in ADAPTERS or not (
+            "levels" in summary or "clips" in summary):
+        parser.error(f"--from {path}: not a rewrite-bench results file (no model and levels)")
+    return summary
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -321,10 +368,8 @@ MODEL_SEED = 0
 
 def build_bench(args, device: torch.device, dtype: torch.dtype):
     """The model's adapter with its random-init decoder built from `MODEL_SEED`: the same weights in every
-    run (SNR and max-abs depend on them), the caller's random state untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(MODEL_SEED)
-        return ADAPTERS[args.model](args, device, dtype)
+    run (SNR and max-abs depend on them), the caller's random state untouched (`SupportedModel.build`)."""
+    return ADAPTERS[args.model](args, device, dtype, MODEL_SEED)
 
 
 def run(args) -> dict:
@@ -393,17 +438,85 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------ plot
+
+#: bar colour per level (levels of another name get matplotlib's cycle)
+LEVEL_COLORS = {"off": "#9e9e9e", "lossless": "#3b7dd8", "channels_last": "#e8892b"}
+
+
+def _cases(summary: dict) -> list[tuple[str, list[dict]]]:
+    """(label, level results) per input of a run: Wan's one video shape, or AuK's clips."""
+    if "clips" in summary:
+        return [(f"{clip['seconds']:g} s ({clip['frames']} frames)", clip["levels"]) for clip in summary["clips"]]
+    return [(f"{summary['size']} x {summary['frames']} frames", summary["levels"])]
+
+
+def exactness(result: dict, bench) -> str:
+    """What a bar says about its output against the first level: reference, bit-identical, or the dB."""
+    if result["bit_identical"] is None:
+        return "reference"
+    if result["bit_identical"]:
+        return "bit-identical"
+    quality = result.get(bench.quality_key)
+    return "differs" if quality is None else f"{bench.quality_title.split()[0]} {quality:.1f} dB"
+
+
+def plot_results(summaries: list[dict], path: Path) -> None:
+    """One panel per results summary: best time per input (groups) and level (bars), each bar labelled with
+    its speedup against the first level and its exactness."""
+    from matplotlib.figure import Figure
+
+    widths = [len(_cases(s)) * max(len(c[1]) for c in _cases(s)) for s in summaries]
+    figure = Figure(figsize=(max(6.0, 1.6 * max(widths) + 2), 4.2 * len(summaries)))
+    axes = figure.subplots(len(summaries), 1, squeeze=False)[:, 0]
+    for ax, summary in zip(axes, summaries):
+        bench = ADAPTERS[summary["model"]]
+        cases = _cases(summary)
+        levels = list(dict.fromkeys(r["level"] for _, results in cases for r in results))
+        width = min(0.8 / len(levels), 0.28)
+        tallest = max(r["best_s"] * bench.best_scale for _, results in cases for r in results)
+        for k, level in enumerate(levels):
+            for i, (_, results) in enumerate(cases):
+                result = next((r for r in results if r["level"] == level), None)
+                if result is None:
+                    continue
+                height = result["best_s"] * bench.best_scale
+                x = i + width * (k - (len(levels) - 1) / 2)
+                ax.bar(x, height, width * 0.92, color=LEVEL_COLORS.get(level), label=level if i == 0 else None)
+                ax.text(x, height + 0.02 * tallest, f"{result['speedup']:.2f}x\n{exactness(result, bench)}",
+                        ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(cases)), [label for label, _ in cases])
+        ax.set_xlim(-0.6, len(cases) - 0.4)
+        ax.set_ylim(0, tallest * 1.3)
+        ax.set_ylabel(f"best time per decode ({bench.best_title.split()[-1]})")
+        software = f"torch {summary['torch']}" + (f", triton {summary['triton']}" if summary.get("triton") else "")
+        ax.set_title(f"{summary['model']} {summary['config']}, {summary['dtype']}, batch {summary['batch']} "
+                     f"on {summary['device']} ({software})", fontsize=10)
+        ax.legend(title="level", fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=150)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    summary = run(args)
-    print(format_table(summary))
-    if args.json:
-        text = json.dumps(summary, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as handle:
-                handle.write(text)
+    if args.sources:  # saved results: print and plot them, run nothing
+        summaries = args.results
+        print("\n\n".join(format_table(summary) for summary in summaries))
+    else:
+        summaries = [run(args)]
+        print(format_table(summaries[0]))
+        if args.json:
+            text = json.dumps(summaries[0], indent=2, default=str)
+            if args.json == "-":
+                print(text)
+            else:
+                with open(args.json, "w") as handle:
+                    handle.write(text)
+    if args.plot is not None:
+        plot_results(summaries, args.plot)
+        print(f"rewrite-bench: wrote {args.plot}", file=sys.stderr)
     return 0
 
 
