@@ -17,7 +17,7 @@ import torch
 
 from rewrite.engine.pattern import variants
 from rewrite.ops import wan as _ops  # noqa: F401  (registers torch.ops.rewrite.*)
-from rewrite.ops.wan import END
+from rewrite.ops.wan_reference import END
 
 aten = torch.ops.aten
 

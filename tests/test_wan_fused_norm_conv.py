@@ -18,7 +18,8 @@ import contextlib
 import pytest
 import torch
 
-from rewrite.ops import aten_reduction, wan
+from rewrite.ops import aten_reduction, layout, triton_epilogue, triton_norm, triton_pad, triton_upsample, wan_reference
+from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 
 CUDA = torch.cuda.is_available()
@@ -101,20 +102,16 @@ def test_plan_is_none_off_cuda():
                                               ((1, 130, 2, 2, 3), 4, 16), ((1, 77, 1, 3, 4), 2, 3)])
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
 def test_channel_norm_kernel_follows_the_order(shape, split, ctas, layout):
-    from rewrite.ops import triton_wan
-
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     x = _frame_major(x) if layout == "frame_major" else x
-    assert torch.equal(triton_wan.channel_norm(x, split, ctas), emulated_channel_norm(x, split, ctas))
+    assert torch.equal(triton_norm.channel_norm(x, split, ctas), emulated_channel_norm(x, split, ctas))
 
 
 @needs_interpreter
 def test_the_global_order_is_not_the_one_block_order():
     """The kernel's block split changes its sums for these inputs (else the cases above could not tell)."""
-    from rewrite.ops import triton_wan
-
     x = torch.randn(1, 200, 1, 3, 5, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    assert not torch.equal(triton_wan.channel_norm(x, 4, 10), triton_wan.channel_norm(x, 4, 1))
+    assert not torch.equal(triton_norm.channel_norm(x, 4, 10), triton_norm.channel_norm(x, 4, 1))
 
 
 @needs_interpreter
@@ -122,8 +119,6 @@ def test_the_global_order_is_not_the_one_block_order():
 @pytest.mark.parametrize("act", (None, "silu"))
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
 def test_fused_norm_epilogue_matches_aten_ops_on_that_norm(dtype, act, layout):
-    from rewrite.ops import triton_wan
-
     g = torch.Generator().manual_seed(1)
     x = (3 * torch.randn(2, 24, 2, 5, 9, generator=g)).to(dtype)
     x = _frame_major(x) if layout == "frame_major" else x
@@ -134,7 +129,7 @@ def test_fused_norm_epilogue_matches_aten_ops_on_that_norm(dtype, act, layout):
     y = x.float() / norm.clamp_min(1e-12)
     y = (y.to(dtype) if upcast else y) * scale * gamma + 0.0
     expected = torch.nn.functional.silu(y) if act == "silu" else y
-    actual = triton_wan.rms_norm_fused(x, gamma, scale, 0.0, 1e-12, upcast, act == "silu", split=2)
+    actual = triton_norm.rms_norm_fused(x, gamma, scale, 0.0, 1e-12, upcast, act == "silu", split=2)
     assert actual.stride() == expected.stride()
     if act is None:
         assert torch.equal(actual, expected)
@@ -151,8 +146,6 @@ def test_fused_norm_epilogue_matches_aten_ops_on_that_norm(dtype, act, layout):
                                                     ((1, 3, 3, 2, 5), [0, 0, 0, 0, 2, 0], 0),
                                                     ((1, 96, 1, 2, 3), [0, 0, 0, 0, 0, 0], 2)])
 def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_frames):
-    from rewrite.ops import triton_wan
-
     g = torch.Generator().manual_seed(2)
     x = torch.randn(shape, generator=g).to(DEVICE, dtype)
     x = _frame_major(x) if layout == "frame_major" else x
@@ -161,13 +154,13 @@ def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_fram
     expected = torch.nn.functional.pad(source, pad)
     temporal = torch.nn.functional.pad(source, [0, 0, 0, 0, pad[4], 0])
     with use_backend("triton"):
-        actual, next_cache = triton_wan.causal_pad_channels_last(x, cache, pad)
+        actual, next_cache = triton_pad.causal_pad_channels_last(x, cache, pad)
     assert actual.is_contiguous(memory_format=torch.channels_last_3d)
     assert torch.equal(actual, expected)
     assert torch.equal(next_cache, temporal[:, :, -2:])  # the last two frames before the right pad
     mode = "chunk0" if cache is None else ("steady_t1" if shape[2] == 1 else "steady")
     if (cache is not None or pad[4] >= 1) and (mode != "chunk0" or shape[2] == 1):  # chunk 0 has one frame
-        assert torch.equal(next_cache, wan.next_cache_reference(x, cache, mode))
+        assert torch.equal(next_cache, wan_reference.next_cache_reference(x, cache, mode))
 
 
 @needs_kernels
@@ -179,8 +172,6 @@ def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_fram
 def test_conv_epilogue_adds_with_atens_roundings(dtype, bias, residual, residual_bias, out_layout):
     """Bias, residual and the residual's own deferred bias (a shortcut conv output without it) added with the
     roundings of ATen's `y.add_(bias)`, `r.add_(r_bias)` and `y + r`."""
-    from rewrite.ops import triton_wan
-
     g = torch.Generator().manual_seed(3)
     shape = (2, 70, 3, 5, 13)
     y = torch.randn(shape, generator=g).to(DEVICE, dtype).contiguous(memory_format=torch.channels_last_3d)
@@ -193,7 +184,7 @@ def test_conv_epilogue_adds_with_atens_roundings(dtype, bias, residual, residual
     full_residual = r if rb is None else r + rb.view(1, -1, 1, 1, 1)
     expected = expected + full_residual if r is not None else expected
     strides = expected.stride() if out_layout == "contiguous" else _frame_major(expected).stride()
-    actual = triton_wan.conv_epilogue(y, b, r, strides, residual_bias=rb)
+    actual = triton_epilogue.conv_epilogue(y, b, r, strides, residual_bias=rb)
     assert actual.stride() == tuple(strides)
     assert torch.equal(actual, expected)
 
@@ -220,15 +211,13 @@ GPU_NORM_SHAPES = [(1, 384, 1, 60, 104), (1, 384, 2, 120, 208), (1, 192, 4, 240,
 @pytest.mark.parametrize("shape", GPU_NORM_SHAPES, ids=str)
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
 def test_channel_norm_is_atens_on_this_gpu(shape, layout):
-    from rewrite.ops import triton_wan
-
     if layout == "frame_major" and len(shape) == 4:
         pytest.skip("4-D norms (attention) are contiguous")
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     x = _frame_major(x) if layout == "frame_major" else x
     plan = aten_reduction.plan(x, torch.float32)
     assert plan is not None
-    assert torch.equal(triton_wan.channel_norm(x, plan.split, plan.ctas),
+    assert torch.equal(triton_norm.channel_norm(x, plan.split, plan.ctas),
                        torch.linalg.vector_norm(x.float(), 2, [1], True))
 
 
@@ -241,13 +230,11 @@ GLOBAL_NORM_SHAPES = [(1, 1024, 1, 45, 80), (1, 1024, 2, 90, 160), (1, 1024, 4, 
 @pytest.mark.parametrize("shape", GLOBAL_NORM_SHAPES, ids=str)
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
 def test_channel_norm_split_across_blocks_is_atens_on_this_gpu(shape, layout):
-    from rewrite.ops import triton_wan
-
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     x = _frame_major(x) if layout == "frame_major" else x
     plan = aten_reduction.plan(x, torch.float32)
     assert plan is not None and plan.ctas > 1
-    assert torch.equal(triton_wan.channel_norm(x, plan.split, plan.ctas),
+    assert torch.equal(triton_norm.channel_norm(x, plan.split, plan.ctas),
                        torch.linalg.vector_norm(x.float(), 2, [1], True))
 
 
@@ -258,7 +245,7 @@ def test_norm_split_across_blocks_is_bit_identical_on_this_gpu(shape, dtype):
     x = 3 * torch.randn(shape, device="cuda", dtype=dtype)
     gamma = (1 + 0.2 * torch.randn(shape[1], 1, 1, 1, device="cuda")).to(dtype)
     upcast = dtype != torch.float32
-    expected = wan.rms_norm_reference(x, gamma, 32.0, 0.0, 1e-12, upcast, "silu")
+    expected = wan_reference.rms_norm_reference(x, gamma, 32.0, 0.0, 1e-12, upcast, "silu")
     assert torch.equal(torch.ops.rewrite.rms_norm(x, gamma, 32.0, 0.0, 1e-12, upcast, "silu"), expected)
 
 
@@ -273,7 +260,7 @@ def test_fused_rms_norm_is_bit_identical_on_this_gpu(shape, dtype, layout):
     gamma = (1 + 0.2 * torch.randn(shape[1], 1, 1, 1, device="cuda")).to(dtype)
     upcast = dtype != torch.float32
     for act in ("silu", None):
-        expected = wan.rms_norm_reference(x, gamma, shape[1] ** 0.5, 0.0, 1e-12, upcast, act)
+        expected = wan_reference.rms_norm_reference(x, gamma, shape[1] ** 0.5, 0.0, 1e-12, upcast, act)
         actual = torch.ops.rewrite.rms_norm(x, gamma, shape[1] ** 0.5, 0.0, 1e-12, upcast, act)
         assert actual.stride() == expected.stride()
         assert torch.equal(actual, expected)
@@ -310,14 +297,12 @@ def test_causal_conv3d_is_bit_identical_on_this_gpu(dtype, case):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", ("contiguous", "frames_of_ncdhw"))
 def test_channels_last_upsample_is_exact(dtype, layout):
-    from rewrite.ops import triton_wan
-
     x = torch.randn(3, 70, 5, 7, generator=torch.Generator().manual_seed(6)).to(DEVICE, dtype)
     if layout == "frames_of_ncdhw":
         x = x.transpose(0, 1).contiguous().transpose(0, 1)
-    actual = triton_wan.upsample_nearest2x_channels_last(x)
+    actual = triton_upsample.upsample_nearest2x_channels_last(x)
     assert actual.is_contiguous(memory_format=torch.channels_last)
-    assert torch.equal(actual, wan.upsample_nearest2x_reference(x, False))
+    assert torch.equal(actual, wan_reference.upsample_nearest2x_reference(x, False))
 
 
 def test_upsample_conv2d_on_cpu_runs_the_replaced_ops():
@@ -359,13 +344,11 @@ def test_norm_written_into_the_padded_conv_input_is_exact(monkeypatch, shape, pa
     rest (cache frames, zero pad; rows split over several blocks, some entirely inside x) give what the norm
     followed by the channels-last pad kernel gives, and that cache is the reference next cache. Layout
     `channels_last_deferred_bias`: x is a channels-last conv output whose bias the norm kernel adds as it
-    reads (the reference: the contiguous tensor plus the bias, `wan.with_deferred_bias`)."""
-    from rewrite.ops import triton_wan
-
+    reads (the reference: the contiguous tensor plus the bias, `wan_reference.with_deferred_bias`)."""
     if rest_block is not None:
-        monkeypatch.setattr(triton_wan, "PAD_REST_BLOCK", rest_block)
-    empty = triton_wan._padded_channels_last  # NaN-filled buffers: a position no kernel writes shows up
-    monkeypatch.setattr(triton_wan, "_padded_channels_last", lambda *args: tuple(t.fill_(float("nan")) for t in empty(*args)))
+        monkeypatch.setattr(triton_pad, "PAD_REST_BLOCK", rest_block)
+    empty = triton_pad._padded_channels_last  # NaN-filled buffers: a position no kernel writes shows up
+    monkeypatch.setattr(triton_pad, "_padded_channels_last", lambda *args: tuple(t.fill_(float("nan")) for t in empty(*args)))
     g = torch.Generator().manual_seed(9)
     x = (3 * torch.randn(shape, generator=g)).to(DEVICE, torch.bfloat16)
     x = _frame_major(x) if layout == "frame_major" else x
@@ -375,15 +358,15 @@ def test_norm_written_into_the_padded_conv_input_is_exact(monkeypatch, shape, pa
         cache = cache.contiguous(memory_format=torch.channels_last_3d)
     x_bias = (3 * torch.randn(shape[1], generator=g)).to(DEVICE, torch.bfloat16) if layout.endswith("bias") else None
     x_in = x.contiguous(memory_format=torch.channels_last_3d) if x_bias is not None else x
-    x = wan.with_deferred_bias(x, x_bias)  # what the norm normalizes
+    x = wan_reference.with_deferred_bias(x, x_bias)  # what the norm normalizes
     split = 2 if not CUDA else aten_reduction.plan(x, torch.float32).split
     with use_backend("triton"):
-        normalized = triton_wan.rms_norm_fused(x, gamma, 4.0, 0.0, 1e-12, True, False, split)
-        expected = triton_wan.causal_pad_channels_last(normalized, cache, pad)
-        actual = triton_wan.rms_norm_padded_channels_last(x_in, gamma, 4.0, 0.0, 1e-12, True, False, split, cache, pad,
+        normalized = triton_norm.rms_norm_fused(x, gamma, 4.0, 0.0, 1e-12, True, False, split)
+        expected = triton_pad.causal_pad_channels_last(normalized, cache, pad)
+        actual = triton_norm.rms_norm_padded_channels_last(x_in, gamma, 4.0, 0.0, 1e-12, True, False, split, cache, pad,
                                                           x_bias=x_bias)
     assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
-    assert torch.equal(actual[1], wan.next_cache_reference(normalized, cache, mode))
+    assert torch.equal(actual[1], wan_reference.next_cache_reference(normalized, cache, mode))
 
 
 @pytest.mark.gpu
@@ -432,7 +415,7 @@ def _deferred_bias_block(dtype, case, channels, height, width, device, generator
     norm = (channels ** 0.5, 0.0, 1e-12, dtype != torch.float32, "silu")
     with use_backend("reference"):
         first = ops.rms_norm_causal_conv3d(x, gamma1, *norm, cache1, pad, case, w1, b1, None)
-        shortcut = wan.pointwise_conv3d_reference(shortcut_in, ws, bs)
+        shortcut = wan_reference.pointwise_conv3d_reference(shortcut_in, ws, bs)
         second = ops.rms_norm_causal_conv3d(first[0], gamma2, *norm, cache2, pad, case, w2, b2, shortcut)
     with use_backend("auto" if device == "cuda" else "triton"):
         first_d = ops.rms_norm_causal_conv3d(x, gamma1, *norm, cache1, pad, case, w1, None, None, None, None, True)
@@ -464,11 +447,11 @@ def test_deferred_conv_biases_wiring_on_cpu(monkeypatch, case):
     (channels-last raw output, bias added in the norm and in the epilogue) against the ops with the biases in
     place. A CPU conv may fold its bias into the sum and the two layouts' CPU convs sum in other orders, so fp32
     within 1e-4 here (sums of ~200 products of unit-scale values, outputs up to ~10); the GPU test is exact."""
-    from rewrite.ops import selftest, triton_wan
+    from rewrite.ops import selftest
 
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
-    monkeypatch.setattr(triton_wan, "norm_plan", lambda x, upcast, reference_contiguous=False:
+    monkeypatch.setattr(layout, "norm_plan", lambda x, upcast, reference_contiguous=False:
                         aten_reduction.NormPlan(split=2, vec=1, ctas=1))
     g = torch.Generator().manual_seed(14)
     expected, actual, raw = _deferred_bias_block(torch.float32, case, 8, 5, 6, "cpu", g)
@@ -484,7 +467,7 @@ def test_rms_norm_causal_conv3d_on_cpu_runs_the_replaced_ops():
     weight, bias = torch.randn(3, 4, 3, 3, 3, generator=g), torch.randn(3, generator=g)
     out, next_cache = torch.ops.rewrite.rms_norm_causal_conv3d(x, gamma, 2.0, 0.0, 1e-12, False, "silu", cache,
                                                                [1, 1, 1, 1, 0, 0], "steady_t1", weight, bias, None)
-    normalized = wan.rms_norm_reference(x, gamma, 2.0, 0.0, 1e-12, False, "silu")
+    normalized = wan_reference.rms_norm_reference(x, gamma, 2.0, 0.0, 1e-12, False, "silu")
     padded = torch.nn.functional.pad(torch.cat([cache, normalized], 2), [1, 1, 1, 1, 0, 0])
     assert torch.equal(out, torch.nn.functional.conv3d(padded, weight, bias))
     assert torch.equal(next_cache, torch.cat([cache[:, :, -1:], normalized], 2))
@@ -499,11 +482,11 @@ def test_channels_last_path_wiring_on_cpu(monkeypatch, fused_norm, case):
     CPU convolutions of the two layouts and CPU norms may sum in other orders than the kernels: fp32 outputs
     within 1e-5 (a few ulp of sums of ~100 products of unit-scale values); the next cache of `causal_conv3d`
     is data movement (equal), that of the fused op holds normalized values (the same 1e-5)."""
-    from rewrite.ops import selftest, triton_wan
+    from rewrite.ops import selftest
 
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
-    monkeypatch.setattr(triton_wan, "norm_plan", lambda x, upcast, reference_contiguous=False:
+    monkeypatch.setattr(layout, "norm_plan", lambda x, upcast, reference_contiguous=False:
                         aten_reduction.NormPlan(split=2, vec=1, ctas=3))
     g = torch.Generator().manual_seed(12)
     frames = 3 if case == "steady" else 1
@@ -548,8 +531,6 @@ def _dup_up_shapes(b, cin, cout, ft, fs, t, h, w):
 @pytest.mark.parametrize("dx_layout", ("contiguous", "frame_major"))
 def test_conv_epilogue_adds_the_dup_up_shortcut_with_atens_roundings(dtype, case, dx_layout):
     """Bias add and the gathered shortcut add in the epilogue: data movement and two ATen add roundings."""
-    from rewrite.ops import triton_wan
-
     cin, cout, ft, fs, first = DUP_UP_CASES[case]
     g = torch.Generator().manual_seed(13)
     b, t, h, w = 2, 2, 3, 5
@@ -564,7 +545,7 @@ def test_conv_epilogue_adds_the_dup_up_shortcut_with_atens_roundings(dtype, case
     main = (y.contiguous() + bias.view(1, -1, 1, 1)).view(b, frames, *y.shape[1:]).permute(0, 2, 1, 3, 4)
     with use_backend("reference"):
         expected = torch.ops.rewrite.dup_up_add(main, dx, repeats, unfold, fold, first)
-    actual = triton_wan.conv_epilogue(y5, bias, None, expected.stride(), dup_up=(dx, repeats, ft, fs, first))
+    actual = triton_epilogue.conv_epilogue(y5, bias, None, expected.stride(), dup_up=(dx, repeats, ft, fs, first))
     assert actual.stride() == expected.stride()
     assert torch.equal(actual, expected)
 
@@ -586,17 +567,15 @@ def _upsample_dup_up_args(g, dtype, device, case, scale=1):
 @contextlib.contextmanager
 def _epilogue_calls(monkeypatch):
     """Records each `conv_epilogue` call ("dup_up" or "plain") while it runs."""
-    from rewrite.ops import triton_wan
-
-    calls, original = [], triton_wan.conv_epilogue
+    calls, original = [], triton_epilogue.conv_epilogue
 
     def spy(*args, **kwargs):
         calls.append("dup_up" if kwargs.get("dup_up") is not None else "plain")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(triton_wan, "conv_epilogue", spy)
+    monkeypatch.setattr(triton_epilogue, "conv_epilogue", spy)
     yield calls
-    monkeypatch.setattr(triton_wan, "conv_epilogue", original)
+    monkeypatch.setattr(triton_epilogue, "conv_epilogue", original)
 
 
 @pytest.mark.parametrize("case", DUP_UP_CASES)

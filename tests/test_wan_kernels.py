@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewrite.ops import dispatch, wan
+from rewrite.ops import dispatch, triton_epilogue, triton_norm, wan_reference
+from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 
 CUDA = torch.cuda.is_available()
@@ -73,7 +74,7 @@ def test_causal_pad_and_next_cache_are_exact(shape, dtype, layout):
     cache = _randn(b, c, 2, h, w, dtype=dtype, generator=g)
     for mode, cache_arg, pad in (("steady_t1" if t == 1 else "steady", cache, [1, 1, 1, 1, 0, 0]),
                                  ("chunk0", None, [1, 1, 1, 1, 2, 0]), ("steady_t1" if t == 1 else "steady", cache, [0] * 6)):
-        expected = wan.causal_conv_input_reference(x, cache_arg, pad, mode)
+        expected = wan_reference.causal_conv_input_reference(x, cache_arg, pad, mode)
         with use_backend("triton"):
             actual = torch.ops.rewrite.causal_conv_input(x, cache_arg, pad, mode)
         assert all(torch.equal(a, e) for a, e in zip(actual, expected)), (mode, pad)
@@ -84,15 +85,13 @@ def test_causal_pad_and_next_cache_are_exact(shape, dtype, layout):
 @pytest.mark.parametrize("layout", tuple(LAYOUTS))
 @pytest.mark.parametrize("shape", ((2, 6, 3, 5, 9), (1, 3, 2, 40, 30)))
 def test_bias_residual_is_exact(dtype, layout, shape):
-    from rewrite.ops import triton_wan
-
     g = torch.Generator().manual_seed(1)
     y = _randn(*shape, dtype=dtype, generator=g)
     residual = LAYOUTS[layout](_randn(*shape, dtype=dtype, generator=g))
     bias = _randn(shape[1], dtype=dtype, generator=g)
     expected = y.clone().add_(bias.view(1, -1, 1, 1, 1)) + residual
     with use_backend("triton"):
-        actual = triton_wan.bias_residual(y, bias, residual)
+        actual = triton_epilogue.bias_residual(y, bias, residual)
     assert_matches(actual, expected, dtype)
 
 
@@ -139,8 +138,6 @@ def test_dup_up_add_is_exact(dtype, factor_t, first_frame):
 @pytest.mark.parametrize("act", ("silu", None))
 @pytest.mark.parametrize("layout", tuple(LAYOUTS))
 def test_rms_norm_epilogue(shape, dtype, act, layout):
-    from rewrite.ops import triton_wan
-
     g = torch.Generator().manual_seed(4)
     x = _randn(*shape, dtype=dtype, generator=g)
     if layout != "contiguous":
@@ -150,9 +147,9 @@ def test_rms_norm_epilogue(shape, dtype, act, layout):
     gamma = (1 + 0.2 * _randn(shape[1], *([1] * (x.dim() - 2)), generator=g)).to(dtype)
     upcast = dtype != torch.float32
     scale = shape[1] ** 0.5
-    expected = wan.rms_norm_reference(x, gamma, scale, 0.0, 1e-12, upcast, act)
+    expected = wan_reference.rms_norm_reference(x, gamma, scale, 0.0, 1e-12, upcast, act)
     with use_backend("triton"):
-        actual = triton_wan.rms_norm(x, gamma, scale, 0.0, 1e-12, upcast, act, fused_silu=True)
+        actual = triton_norm.rms_norm(x, gamma, scale, 0.0, 1e-12, upcast, act, fused_silu=True)
     assert_matches(actual, expected, dtype, exact_on_cpu=act is None)
 
 

@@ -283,11 +283,11 @@ def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, res
     padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias)
     if residual is None:
         return torch.ops.aten.conv1d.default(padded, weight, bias, [1], [0], dilation, 1)
-    from rewrite.ops import triton_wan
+    from rewrite.ops import triton_epilogue
 
     y = torch.ops.aten.conv1d.default(padded, weight, None, [1], [0], dilation, 1)
     as5d = lambda t: t[:, :, None, None, :]  # noqa: E731  [B, C, T] as [B, C, 1, 1, T]: one plane per row
-    return triton_wan.bias_residual(as5d(y), bias, as5d(residual))[:, :, 0, 0, :]
+    return triton_epilogue.bias_residual(as5d(y), bias, as5d(residual))[:, :, 0, 0, :]
 
 
 def _snake_conv_autograd(x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias=None):

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from rewrite.ops import triton_norm
+
 _RESULTS: dict[tuple[str, torch.dtype], bool] = {}
 _CONV_RESULTS: dict[tuple, bool] = {}
 _FRAME_CONV_RESULTS: dict[tuple, bool] = {}
@@ -37,10 +39,8 @@ def _bit_patterns(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 def silu_check(device: torch.device, dtype: torch.dtype) -> tuple[bool, int, int]:
     """(identical, mismatches, values tested): the kernel's SiLU against `F.silu`, compared as bits."""
-    from rewrite.ops import triton_wan
-
     x = _bit_patterns(dtype, device)
-    ours = triton_wan.silu(x)
+    ours = triton_norm.silu(x)
     theirs = torch.nn.functional.silu(x)
     int_type = {2: torch.int16, 4: torch.int32}[x.element_size()]
     # NaNs may differ in payload only; any NaN equals any NaN here

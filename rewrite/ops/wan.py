@@ -1,10 +1,11 @@
 """Custom ops for the Wan decoder's fusion families, in the `rewrite` torch.library namespace.
 
-Each op has a *reference implementation* (the same ATen ops, in the same order, as the subgraph it
-replaces: a rewritten graph running it is `torch.equal` to the captured one on any device and dtype), a
-fake implementation for export/compile tracing, and, where it pays, a Triton kernel
-(`rewrite.ops.triton_wan`) that keeps every rounding of the reference and is used only where
-`rewrite.ops.dispatch.use_kernel` allows it (CUDA, supported dtype, no autograd, not compiling).
+Each op has a *reference implementation* (`rewrite.ops.wan_reference`: the same ATen ops, in the same order,
+as the subgraph it replaces, so a rewritten graph running it is `torch.equal` to the captured one on any
+device and dtype), a fake implementation for export/compile tracing, and, where it pays, Triton kernels
+(`rewrite.ops.triton_norm`, `triton_pad`, `triton_epilogue`, `triton_upsample`) that keep every rounding of
+the reference, used only where `rewrite.ops.dispatch.use_kernel` allows it (CUDA, supported dtype, no
+autograd, not compiling). What each op returns, and in which layout, is `rewrite.ops.layout`'s.
 
 Ops know nothing of graphs, patterns or the API.
 """
@@ -16,40 +17,29 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import selftest
+from rewrite.ops import layout, selftest, triton_epilogue, triton_norm, triton_pad, triton_upsample
 from rewrite.ops.dispatch import use_kernel
+from rewrite.ops.layout import (conv_output_shape, frame_major, next_cache_shape, padded_shape, reference_layout,
+                                upsample_conv2d_output_shape)
+from rewrite.ops.wan_reference import (CACHE_MODES, causal_conv3d_reference, causal_conv_input_reference,
+                                       conv3d_residual_reference, dup_up_add_reference, next_cache_reference,
+                                       pointwise_conv3d_reference, rms_norm_causal_conv3d_reference,
+                                       rms_norm_reference, temporal_interleave_reference,
+                                       upsample_conv2d_dup_up_add_reference, upsample_conv2d_reference,
+                                       upsample_nearest2x_reference)
 
 aten = torch.ops.aten
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _kernels():
-    from rewrite.ops import triton_wan
-
-    return triton_wan
-END = 2**63 - 1  # what `x[:, :, -2:]` records as the slice end
-
-
 # ---- RMS norm (+ SiLU) -------------------------------------------------------------------------------
-def rms_norm_reference(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
-                       act: Optional[str]) -> Tensor:
-    """`normalize(x[.float()], dim=1)[.to(x.dtype)] * scale * gamma + bias`, then the activation."""
-    xf = aten.to.dtype(x, torch.float32) if upcast else x
-    y = aten.div.Tensor(xf, aten.expand_as.default(aten.clamp_min.default(
-        aten.linalg_vector_norm.default(xf, 2.0, [1], True), eps), xf))
-    if upcast:
-        y = aten.to.dtype(y, x.dtype)
-    y = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(y, scale), gamma), bias)
-    return aten.silu.default(y) if act == "silu" else y
-
-
 @torch.library.custom_op("rewrite::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
              act: Optional[str]) -> Tensor:
     """Wan's channel-first RMS norm with an optional fused activation ("silu" or None)."""
     if x.dim() in (4, 5) and gamma.numel() == x.shape[1] and use_kernel("rms_norm", (x, gamma), FLOAT_DTYPES):
         fused_silu = act == "silu" and selftest.silu_is_exact(x.device, x.dtype)
-        return _kernels().rms_norm(x, gamma, scale, bias, eps, upcast, act, fused_silu=fused_silu)
+        return triton_norm.rms_norm(x, gamma, scale, bias, eps, upcast, act, fused_silu=fused_silu)
     return rms_norm_reference(x, gamma, scale, bias, eps, upcast, act)
 
 
@@ -59,48 +49,18 @@ def _(x, gamma, scale, bias, eps, upcast, act):
 
 
 # ---- causal conv input assembly and the next cache ------------------------------------------------------
-CACHE_MODES = ("steady_t1", "steady", "chunk0")
-
-
-def next_cache_reference(x: Tensor, cache: Optional[Tensor], mode: str) -> Tensor:
-    """The cache the next chunk's causal conv reads (see `causal_conv_input_reference`)."""
-    tail = aten.clone.default(aten.slice.Tensor(x, 2, -2, END))
-    if mode == "chunk0":
-        return aten.cat.default([aten.zeros_like.default(tail), tail], 2)
-    if mode == "steady":
-        return tail
-    if mode != "steady_t1":
-        raise ValueError(f"causal_conv_input: unknown mode {mode!r}; expected one of {CACHE_MODES}")
-    if cache is None:
-        raise ValueError(f"causal_conv_input: mode {mode!r} needs a cache tensor")
-    return aten.cat.default([aten.unsqueeze.default(aten.select.int(cache, 2, -1), 2), tail], 2)
-
-
-def causal_conv_input_reference(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[Tensor, Tensor]:
-    """(conv input, next cache) of a Wan causal conv.
-
-    steady_t1: input `pad(cat([cache, x], 2))`, next cache `cat([cache[:, :, -1:], x[:, :, -2:]], 2)` (x has 1 frame)
-    steady:    input `pad(cat([cache, x], 2))`, next cache `x[:, :, -2:].clone()` (x has >= 2 frames)
-    chunk0:    input `pad(x)`, next cache `cat([zeros, x[:, :, -2:]], 2)` (steady form of a 1-frame cache)
-    """
-    next_cache = next_cache_reference(x, cache, mode)
-    if mode == "chunk0":
-        return aten.pad.default(x, pad), next_cache
-    return aten.pad.default(aten.cat.default([cache, x], 2), pad), next_cache
-
-
 @torch.library.custom_op("rewrite::causal_conv_input", mutates_args=())
 def causal_conv_input(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[Tensor, Tensor]:
     """Cache concatenation + zero pad of a causal conv's input, and the cache for the next chunk, in one op."""
     tensors = (x,) if cache is None else (x, cache)
     if x.dim() == 5 and len(pad) == 6 and min(pad) >= 0 and use_kernel("causal_conv_input", tensors, FLOAT_DTYPES):
-        return _kernels().causal_pad(x, cache if mode != "chunk0" else None, pad), next_cache_reference(x, cache, mode)
+        return triton_pad.causal_pad(x, cache if mode != "chunk0" else None, pad), next_cache_reference(x, cache, mode)
     return causal_conv_input_reference(x, cache, pad, mode)
 
 
 @causal_conv_input.register_fake
 def _(x, cache, pad, mode):
-    return x.new_empty(_padded_shape(x.shape, cache, pad, mode)), x.new_empty(_next_cache_shape(x.shape, mode))
+    return x.new_empty(padded_shape(x.shape, cache, pad, mode)), x.new_empty(next_cache_shape(x.shape, mode))
 
 
 # ---- conv3d (bias included) + residual add -------------------------------------------------------------
@@ -113,8 +73,8 @@ def conv3d_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor], residual:
     """
     tensors = (x, weight, residual) if bias is None else (x, weight, bias, residual)
     if x.is_cuda and use_kernel("conv3d_residual", tensors, FLOAT_DTYPES):
-        return _kernels().bias_residual(aten.conv3d.default(x, weight, None), bias, residual)
-    return aten.add.Tensor(aten.conv3d.default(x, weight, bias), residual)
+        return triton_epilogue.bias_residual(aten.conv3d.default(x, weight, None), bias, residual)
+    return conv3d_residual_reference(x, weight, bias, residual)
 
 
 @conv3d_residual.register_fake
@@ -123,45 +83,6 @@ def _(x, weight, bias, residual):
 
 
 # ---- causal conv3d: input assembly, channels-last conv, bias (+ residual) ---------------------------------
-def causal_conv3d_reference(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
-                            bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """`conv3d(padded, weight, bias) [+ residual]` and the next cache, `padded` as `causal_conv_input` makes it.
-    The weight is made contiguous (a no-op for the module's own; the runtime may pass a channels-last copy)."""
-    padded, next_cache = causal_conv_input(x, cache, pad, mode)
-    weight = aten.contiguous.default(weight)
-    if residual is None:
-        return aten.conv3d.default(padded, weight, bias), next_cache
-    return conv3d_residual(padded, weight, bias, residual), next_cache
-
-
-def _conv_output_strides(shape: list[int], residual: Optional[Tensor]) -> tuple[int, ...]:
-    """The layout of the replaced subgraph's output: ATen's conv of the contiguous padded input is
-    contiguous; with a residual, the add's layout over that and the residual."""
-    from rewrite.ops.triton_wan import reference_layout
-
-    if residual is None:
-        return tuple(torch.empty(shape, device="meta").stride())
-    return reference_layout(("add_contiguous",), lambda r: torch.add(torch.empty_like(r, memory_format=torch.contiguous_format), r), residual)
-
-
-def _padded_shape(x_shape, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[int, ...]:
-    """The shape of the conv input `causal_conv_input` assembles (chunk 0 reads no cache)."""
-    b, c, t, h, w = x_shape
-    frames = t + (0 if mode == "chunk0" or cache is None else cache.shape[2]) + pad[4] + pad[5]
-    return (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
-
-
-def _next_cache_shape(x_shape, mode: str) -> tuple[int, ...]:
-    """The shape of the next cache `next_cache_reference` makes (2 frames; x's last <= 2 in mode steady)."""
-    b, c, t, h, w = x_shape
-    return (b, c, 2 if mode != "steady" else min(t, 2), h, w)
-
-
-def _conv_output_shape(in_shape, weight_shape) -> list[int]:
-    """The output shape of an unpadded unit-stride conv."""
-    return [in_shape[0], weight_shape[0], *(n - k + 1 for n, k in zip(in_shape[2:], weight_shape[2:]))]
-
-
 def _channels_last_conv_serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                                residual: Optional[Tensor]) -> bool:
     """Whether the channels-last path may serve this causal conv: shapes it handles (a 1-frame chunk in modes
@@ -169,8 +90,8 @@ def _channels_last_conv_serves(x: Tensor, cache: Optional[Tensor], pad: list[int
     which `selftest.channels_last_conv_is_exact` holds on this device."""
     if x.dim() != 5 or weight.dim() != 5 or len(pad) != 6 or min(pad) < 0 or mode not in CACHE_MODES:
         return False
-    in_shape = _padded_shape(x.shape, cache, pad, mode)
-    return ((residual is None or list(residual.shape) == _conv_output_shape(in_shape, weight.shape)) and weight.shape[1] == x.shape[1]
+    in_shape = padded_shape(x.shape, cache, pad, mode)
+    return ((residual is None or list(residual.shape) == conv_output_shape(in_shape, weight.shape)) and weight.shape[1] == x.shape[1]
             and in_shape[2] - pad[5] >= 2 and (x.shape[2] >= 2) == (mode == "steady")
             and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device))
 
@@ -180,8 +101,8 @@ def _channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], 
     """cuDNN's conv of the channels-last padded input and weight without bias, then bias (+ residual [+ its
     deferred bias]) with ATen's roundings into the replaced subgraph's layout."""
     y = _channels_last_conv_raw(padded, weight)
-    return _kernels().conv_epilogue(y, bias, residual, _conv_output_strides(list(y.shape), residual),
-                                    residual_bias=residual_bias)
+    return triton_epilogue.conv_epilogue(y, bias, residual, layout.conv_output_strides(list(y.shape), residual),
+                                         residual_bias=residual_bias)
 
 
 def _channels_last_conv_raw(padded: Tensor, weight: Tensor) -> Tensor:
@@ -192,9 +113,9 @@ def _channels_last_conv_raw(padded: Tensor, weight: Tensor) -> Tensor:
 def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                         residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """The output is contiguous with or without a residual: ATen's conv output is, and the replaced
-    `conv + residual` add takes the layout of that first operand (`_conv_output_strides`)."""
-    out_shape = _conv_output_shape(_padded_shape(x.shape, cache, pad, mode), weight.shape)
-    return x.new_empty(out_shape), x.new_empty(_next_cache_shape(x.shape, mode))
+    `conv + residual` add takes the layout of that first operand (`layout.conv_output_strides`)."""
+    out_shape = conv_output_shape(padded_shape(x.shape, cache, pad, mode), weight.shape)
+    return x.new_empty(out_shape), x.new_empty(next_cache_shape(x.shape, mode))
 
 
 @torch.library.custom_op("rewrite::causal_conv3d", mutates_args=())
@@ -212,7 +133,7 @@ def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str,
     tensors = tuple(t for t in (x, cache, weight, bias, residual) if t is not None)
     if use_kernel("causal_conv3d", tensors, FLOAT_DTYPES) and _channels_last_conv_serves(x, cache, pad, mode, weight,
                                                                                           residual):
-        padded, next_cache = _kernels().causal_pad_channels_last(x, cache if mode != "chunk0" else None, pad)
+        padded, next_cache = triton_pad.causal_pad_channels_last(x, cache if mode != "chunk0" else None, pad)
         return _channels_last_conv(padded, weight, bias, residual), next_cache
     return causal_conv3d_reference(x, cache, pad, mode, weight, bias, residual)
 
@@ -223,19 +144,12 @@ def _(x, cache, pad, mode, weight, bias, residual):
 
 
 # ---- nearest-exact 2x spatial upsample -----------------------------------------------------------------
-def upsample_nearest2x_reference(x: Tensor, upcast: bool) -> Tensor:
-    """`interpolate(x[.float()], scale_factor=2, mode="nearest-exact")[.to(x.dtype)]` with ATen's ops."""
-    xf = aten.to.dtype(x, torch.float32) if upcast else x
-    y = aten._upsample_nearest_exact2d.vec(xf, None, [2.0, 2.0])
-    return aten.type_as.default(y, x) if upcast else y
-
-
 @torch.library.custom_op("rewrite::upsample_nearest2x", mutates_args=())
 def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
     """`interpolate(x[.float()], scale_factor=2, mode="nearest-exact")[.to(x.dtype)]` on [N, C, H, W], any strides
     (the steady graph's input is a frame-major view); the output gets the layout ATen gives it."""
     if x.dim() == 4 and use_kernel("upsample_nearest2x", (x,), FLOAT_DTYPES):
-        return _kernels().upsample_nearest2x(x, upcast)  # exactly 2x nearest-exact duplicates pixels
+        return triton_upsample.upsample_nearest2x(x, upcast)  # exactly 2x nearest-exact duplicates pixels
     return upsample_nearest2x_reference(x, upcast)
 
 
@@ -251,14 +165,6 @@ def conv_bias_is_separate(device: torch.device) -> bool:
     its cuDNN path does (CUDA, cuDNN on: `guards.cudnn_reason` keeps graphs off when it is not); CPU convs
     may fold the bias into the sum. Where it holds, a conv's bias may be deferred into a later kernel."""
     return device.type == "cuda"
-
-
-def with_deferred_bias(x: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """A conv output whose bias `add_` was deferred, completed as ATen completes it: `x.add_(bias)` on the
-    contiguous conv output (the layout ATen's conv of a contiguous input has)."""
-    if bias is None:
-        return x
-    return aten.add.Tensor(aten.contiguous.default(x), aten.view.default(bias, [-1, 1, 1, 1]))
 
 
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d", mutates_args=())
@@ -289,23 +195,18 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
     if (x.dim() == 5 and gamma.numel() == x.shape[1] and act in ("silu", None)
             and use_kernel("rms_norm_causal_conv3d", tensors, FLOAT_DTYPES)):
-        kernels = _kernels()
-        plan = kernels.norm_plan(x, upcast, reference_contiguous=x_bias is not None)
+        plan = layout.norm_plan(x, upcast, reference_contiguous=x_bias is not None)
         if (plan is not None and (act is None or selftest.silu_is_exact(x.device, x.dtype))
                 and _channels_last_conv_serves(x, cache, pad, mode, weight, residual)):
-            padded, next_cache = kernels.rms_norm_padded_channels_last(
+            padded, next_cache = triton_norm.rms_norm_padded_channels_last(
                 x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
                 cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias)
             if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
                 y = _channels_last_conv_raw(padded, weight)
                 return y.contiguous(memory_format=torch.channels_last_3d), next_cache
             return _channels_last_conv(padded, weight, bias, residual, residual_bias), next_cache
-    normalized = rms_norm(with_deferred_bias(x, x_bias), gamma, scale, norm_bias, eps, upcast, act)
-    out, next_cache = causal_conv3d(normalized, cache, pad, mode, weight, bias,
-                                    None if residual is None else with_deferred_bias(residual, residual_bias))
-    if channels_last_out:
-        out = out.contiguous(memory_format=torch.channels_last_3d)
-    return out, next_cache
+    return rms_norm_causal_conv3d_reference(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight,
+                                            bias, residual, x_bias, residual_bias, channels_last_out)
 
 
 @rms_norm_causal_conv3d.register_fake
@@ -318,13 +219,6 @@ def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bi
 
 
 # ---- nearest-exact 2x upsample feeding a conv2d (Wan's Resample) ------------------------------------------
-def _upsample_conv2d_output_shape(x_shape, weight_shape, padding: list[int]) -> list[int]:
-    """[n, c_out, h, w] of the unit-stride conv2d of the 2x-upsampled [n, c, h, w] input."""
-    n, _, h, w = x_shape
-    kh, kw = weight_shape[2:]
-    return [n, weight_shape[0], 2 * h + 2 * padding[0] - kh + 1, 2 * w + 2 * padding[1] - kw + 1]
-
-
 def _upsample_channels_last_conv_serves(x: Tensor, weight: Tensor, stride: list[int], padding: list[int]) -> bool:
     """Whether the channels-last path may serve the conv2d of the 2x-upsampled x: a unit-stride 2-D conv whose
     shape `selftest.channels_last_conv_is_exact` found equal to the NCHW conv on this device."""
@@ -338,14 +232,8 @@ def _upsample_channels_last_conv_serves(x: Tensor, weight: Tensor, stride: list[
 
 def _upsample_channels_last_conv(x: Tensor, weight: Tensor, stride: list[int], padding: list[int]) -> Tensor:
     """cuDNN's conv2d, without bias, of x upsampled 2x straight into channels-last memory, channels-last weight."""
-    return aten.conv2d.default(_kernels().upsample_nearest2x_channels_last(x),
+    return aten.conv2d.default(triton_upsample.upsample_nearest2x_channels_last(x),
                                weight.contiguous(memory_format=torch.channels_last), None, stride, padding)
-
-
-def upsample_conv2d_reference(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
-                              padding: list[int]) -> Tensor:
-    """The replaced subgraph (the weight made contiguous, as in `causal_conv3d_reference`)."""
-    return aten.conv2d.default(upsample_nearest2x(x, upcast), aten.contiguous.default(weight), bias, stride, padding)
 
 
 @torch.library.custom_op("rewrite::upsample_conv2d", mutates_args=())
@@ -358,8 +246,6 @@ def upsample_conv2d(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tens
     ATen's rounding while writing the layout the replaced conv gives. Used only where
     `selftest.channels_last_conv_is_exact` found that conv `torch.equal` to the NCHW one for this shape.
     """
-    from rewrite.ops.triton_wan import reference_layout
-
     tensors = (x, weight) if bias is None else (x, weight, bias)
     if use_kernel("upsample_conv2d", tensors, FLOAT_DTYPES) and _upsample_channels_last_conv_serves(x, weight, stride,
                                                                                                     padding):
@@ -367,24 +253,21 @@ def upsample_conv2d(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tens
                                    lambda a, wt: upsample_conv2d_reference(a, upcast, wt, None, [1, 1], padding),
                                    x, weight)
         y = _upsample_channels_last_conv(x, weight, stride, padding)
-        out = _kernels().conv_epilogue(y.unsqueeze(2), bias, None, (strides[0], strides[1], 0, *strides[2:]))
+        out = triton_epilogue.conv_epilogue(y.unsqueeze(2), bias, None, (strides[0], strides[1], 0, *strides[2:]))
         return out.squeeze(2)
     return upsample_conv2d_reference(x, upcast, weight, bias, stride, padding)
 
 
 @upsample_conv2d.register_fake
 def _(x, upcast, weight, bias, stride, padding):
-    return x.new_empty(_upsample_conv2d_output_shape(x.shape, weight.shape, padding))
+    return x.new_empty(upsample_conv2d_output_shape(x.shape, weight.shape, padding))
 
 
 # ---- temporal interleave after time_conv ----------------------------------------------------------------
 @torch.library.custom_op("rewrite::temporal_interleave", mutates_args=())
 def temporal_interleave(y: Tensor) -> Tensor:
     """[b, 2c, t, h, w] -> [b, c, 2t, h, w]: channel halves become interleaved frames (Wan's upsample3d)."""
-    b, c2, t, h, w = y.shape
-    r = aten.reshape.default(y, [b, 2, c2 // 2, t, h, w])
-    s = aten.stack.default([aten.select.int(r, 1, 0), aten.select.int(r, 1, 1)], 3)
-    return aten.reshape.default(s, [b, c2 // 2, t * 2, h, w])
+    return temporal_interleave_reference(y)
 
 
 @temporal_interleave.register_fake
@@ -400,13 +283,8 @@ def dup_up_add(main: Tensor, x: Tensor, repeats: int, unfold_shape: list[int], f
     """`main + DupUp3D(x)`: repeat channels, unfold into (t, h, w) factors, [drop the first frames,] add."""
     if (x.dim() == 5 and len(unfold_shape) == 8 and main.dtype == x.dtype
             and use_kernel("dup_up_add", (main, x), FLOAT_DTYPES)):
-        return _kernels().dup_up_add(main, x, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame)
-    d = aten.repeat_interleave.self_int(x, repeats, 1)
-    d = aten.view.default(aten.contiguous.default(aten.permute.default(
-        aten.view.default(d, unfold_shape), [0, 1, 5, 2, 6, 3, 7, 4])), fold_shape)
-    if first_frame > 0:
-        d = aten.slice.Tensor(d, 2, first_frame, END)
-    return aten.add.Tensor(main, d)
+        return triton_upsample.dup_up_add(main, x, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame)
+    return dup_up_add_reference(main, x, repeats, unfold_shape, fold_shape, first_frame)
 
 
 @dup_up_add.register_fake
@@ -415,16 +293,6 @@ def _(main, x, repeats, unfold_shape, fold_shape, first_frame):
 
 
 # ---- Wan 2.2 up block end: upsample + conv2d, then the DupUp3D shortcut added -----------------------------
-def upsample_conv2d_dup_up_add_reference(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor],
-                                         stride: list[int], padding: list[int], frames_shape: list[int], dx: Tensor,
-                                         repeats: int, unfold_shape: list[int], fold_shape: list[int],
-                                         first_frame: int) -> Tensor:
-    """`dup_up_add(permute(view(upsample_conv2d(x, ...), frames_shape), [0, 2, 1, 3, 4]), dx, ...)`."""
-    y = upsample_conv2d(x, upcast, weight, bias, stride, padding)
-    main = aten.permute.default(aten.view.default(y, frames_shape), [0, 2, 1, 3, 4])
-    return dup_up_add(main, dx, repeats, unfold_shape, fold_shape, first_frame)
-
-
 @torch.library.custom_op("rewrite::upsample_conv2d_dup_up_add", mutates_args=())
 def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
                                padding: list[int], frames_shape: list[int], dx: Tensor, repeats: int,
@@ -438,8 +306,6 @@ def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Op
     layout of the replaced add: the conv output is never stored in the reference layout and read back.
     Same conditions as the two ops' kernel paths; else the two ops run.
     """
-    from rewrite.ops.triton_wan import reference_layout
-
     tensors = tuple(t for t in (x, weight, bias, dx) if t is not None)
     if (dx.dim() == 5 and len(frames_shape) == 5 and len(unfold_shape) == 8 and dx.dtype == x.dtype
             and int(frames_shape[0]) * int(frames_shape[1]) == x.shape[0]
@@ -449,40 +315,30 @@ def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Op
         strides = reference_layout(
             ("upsample_conv2d_dup_up_add", upcast, tuple(padding), repeats, first_frame),
             lambda a, wt, d: upsample_conv2d_dup_up_add_reference(
-                a, upcast, wt, None, [1, 1], padding, [b, t, *_upsample_conv2d_output_shape(a.shape, wt.shape, padding)[1:]],
+                a, upcast, wt, None, [1, 1], padding, [b, t, *upsample_conv2d_output_shape(a.shape, wt.shape, padding)[1:]],
                 d, repeats, unfold_shape, fold_shape, first_frame),
             x, weight, dx)
         y = _upsample_channels_last_conv(x, weight, stride, padding)
         y5 = y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
-        return _kernels().conv_epilogue(y5, bias, None, strides,
-                                        dup_up=(dx, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame))
+        return triton_epilogue.conv_epilogue(y5, bias, None, strides,
+                                             dup_up=(dx, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame))
     return upsample_conv2d_dup_up_add_reference(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats,
                                                 unfold_shape, fold_shape, first_frame)
 
 
 @upsample_conv2d_dup_up_add.register_fake
 def _(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats, unfold_shape, fold_shape, first_frame):
-    _, c_out, h, w = _upsample_conv2d_output_shape(x.shape, weight.shape, padding)
+    _, c_out, h, w = upsample_conv2d_output_shape(x.shape, weight.shape, padding)
     b, t = frames_shape[0], frames_shape[1]
     return x.new_empty((b, t, c_out, h, w)).permute(0, 2, 1, 3, 4)  # as dup_up_add's fake: main's layout
 
 
 # ---- 1x1x1 conv of a frame-major input (Wan 2.2's resnet shortcuts) -----------------------------------------
-def _frame_major(x: Tensor) -> bool:
-    """x is 5-D with [b, t, c, h, w] memory (what the up blocks' 2-D upsampler convs leave behind)."""
-    return x.dim() == 5 and x.permute(0, 2, 1, 3, 4).is_contiguous()
-
-
-def pointwise_conv3d_reference(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """The replaced ops: `conv3d(pad(x, zeros), weight, bias)` (a causal conv whose pad is all zeros)."""
-    return aten.conv3d.default(aten.pad.default(x, [0] * 6), weight, bias)
-
-
 def _empty_pointwise_output(x: Tensor, weight: Tensor) -> Tensor:
     """An empty [b, c_out, t, h, w] output in the layout `pointwise_conv3d` promises: frame-major for a
     frame-major x, else contiguous (the reference conv's)."""
     b, _, t, h, w = x.shape
-    if _frame_major(x):
+    if frame_major(x):
         return x.new_empty((b, t, weight.shape[0], h, w)).permute(0, 2, 1, 3, 4)
     return x.new_empty((b, weight.shape[0], t, h, w))
 
@@ -501,14 +357,14 @@ def pointwise_conv3d(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tenso
     b, c_in, t, h, w = x.shape
     c_out = weight.shape[0]
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    frame_major = _frame_major(x)
-    if (frame_major and x.is_cuda and use_kernel("pointwise_conv3d", tensors, FLOAT_DTYPES)
+    is_frame_major = frame_major(x)
+    if (is_frame_major and x.is_cuda and use_kernel("pointwise_conv3d", tensors, FLOAT_DTYPES)
             and selftest.frame_conv_is_exact(tuple(x.shape), tuple(weight.shape), x.dtype, x.device)):
         frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c_in, h, w)  # a view of frame-major memory
         y = aten.conv2d.default(frames, weight.reshape(c_out, c_in, 1, 1), bias)
         return y.view(b, t, c_out, h, w).permute(0, 2, 1, 3, 4)
     y = pointwise_conv3d_reference(x, weight, bias)
-    return _empty_pointwise_output(x, weight).copy_(y) if frame_major else y
+    return _empty_pointwise_output(x, weight).copy_(y) if is_frame_major else y
 
 
 @pointwise_conv3d.register_fake
