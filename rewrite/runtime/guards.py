@@ -27,10 +27,14 @@ def autograd_reason(module: nn.Module, *inputs: torch.Tensor) -> str | None:
     if not torch.is_grad_enabled():
         return None
     if any(t.requires_grad for t in inputs):
-        return "autograd enabled and the latents require grad (wrap the decode in torch.no_grad())"
+        return f"autograd enabled and the latents require grad ({_FOR_THE_GRAPHS})"
     if any(p.requires_grad for p in module.parameters()):
-        return "autograd enabled and the decoder parameters require grad (wrap the decode in torch.no_grad())"
+        return f"autograd enabled and the decoder parameters require grad ({_FOR_THE_GRAPHS})"
     return None
+
+
+_FOR_THE_GRAPHS = ("for the graphs, decode under torch.no_grad() or torch.inference_mode(), or call "
+                   "vae.requires_grad_(False)")
 
 
 def hook_reason(region: nn.Module, region_name: str, allowed_forward: object = None,
