@@ -1,6 +1,8 @@
 """`rewrite-demo`: optimize a random-init Wan decoder and show that it decodes bit for bit like diffusers.
 
-Runs on a CPU in under a minute with the default tiny configuration; nothing is downloaded.
+Runs on a CPU in under a minute with the default tiny configuration; nothing is downloaded. The models and
+their seeded builds come from `rewrite.supported` (the reference and the optimized decoder get the same
+weights). Bad arguments stop with the usage before anything is built.
 """
 
 from __future__ import annotations
@@ -12,39 +14,67 @@ import time
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rewrite import supported
+
+
+def _latent_size(text: str) -> tuple[int, int] | None:
+    """``"8x8"`` -> ``(8, 8)``; None unless two positive integers."""
+    try:
+        height, width = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        return None
+    return (height, width) if height > 0 and width > 0 else None
+
+
+def _device_error(text: str) -> str | None:
+    """Why ``--device text`` cannot run here, or None."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        return f"--device {text!r} is not a device (e.g. cpu, cuda, cuda:1)"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"--device {text}: CUDA is not available on this machine (use --device cpu)"
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+    return None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from rewrite.levels import LEVELS
-    from rewrite.models.wan import SIZES, WAN_VERSIONS
 
     parser = argparse.ArgumentParser(prog="rewrite-demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=WAN_VERSIONS, default="wan2.1")
-    parser.add_argument("--config", choices=SIZES, default="tiny", help="model size (default: tiny)")
+    parser.add_argument("--model", choices=[m.name for m in supported.MODELS if m.family == "wan"], default="wan2.1")
+    parser.add_argument("--config", choices=supported.CONFIGS, default="tiny", help="model size (default: tiny)")
     parser.add_argument("--level", choices=LEVELS, default="lossless")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--frames", type=int, default=5, help="latent frames (default 5)")
-    parser.add_argument("--latent-size", default="8x8", help="latent HxW (default 8x8)")
+    parser.add_argument("--dtype", choices=sorted(supported.DTYPES), default="float32")
+    parser.add_argument("--frames", type=int, default=5, help="latent frames, >= 1 (default 5)")
+    parser.add_argument("--latent-size", default="8x8", help="latent HxW, both >= 1 (default 8x8)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.frames < 1:
+        parser.error(f"--frames must be at least 1 latent frame, got {args.frames}")
+    size = _latent_size(args.latent_size)
+    if size is None:
+        parser.error(f"--latent-size must be two positive integers like 8x8, got {args.latent_size!r}")
+    args.height, args.width = size
+    error = _device_error(args.device)
+    if error:
+        parser.error(error)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     from rewrite import optimize, report
-    from rewrite.models.wan import build_wan
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    try:
-        height, width = (int(v) for v in args.latent_size.lower().split("x"))
-    except ValueError:
-        print(f"rewrite-demo: --latent-size must look like 8x8, got {args.latent_size!r}", file=sys.stderr)
-        return 2
-    dtype, device = DTYPES[args.dtype], torch.device(args.device)
-    reference = build_wan(args.model, args.config).to(device=device, dtype=dtype)
-    optimized = optimize(build_wan(args.model, args.config).to(device=device, dtype=dtype), level=args.level)
-    z = torch.randn(1, reference.config.z_dim, args.frames, height, width, generator=torch.Generator().manual_seed(0))
+    dtype, device = supported.DTYPES[args.dtype], torch.device(args.device)
+    model = supported.get(args.model)
+    reference = model.build(args.config, device=device, dtype=dtype)
+    optimized = optimize(model.build(args.config, device=device, dtype=dtype), level=args.level)
+    z = torch.randn(1, reference.config.z_dim, args.frames, args.height, args.width,
+                    generator=torch.Generator().manual_seed(0))
     z = z.to(device=device, dtype=dtype)
     with torch.no_grad():
         start = time.perf_counter()
