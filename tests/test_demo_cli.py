@@ -41,3 +41,16 @@ def test_a_tiny_run_is_bit_identical_and_prints_no_diffusers_warning(capfd):
     assert "bit-identical to diffusers: True" in out and "; last call: graphs" in out
     assert "latents (1, 4, 2, 4, 4) -> video (1, 3, 5, 32, 32)" in out
     assert "should be kept in float32" not in out + err
+
+
+def test_a_run_the_graphs_did_not_serve_fails(monkeypatch, capfd):
+    """A fallback decode is bit-identical too: the demo must not report it as a success."""
+    def failing_capture(*args, **kwargs):
+        raise RuntimeError("no capture in this test")
+
+    monkeypatch.setattr("rewrite.runtime.wan.capture_wan_decoder", failing_capture)
+    assert demo.main(["--frames", "2", "--latent-size", "4x4"]) == 1
+    out = capfd.readouterr().out
+    assert "bit-identical to diffusers: True" in out
+    assert "the optimized module did not decode through its graphs: capture failed" in out
+    assert "no capture in this test" in out
