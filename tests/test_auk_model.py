@@ -329,3 +329,73 @@ def test_config_comes_from_metadata_or_argument(tmp_path):
     assert load_checkpoint(bare, config=TINY).config == TINY
     with pytest.raises(ValueError, match="expected shape"):  # the default (full-size) config does not fit
         load_checkpoint(bare)
+
+
+# ------------------------------------------------------------------------------ bad checkpoint files
+
+
+def test_a_torch_pickle_is_refused_as_not_safetensors(tmp_path):
+    path = tmp_path / "auk.pt"
+    torch.save(random_weight_normed_state(), path)
+    with pytest.raises(ValueError, match=r"is not a safetensors file \(it looks like a torch pickle"):
+        load_checkpoint(path)
+
+
+def test_a_directory_or_a_missing_file_is_named(tmp_path):
+    with pytest.raises(ValueError, match="is a directory; expected a .safetensors file"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_checkpoint(tmp_path / "missing.safetensors")
+
+
+def test_malformed_config_metadata_names_the_file_and_key(tmp_path):
+    path = tmp_path / "auk.safetensors"
+    save_file(random_weight_normed_state(), str(path), metadata={"config": "{not json"})
+    with pytest.raises(ValueError, match=r"auk.safetensors: its 'config' metadata is not valid JSON"):
+        load_checkpoint(path)
+    save_file(random_weight_normed_state(), str(path), metadata={"config": "[1, 2]"})
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted header"])
+def test_a_damaged_file_is_named(tmp_path, damage):
+    path = write(tmp_path / "auk.safetensors", random_weight_normed_state())
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        path.write_bytes(data[:8] + b"#" * 16 + data[24:])
+    with pytest.raises(ValueError, match="auk.safetensors"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0])
+def test_a_non_positive_latent_variance_is_refused_naming_the_key(tmp_path, value):
+    state = random_weight_normed_state()
+    state["global_log_std"] = state["global_log_std"].clone()
+    state["global_log_std"][3] = value
+    with pytest.raises(ValueError, match="key 'global_log_std' must be positive"):
+        load_checkpoint(write(tmp_path / "auk.safetensors", state))
+
+
+def test_dtype_by_name_and_bad_dtype_or_device(tmp_path):
+    path = write(tmp_path / "auk.safetensors", random_weight_normed_state())
+    assert load_checkpoint(path, dtype="bfloat16").decoder.conv_pre.weight.dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        load_checkpoint(path, dtype="float64x")
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        load_checkpoint(path, dtype=torch.int32)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            load_checkpoint(path, device="cuda")
+    with pytest.raises(ValueError, match="device"):
+        load_checkpoint(path, device="gpu0")
+
+
+def test_the_plain_model_streams_one_piece():
+    model = randomized(dtype=torch.float32)
+    z = latents(3, dtype=torch.float32)
+    with torch.no_grad():
+        pieces = list(model.decode_tiles(z))
+        assert len(pieces) == 1 and pieces[0][0] == 0 and torch.equal(pieces[0][1], model.decode(z))

@@ -356,6 +356,12 @@ class AuKVAE(nn.Module):
         """Same as `decode`."""
         return self.decode(z)
 
+    def decode_tiles(self, z: torch.Tensor):
+        """Streaming decode: yields ``(first_frame, waveform)`` pieces in order. This plain model decodes the
+        whole clip as one piece starting at frame 0; an optimized model (`rewrite.optimize`) yields one
+        piece per tiled window as each finishes."""
+        yield 0, self.decode(z)
+
     def pad_latent(self) -> torch.Tensor:
         """The normalised latent ``[latent_dim]`` that denormalises to raw zero: ``-mean / sqrt(var)``."""
         return -self.global_mean / self.global_log_std.sqrt()
@@ -592,10 +598,15 @@ def load_checkpoint(
     """
     from safetensors.torch import load_file
 
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    device, dtype = _checked_device(device), _checked_dtype(dtype)
+    path = _checked_file(path)
     model = _meta_model(_resolve_config(_read_metadata(path), config, path))
     layout = _layout_of(model)
-    tensors = load_file(str(path), device=str(device))
+    try:
+        tensors = load_file(str(path), device=str(device))
+    except Exception as error:  # safetensors' own errors name neither the file nor the problem plainly
+        raise ValueError(f"checkpoint {path}: cannot read its tensors (truncated or corrupted file?): "
+                         f"{type(error).__name__}: {error}") from error
     _validate_tensors(tensors, layout, path)
     unused = sorted(set(tensors) - set(layout))
     _log_unused(unused, path)
@@ -605,17 +616,67 @@ def load_checkpoint(
     return model.eval()
 
 
-def _read_metadata(path: str | Path) -> dict[str, str]:
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _checked_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A floating torch dtype, or its name ("float32", "bfloat16", "float16")."""
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype or one of {sorted(_DTYPES)}; got {dtype!r}")
+    return dtype
+
+
+def _checked_device(device: torch.device | str | None) -> torch.device:
+    try:
+        device = torch.device(device) if device is not None else torch.device("cpu")
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device: {error}") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} requested but CUDA is not available here "
+                         "(torch.cuda.is_available() is False)")
+    return device
+
+
+def _checked_file(path: str | Path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"checkpoint {path} is a directory; expected a .safetensors file")
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path}: no such file")
+    with path.open("rb") as handle:
+        head = handle.read(8)
+    header_bytes = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if header_bytes <= 0 or header_bytes > path.stat().st_size - 8:
+        kind = " (it looks like a torch pickle or zip archive)" if head[:2] in (b"PK", b"\x80\x02") else ""
+        raise ValueError(f"checkpoint {path} is not a safetensors file{kind}: load_checkpoint reads safetensors "
+                         "only, never pickles")
+    return path
+
+
+def _read_metadata(path: Path) -> dict[str, str]:
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as handle:
-        return handle.metadata() or {}
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return handle.metadata() or {}
+    except Exception as error:
+        raise ValueError(f"checkpoint {path}: cannot read its safetensors header (truncated or corrupted file?): "
+                         f"{type(error).__name__}: {error}") from error
 
 
 def _resolve_config(metadata: Mapping[str, str], config: AuKConfig | None, path: str | Path) -> AuKConfig:
     if CONFIG_METADATA_KEY not in metadata:
         return config if config is not None else AuKConfig()
-    stored = AuKConfig.from_dict(json.loads(metadata[CONFIG_METADATA_KEY]))
+    try:
+        values = json.loads(metadata[CONFIG_METADATA_KEY])
+    except json.JSONDecodeError as error:
+        raise ValueError(f"checkpoint {path}: its {CONFIG_METADATA_KEY!r} metadata is not valid JSON: {error}") from error
+    if not isinstance(values, dict):
+        raise ValueError(f"checkpoint {path}: its {CONFIG_METADATA_KEY!r} metadata must be a JSON object, "
+                         f"got {type(values).__name__}")
+    stored = AuKConfig.from_dict(values)
     if config is not None and config != stored:
         raise ValueError(f"checkpoint {path}: the config argument {config} differs from the stored config {stored}")
     return stored
@@ -635,6 +696,10 @@ def _validate_tensors(tensors: Mapping[str, torch.Tensor], layout: Mapping[str, 
             )
         if not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"checkpoint {path}: key {key!r} holds non-finite values (inf or nan)")
+    variance = tensors.get("global_log_std")
+    if variance is not None and not bool((variance > 0).all()):
+        raise ValueError(f"checkpoint {path}: key 'global_log_std' must be positive (it is the latent variance; "
+                         f"decode takes its square root); its minimum is {variance.min().item()}")
 
 
 def _log_unused(unused: list[str], path: str | Path) -> None:

@@ -88,12 +88,15 @@ class WanRunner(DecoderRunner):
     def cuda_graph_counts(self) -> dict[str, int]:
         return {"CUDA graph shapes": len(self.cuda_graphs)} if self.cuda_graphs.captures else {}
 
+    @torch.no_grad()  # captures for no-grad decodes, whatever the caller's grad mode
     def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, shapes=None) -> WarmupResult:
         """Capture the graphs for `dtype`/`device` and, on CUDA, the chunk-0/steady CUDA graphs of the latent
         sizes `shapes`, a list of `(latent_height, latent_width)` pairs; each is served by decoding a two-frame
         zero latent (chunk 0 and one steady step) of that size. Without `shapes` only the step graphs are
         captured (each size's CUDA graphs then come with its first decode; the result says so)."""
         pairs = _latent_sizes(shapes)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"warmup: batch must be a positive int, got {batch!r}")
         start = time.perf_counter()
         if not pairs:
             x = torch.zeros(batch, self.z_dim, 1, 1, 1, device=device, dtype=dtype)
@@ -107,8 +110,7 @@ class WanRunner(DecoderRunner):
             return WarmupResult([], time.perf_counter() - start, note)
         for height, width in pairs:
             z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
-            with torch.no_grad():
-                self.vae._decode(z)
+            self.vae._decode(z)
             if self.fallbacks.last_path != "graphs":
                 raise RuntimeError(f"warmup: the graphs cannot serve {tuple(z.shape)} {dtype} on {device}: "
                                    f"{self.fallbacks.last_reason}")
