@@ -49,7 +49,7 @@ ints = ("C", "O", "T", "dilation", "c_blocks", "ksize", "splits", "split_iters",
         "w_in_stride", "w_tap_stride", "res_batch_stride", "res_row_stride", "out_batch_stride", "out_row_stride",
         "out_split_stride", "limit_ptr", "limit_scale", "limit_extra")
 flags = ("HAS_BIAS", "HAS_RES", "PRECISION", "BLOCK_O", "BLOCK_T", "BLOCK_C")
-for _, ((block_o, block_t, block_c, warps, stages), _splits) in triton_conv1d._CONFIGS:
+for (block_o, block_t, block_c, warps, stages) in (config.tile for config in triton_conv1d._CONFIGS):
     for dtype, precision in (("fp32", "tf32"), ("bf16", "ieee")):
         signature = {**{p: "*" + dtype for p in pointers}, **{i: "i32" for i in ints}, **{f: "constexpr" for f in flags}}
         signature["limit_ptr"] = "*i32"

@@ -21,6 +21,7 @@ import torch
 from rewrite.ops import aten_reduction, layout, triton_epilogue, triton_norm, triton_pad, triton_upsample, wan_reference
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
+from rewrite.ops.triton_launch import FlatBlock
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -336,7 +337,7 @@ def test_upsample_conv2d_is_bit_identical_on_this_gpu(dtype, shape):
                                                          ((1, 200, 1, 3, 5), [0, 0, 0, 0, 0, 0], 2, "steady_t1"),
                                                          ((1, 128, 3, 3, 5), [1, 1, 1, 1, 0, 0], 2, "steady")])
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major", "channels_last_deferred_bias"))
-@pytest.mark.parametrize("rest_block", [None, (32, 1)], ids=("default_block", "rows_in_32_value_blocks"))
+@pytest.mark.parametrize("rest_block", [None, FlatBlock(values=32, warps=1)], ids=("default_block", "rows_in_32_value_blocks"))
 @pytest.mark.parametrize("cache_layout", ("contiguous", "channels_last"))
 def test_norm_written_into_the_padded_conv_input_is_exact(monkeypatch, shape, pad, cache_frames, mode, layout,
                                                           rest_block, cache_layout):

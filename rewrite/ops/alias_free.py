@@ -96,7 +96,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rewrite.ops import compile_ahead, dispatch, triton_conv1d, valid_length
+from rewrite.ops import dispatch, triton_conv1d, triton_launch, valid_length
 from rewrite.ops.alias_free_geometry import DOWN_PAD, FILTER_TAPS, RESAMPLE_RATIO, SNAKE_EPS, UP_CROP, UP_PAD
 from rewrite.ops.dispatch import INTERPRETING, get_backend, set_backend, use_backend
 
@@ -546,7 +546,7 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
         raise ValueError(f"alias_free_snake: a channels-last output needs BLOCK_R={block_r} to divide C={channels}")
     t_blocks = triton.cdiv(length, block_t - HALO)
     grid = (triton.cdiv(rows, block_r) * t_blocks,)
-    compile_ahead.launch(
+    triton_launch.launch(
         _alias_free_snake_kernel, grid,
         x, x if x_bias is None else x_bias.reshape(-1).contiguous(), alpha.reshape(-1).contiguous(),
         beta.reshape(-1).contiguous(), taps.reshape(-1).contiguous(), out,
@@ -555,6 +555,6 @@ def run_triton_kernel(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logs
         LOGSCALE=logscale, HAS_X_BIAS=x_bias is not None, BLOCK_R=block_r, BLOCK_T=block_t, HALO_T=HALO,
         ZEROS_BLOCK=max(MIN_ZEROS_BLOCK, triton.next_power_of_2(left_zeros)) if left_zeros else 0,
         OUT_CHANNELS_LAST=channels_last_out,
-        ROUND_TF32=round_tf32, num_warps=num_warps,
+        ROUND_TF32=round_tf32, num_warps=num_warps, exact=False,
     )
     return out

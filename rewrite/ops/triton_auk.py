@@ -36,7 +36,7 @@ chain around them:
   ``sinf`` is libdevice's ``__nv_sinf``, which is what nvcc links for ``::sin(float)``; it runs with
   libdevice's flush-to-zero reflection off (``enable_reflect_ftz=False``, nvcc's default, which PyTorch
   builds with), and every launch has ``enable_fp_fusion=False`` so ``u + inv_b * sq`` (fp32) is never
-  contracted into an FMA. Rounding fp32 to fp16/bf16 is round-to-nearest-even, as ``__float2half`` /
+  contracted into an FMA (both flags are `rewrite.ops.triton_launch.launch`'s for exact kernels). Rounding fp32 to fp16/bf16 is round-to-nearest-even, as ``__float2half`` /
   ``__float2bfloat16`` (`rewrite.ops.triton_math.round_to`).
 
 Exactness: exact: bit-identical on CUDA for fp32, fp16 and bf16 (``torch.equal`` with the reference, NaN
@@ -62,8 +62,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rewrite.ops import compile_ahead
 from rewrite.ops.dispatch import triton
+from rewrite.ops.triton_launch import launch
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_CHOICES = (256, 512, 1024, 2048)  # columns per program
@@ -117,22 +117,6 @@ if triton is not None:
         tl.store(out_ptr + row.to(tl.int64) * L_OUT + j, _snake(up, a, inv_b, RATIO), mask=mask)
 
 
-def _launch_options() -> dict:
-    """No FMA contraction; libdevice without flush-to-zero (nvcc's default) where this Triton has the knob."""
-    options = {"enable_fp_fusion": False}
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-
-        if "enable_reflect_ftz" in CUDAOptions.__dataclass_fields__:
-            options["enable_reflect_ftz"] = False
-    except Exception:  # pragma: no cover - a Triton without the NVIDIA backend (the interpreter needs none)
-        pass
-    return options
-
-
-_OPTIONS: dict | None = None
-
-
 def _block(length: int) -> int:
     """Columns per program: the least padded work (each program costs its block plus an overhead), ties to
     the larger block; a short row gets one block of the next power of two."""
@@ -143,16 +127,12 @@ def _block(length: int) -> int:
 
 def _launch(kernel, rows: int, length: int, *args, **constexprs) -> None:
     """1-D grid over (row, column block) for rows of `length` output columns; one warp per 256 columns."""
-    global _OPTIONS
     if rows == 0 or length == 0:
         return
-    if _OPTIONS is None:
-        _OPTIONS = _launch_options()
     block = _block(length)
     col_blocks = triton.cdiv(length, block)
     num_warps = max(1, block // 256)
-    compile_ahead.launch(kernel, (rows * col_blocks,), *args, col_blocks, BLOCK=block, num_warps=num_warps, **_OPTIONS,
-                         **constexprs)
+    launch(kernel, (rows * col_blocks,), *args, col_blocks, BLOCK=block, num_warps=num_warps, **constexprs)
 
 
 def _check(t: Tensor, name: str) -> None:

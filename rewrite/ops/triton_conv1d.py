@@ -24,7 +24,8 @@ sample the same way. Weights are read through their strides: pass ``packed.permu
 contiguous ``[O, K, C]`` copy (`pack_weight`, or kept between calls by `PackedWeightCache`) for contiguous
 weight tiles.
 
-Exactness: ``tolerance`` (level ``channels_last`` only). With ``precision="tf32"`` (when
+Exactness: ``tolerance`` (level ``channels_last`` only; launched with the tolerance flags of
+`rewrite.ops.triton_launch.launch`). With ``precision="tf32"`` (when
 ``torch.backends.cudnn.allow_tf32`` is on, PyTorch's default for convolutions) the products are TF32 like
 cuDNN's, summed in fp32 in another order; bias and residual are added to the fp32 accumulator (one
 rounding less than conv-then-add). fp16/bf16 inputs multiply exactly, accumulate in fp32 and round once.
@@ -42,15 +43,17 @@ fp32 (with it off, cuDNN's exact fp32 conv is the faster one).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import operator
 import weakref
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from rewrite.ops import compile_ahead, valid_length
+from rewrite.ops.triton_launch import launch
 
 try:  # Triton is optional: without it the callers keep ATen's conv.
     import triton
@@ -94,22 +97,27 @@ def unsupported_reason(weight: Tensor, dtype: torch.dtype) -> Optional[str]:
     return None
 
 
+class ConvShapes(NamedTuple):
+    """Undilated convs with `smallest` to `largest` input channels (None: no bound) and `min_ksize` taps or more."""
+
+    smallest: int
+    largest: Optional[int]
+    min_ksize: int
+
+    def holds(self, in_channels: int, ksize: int) -> bool:
+        return (in_channels >= self.smallest and (self.largest is None or in_channels <= self.largest)
+                and ksize >= self.min_ksize)
+
+
 # Undilated convs where cuDNN's conv (with its transposes, its bias and residual pass, and the cheaper NCL
 # activation before it) measured faster than this kernel (with its weight packing and the channels-last
-# activation) on an H200, fp32/TF32, AuK shapes at 320 and 640 frames: (smallest C, largest C, smallest K).
-# C = 384, K = 7 / 11: 81 / 102 us against 89 / 123 (320 frames); C = 768, K = 11: 139 against 146; C = 96,
-# K = 7 / 11, op with its activation: 84 / 94 against 102 / 127 (an older probe, the configs of that time).
-# Everywhere else this kernel won: dilated convs by up to 1.5x (C = 384, K = 11, d = 5: 115 against 176 us),
-# C = 768 K = 7 undilated 92 against 104, C = 192 K = 7 undilated 81 against 91 (K = 11: 116 against 111 at
-# 320 frames but 212 against 229 at 640, kept here).
-_CUDNN_FASTER_UNDILATED = ((96, 191, 7), (256, 767, 7), (768, None, 11))
+# activation); H200 measurements: docs/tuning_ops.md, "AuK Triton conv1d".
+_CUDNN_FASTER_UNDILATED = (ConvShapes(96, 191, 7), ConvShapes(256, 767, 7), ConvShapes(768, None, 11))
 
 
 def aten_is_faster(in_channels: int, ksize: int, dilation: int) -> bool:
     """Whether cuDNN's conv measured faster for this shape (`_CUDNN_FASTER_UNDILATED`): undilated convs only."""
-    return dilation == 1 and any(
-        in_channels >= smallest and (largest is None or in_channels <= largest) and ksize >= min_k
-        for smallest, largest, min_k in _CUDNN_FASTER_UNDILATED)
+    return dilation == 1 and any(shapes.holds(in_channels, ksize) for shapes in _CUDNN_FASTER_UNDILATED)
 
 
 def chosen(weight: Tensor, dtype: torch.dtype, dilation: int) -> bool:
@@ -126,10 +134,8 @@ def pack_weight(weight: Tensor, out: Optional[Tensor] = None) -> Tensor:
     packed = weight.new_empty((out_channels, ksize, channels)) if out is None else out
     total = packed.numel()
     if total:
-        compile_ahead.launch(
-            _pack_kernel, (triton.cdiv(total, PACK_BLOCK),),
-            weight.contiguous(), packed, channels, ksize, total,
-            ROUND_TF32=rounds_to_tf32(weight.dtype), BLOCK=PACK_BLOCK)
+        launch(_pack_kernel, (triton.cdiv(total, PACK_BLOCK),), weight.contiguous(), packed, channels, ksize, total,
+               ROUND_TF32=rounds_to_tf32(weight.dtype), BLOCK=PACK_BLOCK, exact=False)
     return packed.permute(0, 2, 1)
 
 
@@ -146,11 +152,10 @@ class PackedWeightCache:
     weights (weak references)."""
 
     def __init__(self) -> None:
-        # id(weight) -> [weak reference, data_ptr, version, tf32, packed contiguous [O, K, C]]
-        self._entries: dict[int, list] = {}
-        # what the last `refresh` left, as parallel lists (weak references, versions, data pointers, TF32 flag),
-        # so that the next one compares them in C-level loops; None after any change to the entries
-        self._clean: Optional[tuple] = None
+        self._entries: dict[int, _Packed] = {}  # by id(weight)
+        # what the last `refresh` left, so that the next one compares it in C-level loops; None after any change
+        # to the entries
+        self._clean: Optional[_Refreshed] = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -166,10 +171,11 @@ class PackedWeightCache:
             return pack_weight(weight)
         state = (version, rounds_to_tf32(weight.dtype))
         entry = self._entries.get(id(weight))
-        same_buffer = entry is not None and entry[0]() is weight and entry[1] == weight.data_ptr() \
-            and entry[4].dtype == weight.dtype and entry[4].shape == (weight.shape[0], weight.shape[2], weight.shape[1])
-        if same_buffer and (entry[2], entry[3]) == state:
-            return entry[4].permute(0, 2, 1)
+        same_buffer = entry is not None and entry.ref() is weight and entry.data_ptr == weight.data_ptr() \
+            and entry.packed.dtype == weight.dtype \
+            and entry.packed.shape == (weight.shape[0], weight.shape[2], weight.shape[1])
+        if same_buffer and entry.state() == state:
+            return entry.packed.permute(0, 2, 1)
         if not may_pack:
             return pack_weight(weight)
         self._clean = None
@@ -177,8 +183,8 @@ class PackedWeightCache:
             return _repack(entry, weight, state)
         packed = pack_weight(weight)
         key = id(weight)
-        self._entries[key] = [weakref.ref(weight, lambda _, key=key: self._forget(key)),
-                              weight.data_ptr(), *state, packed.permute(0, 2, 1)]
+        self._entries[key] = _Packed(weakref.ref(weight, lambda _, key=key: self._forget(key)), weight.data_ptr(),
+                                     *state, packed.permute(0, 2, 1))
         return packed
 
     def _forget(self, key: int) -> None:
@@ -189,12 +195,12 @@ class PackedWeightCache:
         """No entry changed since the last `refresh` (four C-level passes over the entries: it runs before
         every replay, and the Python loop of `refresh` cost ~90 us on the GPU machine's host)."""
         clean = self._clean
-        if clean is None or rounds_to_tf32(torch.float32) != clean[3]:
+        if clean is None or rounds_to_tf32(torch.float32) != clean.tf32:
             return False
-        weights = [ref() for ref in clean[0]]
+        weights = [ref() for ref in clean.refs]
         return (not any(map(operator.is_, weights, itertools.repeat(None)))
-                and list(map(operator.attrgetter("_version"), weights)) == clean[1]
-                and list(map(Tensor.data_ptr, weights)) == clean[2])
+                and list(map(operator.attrgetter("_version"), weights)) == clean.versions
+                and list(map(Tensor.data_ptr, weights)) == clean.data_ptrs)
 
     def refresh(self) -> int:
         """Re-pack, in place, every entry whose weight changed (version counter or TF32 setting) since it was
@@ -205,25 +211,48 @@ class PackedWeightCache:
         repacked = 0
         rounding = {dtype: rounds_to_tf32(dtype) for dtype in SUPPORTED_DTYPES}  # the global flag read once
         for key, entry in list(self._entries.items()):
-            weight = entry[0]()
-            if weight is None or weight.data_ptr() != entry[1] or weight.dtype != entry[4].dtype:
+            weight = entry.ref()
+            if weight is None or weight.data_ptr() != entry.data_ptr or weight.dtype != entry.packed.dtype:
                 self._entries.pop(key, None)
                 continue
             state = (_version(weight), rounding.get(weight.dtype, False))
-            if (entry[2], entry[3]) != state:
+            if entry.state() != state:
                 _repack(entry, weight, state)
                 repacked += 1
         entries = list(self._entries.values())
-        self._clean = ([e[0] for e in entries], [e[2] for e in entries], [e[1] for e in entries],
-                       rounding[torch.float32])
+        self._clean = _Refreshed([e.ref for e in entries], [e.version for e in entries],
+                                 [e.data_ptr for e in entries], rounding[torch.float32])
         return repacked
 
 
-def _repack(entry: list, weight: Tensor, state: tuple[int, bool]) -> Tensor:
+@dataclasses.dataclass(slots=True)
+class _Packed:
+    """A `PackedWeightCache` entry: the weight (weakly), the storage and state it was packed from, the buffer."""
+
+    ref: weakref.ref
+    data_ptr: int
+    version: int
+    tf32: bool
+    packed: Tensor  # contiguous [O, K, C]
+
+    def state(self) -> tuple[int, bool]:
+        return self.version, self.tf32
+
+
+class _Refreshed(NamedTuple):
+    """What a `PackedWeightCache.refresh` left, as parallel lists over the entries (C-level comparisons)."""
+
+    refs: list
+    versions: list
+    data_ptrs: list
+    tf32: bool
+
+
+def _repack(entry: _Packed, weight: Tensor, state: tuple[int, bool]) -> Tensor:
     """Pack `weight` into its cache entry's buffer, record `state` (version, TF32); the ``[O, C, K]`` view."""
-    pack_weight(weight, entry[4])
-    entry[2:4] = state
-    return entry[4].permute(0, 2, 1)
+    pack_weight(weight, entry.packed)
+    entry.version, entry.tf32 = state
+    return entry.packed.permute(0, 2, 1)
 
 
 def _version(weight: Tensor) -> Optional[int]:
@@ -261,38 +290,53 @@ PACK_BLOCK = 1024
 SUM_BLOCK = 1024
 
 
-# Launch configurations: ((smallest O, smallest K), ((BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages),
-# splits)), the first that fits. The fastest of sweeps on an H200 (fp32/TF32, the AuK convs at 320 and 640
-# frames, whose O equals C; 11 tile shapes x 1-4 splits for C >= 192). A split conv runs its reduction in
-# `splits` contiguous slices of the (tap, channel block) loop, each program writing an fp32 partial, and one
-# more kernel sums the partials in slice order and adds bias and residual: three times the programs for the
-# large-C convs whose output tiles would not fill the GPU (C = 768, T = 1600: 78 tiles of 128 x 256 for 132
-# SMs). Measured: C = 768 K = 11 d = 5, 214 us unsplit (128 x 128 tiles) -> 142 us; C = 384 K = 11 d = 5,
-# 143 -> 115 us; C = 192 K = 3, 64 x 64 tiles, 53 -> 41 us.
+class ConvTile(NamedTuple):
+    """The conv kernel's tile: BLOCK_O output channels x BLOCK_T positions, BLOCK_C input channels per step."""
+
+    block_o: int
+    block_t: int
+    block_c: int
+    num_warps: int
+    num_stages: int
+
+
+class ConvConfig(NamedTuple):
+    """The launch of the convs with at least `min_out_channels` outputs and `min_ksize` taps: `tile`, and the
+    reduction in `splits` contiguous slices of the (tap, channel block) loop (1: no partials)."""
+
+    min_out_channels: int
+    min_ksize: int
+    tile: ConvTile
+    splits: int
+
+
+# The first config that fits; from H200 sweeps (docs/tuning_ops.md, "AuK Triton conv1d"). A split conv has each
+# program write an fp32 partial and one more kernel sum them in slice order, adding bias and residual: more
+# programs for the large-C convs whose output tiles would not fill the GPU.
 _CONFIGS = (
-    ((512, 1), ((128, 256, 32, 8, 3), 3)),
-    ((256, 7), ((128, 256, 32, 8, 3), 3)),
-    ((128, 1), ((64, 64, 64, 4, 3), 1)),
-    ((64, 1), ((128, 64, 32, 4, 3), 1)),
-    ((40, 1), ((64, 128, 32, 4, 3), 1)),
-    ((0, 1), ((32, 128, 32, 4, 3), 1)),
+    ConvConfig(512, 1, ConvTile(128, 256, 32, 8, 3), splits=3),
+    ConvConfig(256, 7, ConvTile(128, 256, 32, 8, 3), splits=3),
+    ConvConfig(128, 1, ConvTile(64, 64, 64, 4, 3), splits=1),
+    ConvConfig(64, 1, ConvTile(128, 64, 32, 4, 3), splits=1),
+    ConvConfig(40, 1, ConvTile(64, 128, 32, 4, 3), splits=1),
+    ConvConfig(0, 1, ConvTile(32, 128, 32, 4, 3), splits=1),
 )
 
 
-def _config(out_channels: int, ksize: int) -> tuple[tuple[int, int, int, int, int], int]:
-    return next(entry for (smallest_o, smallest_k), entry in _CONFIGS
-                if out_channels >= smallest_o and ksize >= smallest_k)
+def _config(out_channels: int, ksize: int) -> ConvConfig:
+    return next(config for config in _CONFIGS if out_channels >= config.min_out_channels and ksize >= config.min_ksize)
 
 
-def launch_config(out_channels: int, ksize: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) for a conv with `out_channels` outputs, `ksize` taps."""
-    return _config(out_channels, ksize)[0]
+def launch_config(out_channels: int, ksize: int) -> ConvTile:
+    """The tile (BLOCK_O, BLOCK_T, BLOCK_C, num_warps, num_stages) for a conv with `out_channels` outputs, `ksize`
+    taps."""
+    return _config(out_channels, ksize).tile
 
 
 def reduction_splits(out_channels: int, ksize: int) -> int:
     """How many slices the reduction of a conv with `out_channels` outputs and `ksize` taps runs in. A function
     of the weight's shape only, so every window, batch and clip length sums a sample in the same order."""
-    return _config(out_channels, ksize)[1]
+    return _config(out_channels, ksize).splits
 
 
 DILATION_ARG = 8  # position of `dilation` in _conv1d_kernel's signature
@@ -394,7 +438,7 @@ if triton is not None:
 
 
 def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilation: int,
-                  residual: Optional[Tensor] = None, config: Optional[tuple[int, int, int, int, int]] = None,
+                  residual: Optional[Tensor] = None, config: Optional[ConvTile] = None,
                   splits: Optional[int] = None) -> Tensor:
     """``conv1d(padded.transpose(1, 2), weight, bias, dilation=dilation) (+ residual)`` by the Triton kernel
     (module docstring); ``padded`` ``[B, left + T, C]`` already holds the causal zero pad. Returns a new
@@ -430,7 +474,7 @@ def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilati
     res_strides = residual.stride()[:2] if residual is not None else (0, 0)
     fused = splits == 1
     grid = (triton.cdiv(length, block_t), triton.cdiv(out_channels, block_o), batch * splits)
-    compile_ahead.launch(
+    launch(
         _conv1d_kernel, grid,
         padded, weight, bias if bias is not None else weight, residual if residual is not None else out, target,
         channels, out_channels, length, dilation, c_blocks, ksize, splits, split_iters,
@@ -438,13 +482,13 @@ def causal_conv1d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], dilati
         *valid_length.kernel_args(length, padded.device),
         HAS_BIAS=fused and bias is not None, HAS_RES=fused and residual is not None,
         PRECISION=precision(padded.dtype),
-        BLOCK_O=block_o, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_O=block_o, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps, num_stages=num_stages, exact=False,
     )
     if not fused:
         total = out.numel()
-        compile_ahead.launch(
+        launch(
             _sum_splits_kernel, (triton.cdiv(total, SUM_BLOCK),),
             target, bias if bias is not None else weight, residual if residual is not None else out, out,
             out_channels, length, total, splits, *res_strides,
-            HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK=SUM_BLOCK)
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK=SUM_BLOCK, exact=False)
     return out

@@ -13,12 +13,14 @@ without its bias:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from rewrite.ops.dispatch import triton
 from rewrite.ops.layout import planes_contiguous, reference_layout, run_stride
-from rewrite.ops.triton_launch import BLOCK, channel_block, launch_flat, plane_grid
+from rewrite.ops.triton_launch import BLOCK, Tile, launch, launch_flat, plane_grid
 
 if triton is not None:
     import triton.language as tl
@@ -104,17 +106,28 @@ if triton is not None:
         tl.store(out_ptr + (b * so0 + c * so1 + t * so2) + s, _round(acc + r.to(tl.float32), dtype), mask=mask)
 
 
-EPILOGUE_TILE = (128, 64, 8)
-DUP_UP_EPILOGUE_TILE = (128, 64, 8)  # with the DupUp3D gather
+# Tiles of the conv epilogue (H200 sweep: docs/tuning_ops.md, "Channels-last data movement")
+EPILOGUE_TILE = Tile(positions=128, channels=64, warps=8)
+DUP_UP_EPILOGUE_TILE = Tile(positions=128, channels=64, warps=8)  # with the DupUp3D gather
+
+
+class DupUp(NamedTuple):
+    """Wan 2.2's DupUp3D shortcut of `x` as `conv_epilogue`'s residual: x's channels repeated `repeats` times,
+    unfolded into (`factor_t`, `factor_s`, `factor_s`) steps of (t, h, w), its first `first_frame` frames dropped."""
+
+    x: Tensor
+    repeats: int
+    factor_t: int
+    factor_s: int
+    first_frame: int
 
 
 def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_strides: tuple[int, ...],
-                  dup_up: tuple[Tensor, int, int, int, int] | None = None,
+                  dup_up: DupUp | None = None,
                   residual_bias: Tensor | None = None) -> Tensor:
     """`y.add_(bias) [+ residual]` with ATen's roundings into a new tensor of `out_strides` (y is a conv
-    output without its bias, any layout whose (h, w) positions form one strided run). `dup_up` =
-    (x, repeats, factor_t, factor_s, first_frame) adds `DupUp3D(x)[:, :, first_frame:]` as the residual
-    (`dup_up_add`'s gather; not with `residual`). `residual_bias`: the residual is a conv output without its
+    output without its bias, any layout whose (h, w) positions form one strided run). `dup_up` adds
+    `DupUp3D(x)[:, :, first_frame:]` as the residual (`DupUp`; `dup_up_add`'s gather; not with `residual`). `residual_bias`: the residual is a conv output without its
     bias, added first (`residual.add_(residual_bias)`'s rounding)."""
     if residual is not None and dup_up is not None:
         raise ValueError("conv_epilogue: a residual or a DupUp3D shortcut, not both")
@@ -128,16 +141,16 @@ def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_s
     dup, repeats, factor_t, factor_s, first = dup_up if dup_up is not None else (out, 1, 1, 1, 0)
     b, c, t, h, w = y.shape
     if out.numel():
-        block_s, block_c, warps = EPILOGUE_TILE if dup_up is None else DUP_UP_EPILOGUE_TILE
-        block_c = channel_block(c, block_c)
-        grid = (b * t, triton.cdiv(h * w, block_s), triton.cdiv(c, block_c))
-        _conv_epilogue_kernel[grid](y, y if bias is None else bias, res, res if residual_bias is None else residual_bias,
-                                    dup, out, c, t, h * w, w,
-                                    *y.stride()[:3], runs[0], *res.stride()[:3], runs[1], *dup.stride(),
-                                    *out.stride()[:3], runs[2], first, REPEATS=repeats, FT=factor_t, FS=factor_s,
-                                    HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-                                    HAS_RES_BIAS=residual_bias is not None, HAS_DUP=dup_up is not None,
-                                    BLOCK_S=block_s, BLOCK_C=block_c, enable_fp_fusion=False, num_warps=warps)
+        tile = EPILOGUE_TILE if dup_up is None else DUP_UP_EPILOGUE_TILE
+        block_c = tile.block_channels(c)
+        grid = (b * t, triton.cdiv(h * w, tile.positions), triton.cdiv(c, block_c))
+        launch(_conv_epilogue_kernel, grid, y, y if bias is None else bias, res,
+               res if residual_bias is None else residual_bias, dup, out, c, t, h * w, w,
+               *y.stride()[:3], runs[0], *res.stride()[:3], runs[1], *dup.stride(),
+               *out.stride()[:3], runs[2], first, REPEATS=repeats, FT=factor_t, FS=factor_s,
+               HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+               HAS_RES_BIAS=residual_bias is not None, HAS_DUP=dup_up is not None,
+               BLOCK_S=tile.positions, BLOCK_C=block_c, num_warps=tile.warps)
     return out
 
 
@@ -147,10 +160,10 @@ def bias_residual(y: Tensor, bias: Tensor | None, residual: Tensor) -> Tensor:
     out = torch.empty_strided(y.shape, strides, dtype=y.dtype, device=y.device)
     b, c, t, h, w = y.shape
     if out.numel() and planes_contiguous(y, residual, out):
-        _bias_residual_plane_kernel[plane_grid(b, c, t, h * w)](
-            y, y if bias is None else bias, residual, out, c, t, h * w, *y.stride()[:3], *residual.stride()[:3],
-            *out.stride()[:3], HAS_BIAS=bias is not None, BLOCK=BLOCK, enable_fp_fusion=False)
+        launch(_bias_residual_plane_kernel, plane_grid(b, c, t, h * w),
+               y, y if bias is None else bias, residual, out, c, t, h * w, *y.stride()[:3], *residual.stride()[:3],
+               *out.stride()[:3], HAS_BIAS=bias is not None, BLOCK=BLOCK)
     else:
         launch_flat(_bias_residual_kernel, out.numel(), y, y if bias is None else bias, residual, out, out.numel(),
-                c, t, h, w, *y.stride(), *residual.stride(), *out.stride(), HAS_BIAS=bias is not None)
+                    c, t, h, w, *y.stride(), *residual.stride(), *out.stride(), HAS_BIAS=bias is not None)
     return out

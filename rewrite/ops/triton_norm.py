@@ -13,7 +13,8 @@
 Rounding rules kept: every value ATen materializes in the activation dtype is rounded to that dtype here too
 (fp32 math in between, as ATen's opmath), divisions are IEEE (`div_rn`), no FMA contraction, `+ 0.0` is kept
 (it turns -0 into +0), scalars are rounded to fp32 as ATen's CUDA kernels do, and exp is libdevice's `expf`
-(what ATen's CUDA SiLU calls). Under `TRITON_INTERPRET=1` exp is numpy's, so SiLU is then only close.
+(what ATen's CUDA SiLU calls); every launch has the exact flags of `rewrite.ops.triton_launch.launch`. Under
+`TRITON_INTERPRET=1` exp is numpy's, so SiLU is then only close.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import Tensor
 from rewrite.ops import layout
 from rewrite.ops.dispatch import triton
 from rewrite.ops.layout import as5d, norm_threads, planes_contiguous, reference_layout, run_stride
-from rewrite.ops.triton_launch import BLOCK, launch_flat, plane_grid
+from rewrite.ops.triton_launch import BLOCK, launch, launch_flat, plane_grid
 from rewrite.ops.triton_pad import causal_pad_rest_channels_last
 from rewrite.ops.wan_reference import rms_norm_reference
 
@@ -260,17 +261,12 @@ if triton is not None:
         tl.store(out_ptr + i, _round(tl.math.div_rn(y, 1.0 + _exp(-y)), x.dtype), mask=mask)
 
 
-NORM_TILE = 1024  # accumulator values per program of the fused norm (8 fp32 registers a thread at 4 warps;
-# H200 sweep, bf16: 367 against 421 us at 2048 for 96 channels x 4 x 480 x 832, 187 against 229 for 192 x 4 x 240 x 416)
+# Tiling of the fused norm (H200 sweeps: docs/tuning_ops.md, "Fused RMS norm")
+NORM_TILE = 1024  # accumulator values per program of the fused norm (8 fp32 registers a thread at 4 warps)
 NORM_WARPS = 4
-NORM_UNROLL = 2  # channel groups loaded per step of the first pass (H200, bf16, norm into the padded input:
-# 860 against 884 us for 256 x 4 x 360 x 640, 494 against 510 for 512 x 4 x 180 x 320, 989 against 1020 for
-# 1024 x 4 x 180 x 320; 1 and 4 within 1% of each other)
+NORM_UNROLL = 2  # channel groups loaded per step of the first pass
 NORM_WARPS_WIDE = 8  # 256 channels and more over large planes
 NORM_STORE_CHANNELS = 64  # channels per step of the second pass where the channel count is a multiple
-# H200 sweep, bf16, norm into the padded input: 919 against 960 us for 256 x 4 x 360 x 640, 526 against 554 for
-# 512 x 4 x 180 x 320, 1059 against 1133 for 1024 x 4 x 180 x 320 (2 blocks), 257 against 304 for 1024 x 2 x 90 x 160
-# (10 blocks, 64 pixels), 83 against 134 for 1024 x 45 x 80 (16 blocks, 16 pixels); ATen's norm + pad: 2010, 317, 364
 
 
 def _pixels_block(threads: int, pixels: int, ctas: int = 1) -> int:
@@ -303,8 +299,8 @@ def channel_norm(x: Tensor, split: int, ctas: int = 1) -> Tensor:
     constexprs = _norm_constexprs(split, ctas, c, h * w)
     if norm.numel():
         constexprs.pop("GROUP")
-        _channel_norm_kernel[(b * t, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
-            x5, norm, c, t, h * w, *x5.stride()[:3], **constexprs, enable_fp_fusion=False)
+        launch(_channel_norm_kernel, (b * t, triton.cdiv(h * w, constexprs["BLOCK_P"])),
+               x5, norm, c, t, h * w, *x5.stride()[:3], **constexprs)
     return norm.view([b, 1, *x.shape[2:]])
 
 
@@ -322,9 +318,9 @@ def rms_norm_fused(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: flo
         raise ValueError("rms_norm_fused: x and the output need contiguous (h, w) planes")
     constexprs = _norm_constexprs(split, ctas, c, h * w)
     if out.numel():
-        _rms_norm_fused_kernel[(b * t, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
-            x5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias), float(eps),
-            UPCAST=upcast, SILU=silu, **constexprs, enable_fp_fusion=False, num_warps=_norm_warps(c, h * w))
+        launch(_rms_norm_fused_kernel, (b * t, triton.cdiv(h * w, constexprs["BLOCK_P"])),
+               x5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias), float(eps),
+               UPCAST=upcast, SILU=silu, **constexprs, num_warps=_norm_warps(c, h * w))
     return out
 
 
@@ -345,12 +341,12 @@ def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, up
     x5, o5, n5 = as5d(x), as5d(out), as5d(norm)
     b, c, t, h, w = x5.shape
     if out.numel() and planes_contiguous(x5, o5):
-        _rms_norm_plane_kernel[plane_grid(b, c, t, h * w)](
-            x5, n5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias),
-            float(eps), UPCAST=upcast, SILU=silu_here, BLOCK=BLOCK, enable_fp_fusion=False)
+        launch(_rms_norm_plane_kernel, plane_grid(b, c, t, h * w),
+               x5, n5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias),
+               float(eps), UPCAST=upcast, SILU=silu_here, BLOCK=BLOCK)
     else:
         launch_flat(_rms_norm_epilogue_kernel, out.numel(), x5, n5, gamma, o5, out.numel(), c, t, h, w,
-                *x5.stride(), *o5.stride(), float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu_here)
+                    *x5.stride(), *o5.stride(), float(scale), float(bias), float(eps), UPCAST=upcast, SILU=silu_here)
     if act == "silu" and not fused_silu:
         out = torch.nn.functional.silu(out)
     return out
@@ -383,9 +379,8 @@ def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: 
     tc = 0 if cache is None else cache.shape[2]
     _, _, frames_out, rows_out, columns_out = out.shape
     constexprs = _norm_constexprs(split, ctas, c, h * w)
-    _rms_norm_padded_kernel[(b * tx, triton.cdiv(h * w, constexprs["BLOCK_P"]))](
-        x, x if x_bias is None else x_bias, gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], pixel_stride,
-        frames_out, rows_out, columns_out, tl_ + tc, hl, wl, tx - 2, float(scale), float(bias), float(eps),
-        UPCAST=upcast, SILU=silu, HAS_XBIAS=x_bias is not None, **constexprs, enable_fp_fusion=False,
-        num_warps=_norm_warps(c, h * w))
+    launch(_rms_norm_padded_kernel, (b * tx, triton.cdiv(h * w, constexprs["BLOCK_P"])),
+           x, x if x_bias is None else x_bias, gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], pixel_stride,
+           frames_out, rows_out, columns_out, tl_ + tc, hl, wl, tx - 2, float(scale), float(bias), float(eps),
+           UPCAST=upcast, SILU=silu, HAS_XBIAS=x_bias is not None, **constexprs, num_warps=_norm_warps(c, h * w))
     return out, next_cache

@@ -6,7 +6,8 @@
 - `causal_pad_rest_channels_last`: what the fused norm (`rewrite.ops.triton_norm.rms_norm_padded_channels_last`)
   leaves of that input: the cache frames, the zero pad and their next-cache rows.
 
-Pure data movement (the bits of x and the cache are copied), so exact on every device and dtype.
+Pure data movement (the bits of x and the cache are copied), so exact on every device and dtype; launched
+with the exact flags all the same (`rewrite.ops.triton_launch.launch`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from rewrite.ops.dispatch import triton
-from rewrite.ops.triton_launch import channel_block
+from rewrite.ops.triton_launch import FlatBlock, Tile, launch
 
 PAD_TILE = 4096  # elements per program of the causal pad kernel (rows x columns, both powers of two)
 
@@ -153,18 +154,15 @@ def causal_pad(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
         rows_per_program = max(1, PAD_TILE // block_w)
         h_blocks = triton.cdiv(rows_out, rows_per_program)
         grid = (b * c * frames_out * h_blocks, triton.cdiv(columns_out, block_w))
-        _causal_pad_kernel[grid](x, source, out, c, frames_out, rows_out, columns_out, tc, tx, h, w, tl_, hl, wl,
-                                 h_blocks, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
-                                 ROWS=rows_per_program, BLOCK_W=block_w, num_warps=4)
+        launch(_causal_pad_kernel, grid, x, source, out, c, frames_out, rows_out, columns_out, tc, tx, h, w, tl_, hl,
+               wl, h_blocks, *x.stride(), *source.stride(), HAS_CACHE=cache is not None, ROWS=rows_per_program,
+               BLOCK_W=block_w, num_warps=4)
     return out
 
 
-# Tiles of the channels-last data-movement kernels: (positions along w or (h, w), channels, warps); channels
-# 0 means `_channel_block`. From an H200 sweep (bf16, Wan 2.1 480p shapes): the pad kernel with 96 channels
-# 540 -> 356 us as one 128-channel block at 8 warps (192 and 384 channels: 64 at 4 warps is as good), the
-# epilogue 242 -> 227 us at (128, 64, 8), the upsample within 3% of its best at (64, 0, 4).
-PAD_CL_TILE = (64, 0, 4)
-PAD_CL_TILE_FEW_CHANNELS = (64, 128, 8)  # up to 128 channels: all in one block
+# Tiles of the channels-last pad kernel (H200 sweep: docs/tuning_ops.md, "Channels-last data movement")
+PAD_CL_TILE = Tile(positions=64, channels=0, warps=4)
+PAD_CL_TILE_FEW_CHANNELS = Tile(positions=64, channels=128, warps=8)  # up to 128 channels: all in one block
 
 
 def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
@@ -180,7 +178,7 @@ def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tu
     return out, next_cache
 
 
-PAD_REST_BLOCK = (8192, 8)  # values per program, warps: `_causal_pad_rest_cl_kernel`
+PAD_REST_BLOCK = FlatBlock(values=8192, warps=8)  # `_causal_pad_rest_cl_kernel`
 
 
 def causal_pad_rest_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
@@ -197,18 +195,18 @@ def causal_pad_rest_channels_last(x: Tensor, cache: Tensor | None, pad: list[int
     _, _, frames_out, rows_out, columns_out = out.shape
     if out.numel():
         row = columns_out * c
-        block, warps = PAD_REST_BLOCK
-        _causal_pad_rest_cl_kernel[(b * frames_out * rows_out, triton.cdiv(row, block))](
-            source, out, next_cache, frames_out, rows_out, h, tc, tl_, hl, tc + tx, row, wl * c, (wl + w) * c,
-            source.stride(0), source.stride(2), source.stride(3), HAS_CACHE=cache is not None, BLOCK=block,
-            num_warps=warps)
+        block = PAD_REST_BLOCK
+        launch(_causal_pad_rest_cl_kernel, (b * frames_out * rows_out, triton.cdiv(row, block.values)),
+               source, out, next_cache, frames_out, rows_out, h, tc, tl_, hl, tc + tx, row, wl * c, (wl + w) * c,
+               source.stride(0), source.stride(2), source.stride(3), HAS_CACHE=cache is not None, BLOCK=block.values,
+               num_warps=block.warps)
     return out, next_cache
 
 
 def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
     """(`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`), its last two frames before the right pad without the
     spatial pad) written in one pass, both channels-last (NDHWC memory). The second is the next chunk's cache
-    in every mode of `rewrite.ops.wan.next_cache_reference` (its values; its layout is channels-last)."""
+    in every mode of `rewrite.ops.wan_reference.next_cache_reference` (its values; its layout is channels-last)."""
     wl, _, hl, _, tl_, _ = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
@@ -216,11 +214,11 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) ->
     source = x if cache is None else cache
     _, _, frames_out, rows_out, columns_out = out.shape
     if out.numel():
-        block_w, block_c, warps = PAD_CL_TILE_FEW_CHANNELS if c <= PAD_CL_TILE_FEW_CHANNELS[1] else PAD_CL_TILE
-        block_c = channel_block(c, block_c)
-        grid = (b * frames_out * rows_out, triton.cdiv(columns_out, block_w), triton.cdiv(c, block_c))
-        _causal_pad_cl_kernel[grid](x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h, w, tl_,
-                                    hl, wl, tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
-                                    BLOCK_W=block_w, BLOCK_C=block_c, num_warps=warps)
+        tile = PAD_CL_TILE_FEW_CHANNELS if c <= PAD_CL_TILE_FEW_CHANNELS.channels else PAD_CL_TILE
+        block_c = tile.block_channels(c)
+        grid = (b * frames_out * rows_out, triton.cdiv(columns_out, tile.positions), triton.cdiv(c, block_c))
+        launch(_causal_pad_cl_kernel, grid, x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h,
+               w, tl_, hl, wl, tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
+               BLOCK_W=tile.positions, BLOCK_C=block_c, num_warps=tile.warps)
     return out, next_cache
 

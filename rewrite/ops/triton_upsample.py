@@ -6,7 +6,8 @@
 - `dup_up_add`: `main + DupUp3D(x)[:, :, first_frame:]`, the shortcut gathered from x in one pass
   (`rewrite::dup_up_add`; the fused form is `rewrite.ops.triton_epilogue.conv_epilogue`'s `dup_up`).
 
-Data movement, and one add with ATen's rounding: exact on every device and dtype.
+Data movement, and one add with ATen's rounding: exact on every device and dtype (launched with the exact
+flags of `rewrite.ops.triton_launch.launch`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from rewrite.ops.dispatch import triton
 from rewrite.ops.layout import reference_layout
-from rewrite.ops.triton_launch import channel_block, launch_flat
+from rewrite.ops.triton_launch import Tile, launch, launch_flat
 from rewrite.ops.wan_reference import upsample_nearest2x_reference
 
 if triton is not None:
@@ -65,7 +66,8 @@ if triton is not None:
         tl.store(out_ptr + b * so0 + c * so1 + t * so2 + h * so3 + w * so4, out, mask=mask)
 
 
-UPSAMPLE_CL_TILE = (64, 0, 4)
+# The channels-last upsample tile (H200 sweep: docs/tuning_ops.md, "Channels-last data movement")
+UPSAMPLE_CL_TILE = Tile(positions=64, channels=0, warps=4)
 
 
 def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
@@ -82,11 +84,11 @@ def upsample_nearest2x_channels_last(x: Tensor) -> Tensor:
     n, c, h, w = x.shape
     out = torch.empty((n, c, 2 * h, 2 * w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if out.numel():
-        block_w, block_c, warps = UPSAMPLE_CL_TILE
-        block_c = channel_block(c, block_c)
-        grid = (n * 2 * h, triton.cdiv(2 * w, block_w), triton.cdiv(c, block_c))
-        _upsample2x_cl_kernel[grid](x, out, c, 2 * h, 2 * w, *x.stride(), BLOCK_W=block_w, BLOCK_C=block_c,
-                                    num_warps=warps)
+        tile = UPSAMPLE_CL_TILE
+        block_c = tile.block_channels(c)
+        grid = (n * 2 * h, triton.cdiv(2 * w, tile.positions), triton.cdiv(c, block_c))
+        launch(_upsample2x_cl_kernel, grid, x, out, c, 2 * h, 2 * w, *x.stride(), BLOCK_W=tile.positions,
+               BLOCK_C=block_c, num_warps=tile.warps)
     return out
 
 
@@ -96,5 +98,5 @@ def dup_up_add(main: Tensor, x: Tensor, repeats: int, factor_t: int, factor_s: i
     out = torch.empty_strided(main.shape, strides, dtype=main.dtype, device=main.device)
     b, c, t, h, w = main.shape
     launch_flat(_dup_up_add_kernel, out.numel(), main, x, out, out.numel(), c, t, h, w, repeats, factor_t, factor_s,
-            first_frame, *main.stride(), *x.stride(), *out.stride())
+                first_frame, *main.stride(), *x.stride(), *out.stride())
     return out

@@ -320,8 +320,8 @@ def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Op
             x, weight, dx)
         y = _upsample_channels_last_conv(x, weight, stride, padding)
         y5 = y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
-        return triton_epilogue.conv_epilogue(y5, bias, None, strides,
-                                             dup_up=(dx, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame))
+        dup_up = triton_epilogue.DupUp(dx, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame)
+        return triton_epilogue.conv_epilogue(y5, bias, None, strides, dup_up=dup_up)
     return upsample_conv2d_dup_up_add_reference(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats,
                                                 unfold_shape, fold_shape, first_frame)
 
