@@ -20,7 +20,7 @@ COMPILE_ALIAS_FREE = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from rewrite.ops import alias_free
+from rewrite.ops import triton_alias_free
 
 pointers = ("x_ptr", "x_bias_ptr", "alpha_ptr", "beta_ptr", "taps_ptr", "out_ptr")
 ints = ("rows", "channels", "T", "t_blocks", "x_row_stride", "out_row_stride", "out_offset", "limit_ptr", "limit_scale",
@@ -32,7 +32,7 @@ for dtype, has_bias, zeros, last in (("fp32", True, 16, True), ("fp32", False, 0
     signature["limit_ptr"] = "*i32"
     constants = {"LOGSCALE": True, "HAS_X_BIAS": has_bias, "BLOCK_R": 4, "BLOCK_T": 64, "HALO_T": 8, "ZEROS_BLOCK": zeros,
                  "OUT_CHANNELS_LAST": last, "ROUND_TF32": last and dtype == "fp32"}
-    kernel = triton.compile(ASTSource(alias_free._alias_free_snake_kernel, signature, constexprs=constants),
+    kernel = triton.compile(ASTSource(triton_alias_free._alias_free_snake_kernel, signature, constexprs=constants),
                             target=GPUTarget("cuda", 90, 32))
     assert kernel.asm["cubin"], (dtype, has_bias, zeros, last)
 print("compiled")

@@ -164,13 +164,13 @@ def test_launch_configs_cover_every_channel_count():
 def test_the_unspecialized_arguments_are_the_dilation_and_the_limit():
     import inspect
 
-    from rewrite.ops import alias_free
+    from rewrite.ops import triton_alias_free
 
     kernel = triton_conv1d._conv1d_kernel
     names = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
     assert names[triton_conv1d.DILATION_ARG] == "dilation"
     assert names[triton_conv1d.LIMIT_ARGS : triton_conv1d.LIMIT_ARGS + 2] == ["limit_scale", "limit_extra"]
-    kernel = alias_free._alias_free_snake_kernel
+    kernel = triton_alias_free._alias_free_snake_kernel
     names = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
     assert names[14:16] == ["limit_scale", "limit_extra"]
 

@@ -12,8 +12,8 @@ contiguous ``[B, O, T]``: every dense conv of the AuK decoder at level ``channel
 output channel).
 
 Why: cuDNN runs these NCHW fp32 convs as NHWC kernels behind a transpose of the input and of the filter
-on every call and one of the output (2.2 of 11.9 ms of a 320-frame decode on an H200), and picks its
-algorithm by shape, so a window of a tiled decode and the whole clip differ in their last bits. Here the
+on every call and one of the output (docs/tuning_ops.md, "AuK Triton conv1d"), and picks its algorithm by
+shape, so a window of a tiled decode and the whole clip differ in their last bits. Here the
 activation writes the input channels-last, so an input tile ``[channels, positions]`` of one tap is
 contiguous along the reduction (what the tensor cores read without a transpose), the output comes out in
 the layout the next activation reads, and bias and residual are added in the epilogue. The reduction for
@@ -30,10 +30,8 @@ Exactness: ``tolerance`` (level ``channels_last`` only; launched with the tolera
 cuDNN's, summed in fp32 in another order; bias and residual are added to the fp32 accumulator (one
 rounding less than conv-then-add). fp16/bf16 inputs multiply exactly, accumulate in fp32 and round once.
 The tensor cores truncate fp32 operands to TF32, so the caller rounds them to nearest first (the activation
-kernel's ``round_tf32``, `pack_weight`). On an H200 with truncated operands the error against an fp64 conv
-was up to 7.3e-4 of the output's max where cuDNN's TF32 was 2.8e-4 (AuK shapes, random weights), and the
-decode's SNR fell to 67.6 dB; with rounded operands the full decode is as close to eager as with cuDNN's
-convs (SNR 71.9 dB for both, seeded weights; `rewrite-bench --model auk`).
+kernel's ``round_tf32``, `pack_weight`): then the full decode is as close to eager as with cuDNN's convs
+(measured: docs/tuning_ops.md, "AuK Triton conv1d").
 
 Preconditions (`unsupported_reason`): Triton, one floating dtype for all tensors, ``padded`` contiguous,
 ``O >= 16`` (a smaller output wastes a tensor-core tile: the caller keeps ATen's conv), TF32 allowed for
@@ -141,7 +139,7 @@ def pack_weight(weight: Tensor, out: Optional[Tensor] = None) -> Tensor:
 
 class PackedWeightCache:
     """Packed copies of conv weights (`pack_weight`) kept between calls, for a runner whose CUDA graphs read them
-    instead of repacking on every replay (88 pack kernels, 0.5 ms of a 320-frame AuK decode on an H200).
+    instead of repacking on every replay (docs/tuning_ops.md, "Packed weights").
 
     `lookup(weight)` packs a weight the first time and again when it changed: another storage, shape or dtype
     (a new buffer), or a bumped version counter, which every in-place update through the tensor bumps
@@ -193,7 +191,7 @@ class PackedWeightCache:
 
     def _unchanged_since_refresh(self) -> bool:
         """No entry changed since the last `refresh` (four C-level passes over the entries: it runs before
-        every replay, and the Python loop of `refresh` cost ~90 us on the GPU machine's host)."""
+        every replay, where the Python loop of `refresh` costs too much host time: docs/tuning_ops.md)."""
         clean = self._clean
         if clean is None or rounds_to_tf32(torch.float32) != clean.tf32:
             return False
