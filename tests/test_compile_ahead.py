@@ -70,7 +70,7 @@ def test_a_failed_compile_is_logged_and_a_body_error_propagates(fake_triton, mon
     with pytest.raises(ValueError, match="graph broke"):
         with compile_ahead.compile_ahead():
             raise ValueError("graph broke")
-    assert not compile_ahead._active and fake_triton.instances[-1].exited
+    assert not compile_ahead.active() and fake_triton.instances[-1].exited
 
 
 def test_inactive_without_async_compilation(monkeypatch):

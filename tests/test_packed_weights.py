@@ -11,7 +11,7 @@ import gc
 import pytest
 import torch
 
-from rewrite.ops import alias_free, compile_ahead, triton_conv1d
+from rewrite.ops import alias_free, compile_ahead, run_context, triton_conv1d
 from rewrite.ops.triton_conv1d import PackedWeightCache, pack_weight, packed_weight, packed_weight_cache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -90,13 +90,14 @@ def test_inference_tensors_have_no_version_counter_and_are_packed_every_call(pac
     assert len(cache) == 0 and len(pack_calls) == 2
 
 
-def test_packed_weight_uses_the_active_cache_only_outside_compile_ahead(pack_calls, monkeypatch):
+def test_packed_weight_uses_the_active_cache_only_outside_compile_ahead(pack_calls):
     cache, w = PackedWeightCache(), weight(16, 8, 3)
     packed_weight(w)
     assert len(cache) == 0  # no cache active: plain packing
     with packed_weight_cache(cache):
         packed_weight(w)
         packed_weight(w)
-        monkeypatch.setattr(compile_ahead, "_active", True)  # a compile-ahead pass: its pack kernels never run
-        packed_weight(weight(16, 8, 3))
+        with run_context.using(compile_ahead=True):  # a compile-ahead pass: its pack kernels never run
+            assert compile_ahead.active()
+            packed_weight(weight(16, 8, 3))
     assert len(cache) == 1 and len(pack_calls) == 3

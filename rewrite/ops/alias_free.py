@@ -23,8 +23,8 @@ CPU tests: fp32 within 16 eps32 * max|y| and relative L2 1e-6 of the eager modul
 (``tests/test_alias_free_op.py`` says why); fp16/bf16: fp32 math on the rounded inputs, one rounding at the
 end. Measured accuracy and cost on the GPU: docs/tuning_ops.md, "AuK alias-free activation".
 
-Dispatch: the Triton kernel runs only when `triton_unsupported_reason` returns None and the backend switch
-of `rewrite.ops.dispatch` (``use_backend``/``set_backend``, re-exported here) is not
+Dispatch: the Triton kernel runs only when `triton_unsupported_reason` returns None and the backend of the
+run context (`rewrite.ops.dispatch`: ``use_backend``/``set_backend``, re-exported here) is not
 ``"reference"``: Triton importable, ``x`` a CUDA tensor (or a CPU tensor while the Triton interpreter is on,
 ``TRITON_INTERPRET=1`` set before import, and the backend is forced to ``"triton"``: an ``"auto"`` CPU call
 never takes the slow interpreter), fp32/fp16/bf16, a ``[B, C, T]`` (copied first unless its rows are
@@ -48,10 +48,11 @@ the residual add pass. Without the kernel it runs the separate reference ops.
 Where `rewrite.ops.triton_conv1d.chosen` picks it (16+ output channels, not one of the convs where cuDNN
 measured faster), the conv is not ATen's: the activation kernel writes ``[B, left + T, C]`` (channels-last)
 rounded to TF32 (fp32 with TF32 allowed) and the Triton implicit-GEMM conv reads it, with the weights
-repacked ``[O, K, C]`` (and TF32-rounded) per call, or taken from the runner's
-`rewrite.ops.triton_conv1d.PackedWeightCache` when one is active, adding bias and residual in its epilogue
-(``tolerance``: TF32 products as cuDNN's, another summation order; see that module). The switch
-``TRITON_CONV`` (module attribute) turns this off for probes and tests.
+repacked ``[O, K, C]`` (and TF32-rounded) per call, or taken from the run context's
+`rewrite.ops.triton_conv1d.PackedWeightCache` when one is set, adding bias and residual in its epilogue
+(``tolerance``: TF32 products as cuDNN's, another summation order; see that module). The run context's
+``triton_conv1d`` setting (``rewrite.ops.run_context.using(triton_conv1d=False)``) turns this off for probes
+and tests.
 
 Ops know nothing of graphs, patterns or the API.
 """
@@ -63,7 +64,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import dispatch, triton_conv1d, triton_epilogue
+from rewrite.ops import dispatch, run_context, triton_conv1d, triton_epilogue
 from rewrite.ops.alias_free_reference import (alias_free_snake_causal_conv1d_reference, alias_free_snake_reference,
                                               validate)
 from rewrite.ops.dispatch import INTERPRETING, get_backend, set_backend, use_backend
@@ -83,9 +84,6 @@ __all__ = [
     "triton_unsupported_reason",
     "use_backend",
 ]
-# The fused op's conv: the channels-last Triton conv where `triton_conv1d.chosen` says so, else ATen's (a
-# module switch for probes and tests).
-TRITON_CONV = True
 
 
 # ---- dispatch ---------------------------------------------------------------------------------------------
@@ -173,7 +171,7 @@ def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, res
         return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation,
                                                         residual, x_bias)
     left = dilation[0] * (weight.shape[-1] - 1)
-    if TRITON_CONV and triton_conv1d.chosen(weight, x.dtype, dilation[0]):
+    if run_context.current().triton_conv1d and triton_conv1d.chosen(weight, x.dtype, dilation[0]):
         padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias,
                                    channels_last_out=True, round_tf32=triton_conv1d.rounds_to_tf32(x.dtype))
         return triton_conv1d.causal_conv1d(padded, triton_conv1d.packed_weight(weight), bias, dilation[0], residual)

@@ -9,9 +9,10 @@ graph once inside the context (the outputs of those kernels are left uninitializ
 nothing useful) and then for real. The compilers (LLVM, ptxas) release the GIL, so threads scale with the
 cores.
 
-Kernels launched directly rather than through `launch` compile and run as usual inside the context.
-Without Triton's ``AsyncCompileMode`` (older Triton), under the interpreter, or off CUDA, the context does
-nothing and says so (it yields False).
+Every kernel of `rewrite.ops` is launched through `launch` (by `rewrite.ops.triton_launch.launch`). The pass
+is a setting of the run context (`rewrite.ops.run_context`), so it covers the launches of the thread that
+entered it only. Without Triton's ``AsyncCompileMode`` (older Triton), under the interpreter, or off CUDA,
+the context does nothing and says so (it yields False).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Optional
 
+from rewrite.ops import run_context
 from rewrite.ops.dispatch import INTERPRETING, triton
 
 try:
@@ -33,8 +35,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["active", "available", "compile_ahead", "launch"]
 
-_active = False
-
 
 def available() -> bool:
     """Whether `compile_ahead` can compile in parallel here (Triton with AsyncCompileMode, not interpreting)."""
@@ -42,13 +42,13 @@ def available() -> bool:
 
 
 def active() -> bool:
-    """Whether a `compile_ahead` pass is under way (launches only compile: their outputs stay unwritten)."""
-    return _active
+    """Whether a `compile_ahead` pass is under way here (launches only compile: their outputs stay unwritten)."""
+    return run_context.current().compile_ahead
 
 
 def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     """``kernel[grid](*args, **kwargs)``, or inside `compile_ahead` only its compile, submitted to the pool."""
-    if _active:
+    if run_context.current().compile_ahead:
         kernel.warmup(*args, grid=grid, **kwargs)
     else:
         kernel[grid](*args, **kwargs)
@@ -59,19 +59,17 @@ def compile_ahead(workers: Optional[int] = None) -> Iterator[bool]:
     """Within: `launch` submits compiles instead of launching; on exit, wait for them. Yields whether it is
     active (False: run nothing inside, the launches would simply run). A compile that fails is logged and
     left to the real run, which compiles it again and raises there."""
-    global _active
-    if not available() or _active:
+    if not available() or active():
         yield False
         return
     workers = workers or min(32, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="triton-compile") as pool:
         mode = AsyncCompileMode(pool)
         mode.__enter__()
-        _active = True
         try:
-            yield True
+            with run_context.using(compile_ahead=True):
+                yield True
         finally:
-            _active = False
             try:
                 mode.__exit__(None, None, None)  # waits for every submitted compile
             except Exception as error:  # a failed compile: the real run compiles it again and raises there

@@ -1,10 +1,12 @@
-"""When a custom op may run its Triton kernel, and a process-wide switch to force either implementation.
+"""When a custom op may run its Triton kernel, and the backend setting that forces either implementation.
 
 A kernel serves a call only for CUDA tensors (or CPU tensors while `TRITON_INTERPRET=1` and the backend
 is forced to "triton": kernel tests; an "auto" CPU run never takes the slow interpreter), a
 supported dtype, no autograd (grad mode on and an input requiring grad) and outside `torch.compile`
 tracing. Anything else runs the op's reference implementation (the same ATen ops as the subgraph it
-replaced), so an unsupported case is slower, never different.
+replaced), so an unsupported case is slower, never different. The backend ("auto", "reference" or
+"triton") is a setting of the run context (`rewrite.ops.run_context`): `use_backend` sets it for a block,
+in this thread only.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import Tensor
 
+from rewrite.ops import run_context
+
 try:  # triton is a Linux-only dependency
     import triton  # noqa: F401
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
 
-BACKENDS = ("auto", "reference", "triton")
-_backend = "auto"
+BACKENDS = run_context.BACKENDS
 
 
 def _interpreter_on() -> bool:
@@ -36,25 +39,21 @@ INTERPRETING = triton is not None and _interpreter_on()  # fixed at import, as t
 
 
 def get_backend() -> str:
-    return _backend
+    """The backend of the run context here."""
+    return run_context.current().backend
 
 
 def set_backend(name: str) -> str:
-    """"auto" (kernel where supported), "reference" (never the kernel) or "triton" (the kernel or an error)."""
-    global _backend
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
-    previous, _backend = _backend, name
-    return previous
+    """"auto" (kernel where supported), "reference" (never the kernel) or "triton" (the kernel or an error), in
+    this thread until set again or until an enclosing `use_backend` ends; returns the previous one."""
+    return run_context.update(backend=name).backend
 
 
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
-    previous = set_backend(name)
-    try:
+    """Within the block, the backend `name` (in this thread only)."""
+    with run_context.using(backend=name):
         yield
-    finally:
-        set_backend(previous)
 
 
 def kernel_unsupported_reason(op: str, tensors: tuple[Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> Optional[str]:
@@ -62,7 +61,7 @@ def kernel_unsupported_reason(op: str, tensors: tuple[Tensor, ...], dtypes: tupl
     if triton is None:
         return "triton is not importable"
     first = tensors[0]
-    if not (first.is_cuda or (INTERPRETING and _backend == "triton" and first.device.type == "cpu")):
+    if not (first.is_cuda or (INTERPRETING and get_backend() == "triton" and first.device.type == "cpu")):
         return f"tensors are on {first.device} (kernels need CUDA, or CPU under TRITON_INTERPRET=1 when forced)"
     if any(t.device != first.device for t in tensors):
         return "tensors are on different devices"
@@ -81,12 +80,13 @@ def choose(op: str, unsupported_reason: Callable[[], Optional[str]]) -> tuple[st
     `unsupported_reason()` (called unless the switch says "reference") is None when the kernel can serve
     the call. Raises ValueError when the backend is forced to "triton" and it cannot.
     """
-    if _backend == "reference":
+    backend = get_backend()
+    if backend == "reference":
         return "reference", "backend switch set to 'reference'"
     reason = unsupported_reason()
     if reason is None:
         return "triton", None
-    if _backend == "triton":
+    if backend == "triton":
         raise ValueError(f"{op}: backend 'triton' forced but unsupported: {reason}")
     return "reference", reason
 

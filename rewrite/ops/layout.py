@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import aten_reduction
+from rewrite.ops import aten_reduction, run_context
 
 
 # ---- what the kernels index ---------------------------------------------------------------------------------
@@ -105,7 +105,6 @@ def upsample_conv2d_output_shape(x_shape, weight_shape, padding: list[int]) -> l
 
 
 # ---- the norm plan ------------------------------------------------------------------------------------------
-FUSED_NORM = True  # the one-kernel norm where `aten_reduction.plan` reproduces ATen's order (A/B switch)
 MAX_NORM_THREADS = 64  # split x padded ctas rows of accumulators the fused norm holds (4 each): Wan's <= 4 x 16
 
 
@@ -120,10 +119,11 @@ def norm_threads(split: int, ctas: int) -> int:
 
 
 def norm_plan(x: Tensor, upcast: bool, reference_contiguous: bool = False):
-    """ATen's summation order for this CUDA norm input, or None (then ATen's reduction kernel runs).
+    """ATen's summation order for this CUDA norm input, or None (then ATen's reduction kernel runs; also where
+    the run context turns the fused norm off, ``run_context.using(fused_norm=False)``).
     `reference_contiguous`: x stands in for a contiguous tensor (`aten_reduction.plan`); its (h, w) positions
     need only be one strided run."""
-    if not FUSED_NORM or not x.is_cuda or (x.dtype != torch.float32) != upcast:
+    if not run_context.current().fused_norm or not x.is_cuda or (x.dtype != torch.float32) != upcast:
         return None
     x5 = as5d(x)
     if not (run_stride(x5) is not None if reference_contiguous else planes_contiguous(x5)):

@@ -50,7 +50,7 @@ from typing import Iterator, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import compile_ahead, valid_length
+from rewrite.ops import run_context, valid_length
 from rewrite.ops.triton_launch import launch
 
 try:  # Triton is optional: without it the callers keep ATen's conv.
@@ -261,27 +261,23 @@ def _version(weight: Tensor) -> Optional[int]:
         return None
 
 
-_cache: Optional[PackedWeightCache] = None
-
-
 @contextlib.contextmanager
 def packed_weight_cache(cache: Optional[PackedWeightCache]) -> Iterator[None]:
-    """Within: `packed_weight` takes packed weights from `cache` (None: pack on every call)."""
-    global _cache
-    previous, _cache = _cache, cache
-    try:
+    """Within: `packed_weight` takes packed weights from `cache` (None: pack on every call). A setting of the
+    run context (`rewrite.ops.run_context`): in this thread only, so another thread's decode never reads it."""
+    with run_context.using(packed_weights=cache):
         yield
-    finally:
-        _cache = previous
 
 
 def packed_weight(weight: Tensor) -> Tensor:
     """`pack_weight(weight)`, from the active `PackedWeightCache` when there is one. A compile-ahead pass never
     uses the cache (its pack kernels do not run), nor does a CUDA graph capture add to it (a buffer allocated
     there would belong to the graph's pool): a capture reads a fresh cached copy, or packs inside the graph."""
-    if _cache is None or compile_ahead.active():
+    settings = run_context.current()
+    if settings.packed_weights is None or settings.compile_ahead:
         return pack_weight(weight)
-    return _cache.lookup(weight, may_pack=not (weight.is_cuda and torch.cuda.is_current_stream_capturing()))
+    return settings.packed_weights.lookup(weight, may_pack=not (weight.is_cuda
+                                                                and torch.cuda.is_current_stream_capturing()))
 
 
 PACK_BLOCK = 1024

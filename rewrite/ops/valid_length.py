@@ -12,20 +12,22 @@ Triton conv then return early from time blocks past the limit (`kernel_args`). E
 elementwise ops) still computes the whole bucket. Exactness: the kept samples are ``torch.equal`` to the
 unskipped bucket decode (tests/test_gpu_auk_runtime.py checks it after replays of other content).
 
-Outside `valid_frames`, or for a tensor whose length is not a multiple of the bucket, nothing is skipped.
+Outside `valid_frames`, or for a tensor whose length is not a multiple of the bucket, nothing is skipped. The
+limit is a setting of the run context (`rewrite.ops.run_context`): it holds in the thread that set it only.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Iterator
 
 import torch
 from torch import Tensor
 
+from rewrite.ops import run_context
+
 __all__ = ["kernel_args", "valid_frames"]
 
-_active: Optional[tuple[Tensor, int, int]] = None  # (int32 [1] frames on the device, bucket frames, margin)
 _unlimited: dict[torch.device, Tensor] = {}  # a pointer to pass when nothing is skipped (never read)
 
 
@@ -34,24 +36,21 @@ def valid_frames(frames: Tensor, bucket: int, margin: int) -> Iterator[None]:
     """Within: kernels over a ``bucket``-frame window compute only the positions of its first ``frames[0] +
     margin`` latent frames. ``frames``: int32 ``[1]`` on the kernels' device, read when they run (so a CUDA
     graph captured here follows later writes to it)."""
-    global _active
     if frames.dtype != torch.int32 or frames.numel() != 1:
         raise ValueError(f"valid_frames: expected an int32 tensor of one element, got {frames.dtype} {tuple(frames.shape)}")
     if bucket < 1 or margin < 0:
         raise ValueError(f"valid_frames: bucket must be >= 1 and margin >= 0, got {bucket}, {margin}")
-    previous, _active = _active, (frames, bucket, margin)
-    try:
+    with run_context.using(valid_frames=run_context.ValidFrames(frames, bucket, margin)):
         yield
-    finally:
-        _active = previous
 
 
 def kernel_args(length: int, device: torch.device) -> tuple[Tensor, int, int]:
     """``(limit_ptr, limit_scale, limit_extra)`` for a kernel writing ``length`` positions on ``device``: it
     computes positions below ``limit_ptr[0] * limit_scale + limit_extra`` (and may skip the others); a scale
     of 0 means no limit (``limit_ptr`` is then a placeholder that is never read)."""
-    if _active is not None:
-        frames, bucket, margin = _active
+    limit = run_context.current().valid_frames
+    if limit is not None:
+        frames, bucket, margin = limit
         if frames.device == device and length % bucket == 0:
             scale = length // bucket
             return frames, scale, margin * scale
