@@ -8,7 +8,6 @@ object; `level="off"` removes everything `optimize` installed, leaving the modul
 from __future__ import annotations
 
 import logging
-import sys
 
 import torch
 from torch import nn
@@ -17,43 +16,9 @@ from rewrite.levels import LEVELS, check_level
 from rewrite.pipeline import rewrite_graph
 from rewrite.report import Report, WarmupResult
 from rewrite.runtime.runner import installed_runner
+from rewrite.supported import runner_class_for
 
 logger = logging.getLogger("rewrite")
-
-
-def _is_wan(module: nn.Module) -> bool:
-    # A Wan VAE exists only once diffusers is imported; importing it here for another model would cost
-    # seconds (12 s on the GPU machine's host) for nothing.
-    if "diffusers" not in sys.modules:
-        return False
-    try:
-        from diffusers import AutoencoderKLWan
-    except ImportError:  # pragma: no cover - diffusers is a dependency
-        return False
-    return isinstance(module, AutoencoderKLWan)
-
-
-def _is_auk(module: nn.Module) -> bool:
-    from rewrite.capture.auk import is_auk
-
-    return is_auk(module)
-
-
-def _supported_names() -> str:
-    return "diffusers.AutoencoderKLWan (Wan 2.1 / 2.2), rewrite.models.auk.AuKVAE"
-
-
-def _runner_class(module: nn.Module):
-    """The runner that drives `module`'s decode (TypeError for an unsupported module)."""
-    if _is_wan(module):
-        from rewrite.runtime.wan import WanRunner
-
-        return WanRunner
-    if _is_auk(module):
-        from rewrite.runtime.auk import AuKRunner
-
-        return AuKRunner
-    raise TypeError(f"optimize() supports {_supported_names()}; got {type(module).__module__}.{type(module).__qualname__}")
 
 
 def optimize(module: nn.Module, level: str = "lossless", **options) -> nn.Module:
@@ -68,7 +33,7 @@ def optimize(module: nn.Module, level: str = "lossless", **options) -> nn.Module
     unknown level or a bad option value.
     """
     check_level(level)
-    runner_class = _runner_class(module)
+    runner_class = runner_class_for(module)
     # Built first: a bad option raises before anything installed is touched (at "off" too: an option
     # misspelt there would be one misspelt at the other levels).
     runner = runner_class(module, LEVELS[-1] if level == "off" else level, rewrite_graph, **options)

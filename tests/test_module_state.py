@@ -120,32 +120,31 @@ def test_auk_edits_are_captured_again_and_train_mode_is_served():
 
 
 @torch.no_grad()
-def test_a_fallback_decode_runs_post_quant_conv_once_and_is_reported_once(wan_pair):
-    pair = wan_pair("wan2.1")
-    vae = pair.optimized
+def test_a_fallback_decode_runs_post_quant_conv_once_and_is_reported_once():
+    reference, vae = wan_twins()  # the hook below refuses the graphs before any capture
     calls = []
     handle = vae.decoder.conv_in.register_forward_hook(lambda *args: calls.append("conv_in"))
     quant = vae.post_quant_conv.register_forward_hook(lambda *args: calls.append("post_quant_conv"))
     before = sum(report(vae).fallbacks.values())
     try:
-        z = pair.latents(1, 3, seed=4)
+        z = wan_latents(frames=3, seed=4)
         out = vae.decode(z).sample
     finally:
         handle.remove(), quant.remove()
-    assert torch.equal(out, pair.reference.decode(z).sample)
+    assert torch.equal(out, reference.decode(z).sample)
     assert calls.count("post_quant_conv") == 1 and calls.count("conv_in") == 3  # one per latent frame
     summary = report(vae)
     assert summary.last_path == "reference" and "hooks" in summary.last_reason
     assert sum(summary.fallbacks.values()) == before + 1  # one decode, one fallback
 
 
-def test_parameters_requiring_grad_are_named_as_the_reason(wan_pair, caplog):
-    pair = wan_pair("wan2.1")
-    z = pair.latents(1, 2, seed=5)
-    assert torch.is_grad_enabled() and next(pair.optimized.parameters()).requires_grad
+def test_parameters_requiring_grad_are_named_as_the_reason(caplog):
+    _, vae = wan_twins()  # refused before any capture
+    assert torch.is_grad_enabled() and next(vae.parameters()).requires_grad
     with caplog.at_level(logging.WARNING, logger="rewrite"):
-        pair.optimized.decode(z)
-    reason = report(pair.optimized).last_reason
+        vae.decode(wan_latents(seed=5))
+    assert "for the graphs, decode under torch.no_grad()" in caplog.text
+    reason = report(vae).last_reason
     assert "decoder parameters require grad" in reason and "torch.no_grad()" in reason
     assert "requires_grad_(False)" in reason
 

@@ -182,42 +182,49 @@ def _short(value: Any) -> str:
     return value.__name__ if isinstance(value, type) else repr(value)
 
 
-_call = getattr(operator, "call", lambda function, argument: function(argument))
-
-
 class AcceptedState:
-    """What the full guards of a decode accepted, re-checked on later calls in C-level loops (``map``/``all``
-    over prepared lists: tens of nanoseconds per module or weight, where the Python walk of the full checks
-    costs about a millisecond per decode on the GPU machine's host).
+    """What the full guards of a decode accepted, re-checked on later calls in C-level loops (``map`` over
+    prepared lists: tens of nanoseconds per entry, where the Python walk of the full checks costs about a
+    millisecond per decode on the GPU machine's host).
 
     `holds(region)` is True while: `region` is the same module object; no global module hook; no hook in any
-    of the listed modules' hook dicts (``register_*_hook`` adds to those dicts in place); every module's
-    instance ``forward`` (none, or the one `optimize` installed) and type are as accepted; every module
-    holds the same children, parameter and buffer objects under the same names, the same `module_settings`
-    values and the same ``training`` flag; the module-tree edges leading to the weights hold the same
-    children and every weight name the same tensor with the same data pointer
-    (`CapturedGraph.weight_locations`). When it is False the caller runs its full checks, which word the
-    reason (and list the region's modules again). Not covered, as in the full checks: hook dicts replaced
-    wholesale (not an API), attributes that are not plain values (`module_settings`).
+    of the listed modules' hook dicts (``register_*_hook`` adds to those dicts in place); every module has
+    the type it had, the same instance ``forward`` (none, or the one `optimize` installed), the same
+    `module_settings` values, and the same ``training`` flag where the mode changes the result
+    (`training_reason`); every child that holds no graph weight is the same object and every container
+    holds as many children; parameters and buffers that were None still are; the module-tree edges
+    leading to the weights hold the same children and every weight name the same tensor with the same data
+    pointer (`CapturedGraph.weight_locations`). When it is False the caller runs its full checks, which
+    word the reason (and list the region's modules again). Not covered, as in the full checks: hook dicts
+    replaced wholesale (not an API), attributes that are not plain values (`module_settings`), parameters
+    or buffers added to a leaf module that its forward does not read.
     """
 
     def __init__(self, region: nn.Module, modules: Listing, locations) -> None:
         self.region = region
         listed = [m for _, m in modules]
+        self.listed, self.types = listed, list(map(type, listed))
         self.hook_dicts = [d for m in listed for d in (m._forward_hooks, m._forward_pre_hooks,
                                                         m._backward_hooks, m._backward_pre_hooks)]
-        self.module_dicts = [m.__dict__ for m in listed]
-        self.forwards = list(map(dict.get, self.module_dicts, itertools.repeat("forward")))
-        self.listed = listed
-        self.types = list(map(type, listed))
-        self.training = list(map(operator.attrgetter("training"), listed))
-        member_dicts = ([getattr(m, attribute) for m in listed] for attribute in ("_modules", "_parameters", "_buffers"))
-        self.member_values = [(dicts, list(itertools.chain.from_iterable(map(dict.values, dicts)))) for dicts in member_dicts]
-        with_settings = [(m.__dict__, tuple(module_settings(m))) for m in listed]
-        with_settings = [(d, keys) for d, keys in with_settings if keys]
-        self.settings_dicts = [d for d, _ in with_settings]
-        self.settings_getters = [operator.itemgetter(*keys) for _, keys in with_settings]
-        self.settings = copy.deepcopy(list(map(_call, self.settings_getters, self.settings_dicts)))  # plain values
+        # One flat list of (dict, key) -> expected value: instance forwards, settings, mode flags, weightless
+        # children and unset parameters/buffers, compared with `==` (identity for modules and functions).
+        weight_edges = set(zip(map(id, locations.edge_dicts), locations.edge_names))
+        entries: list[tuple[dict, str, Any]] = []
+        for m in listed:
+            entries.append((m.__dict__, "forward", m.__dict__.get("forward", _MISSING)))
+            entries.extend((m.__dict__, key, value) for key, value in module_settings(m).items())
+            if _computes_differently_in_training(m) or isinstance(m, nn.modules.dropout._DropoutNd):
+                entries.append((m.__dict__, "training", m.training))
+            entries.extend((m._modules, name, child) for name, child in m._modules.items()
+                           if (id(m._modules), name) not in weight_edges)
+            for members in (m._parameters, m._buffers):
+                entries.extend((members, name, None) for name, value in members.items() if value is None)
+        self.entry_dicts = [d for d, _, _ in entries]
+        self.entry_keys = [k for _, k, _ in entries]
+        self.entry_values = copy.deepcopy([v for _, _, v in entries], {id(v): v for _, _, v in entries
+                                                                       if not _is_plain(v)})
+        self.containers = [m._modules for m in listed if m._modules]
+        self.container_sizes = list(map(len, self.containers))
         self.locations = locations
         self.tensors = locations.tensors()
         self.pointers = list(map(torch.Tensor.data_ptr, self.tensors))
@@ -233,25 +240,19 @@ class AcceptedState:
             return False
         if _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks:
             return False
-        if any(self.hook_dicts):
+        if any(self.hook_dicts) or list(map(type, self.listed)) != self.types:
             return False
-        if not all(map(operator.is_, map(dict.get, self.module_dicts, itertools.repeat("forward")), self.forwards)):
-            return False
-        if list(map(type, self.listed)) != self.types or list(map(operator.attrgetter("training"), self.listed)) != self.training:
-            return False
-        for dicts, values in self.member_values:
-            if sum(map(len, dicts)) != len(values):
-                return False
-            if not all(map(operator.is_, itertools.chain.from_iterable(map(dict.values, dicts)), values)):
-                return False
         try:
-            if list(map(_call, self.settings_getters, self.settings_dicts)) != self.settings:
+            if list(map(dict.get, self.entry_dicts, self.entry_keys, itertools.repeat(_MISSING))) != self.entry_values:
                 return False
-        except KeyError:  # a setting was deleted
+        except RuntimeError:  # a tensor where a plain value was: its `==` gives no single bool
             return False
-        if not self.locations.tree_unchanged():
+        if list(map(len, self.containers)) != self.container_sizes or not self.locations.tree_unchanged():
             return False
         now = self.locations.tensors()
         if not all(map(operator.is_, now, self.tensors)):
             return False
         return list(map(torch.Tensor.data_ptr, now)) == self.pointers
+
+
+_MISSING = object()  # an entry deleted since it was accepted
