@@ -13,14 +13,21 @@ import gc
 
 import pytest
 import torch
+from torch._library.custom_ops import OPDEFS
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rewrite.capture.wan import capture_wan_decoder
 from rewrite.models.wan import build_wan
 from rewrite.pipeline import rewrite_graph
+from rewrite.ops import op_info
+from rewrite.ops.dispatch import INTERPRETING
 from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
+from tests.op_cases import CASES, kernel_gates_open
 
-CHANNELS_LAST_OPS = {"rewrite.causal_conv3d.default", "rewrite.rms_norm_causal_conv3d.default",
-                     "rewrite.upsample_conv2d.default"}
+aten = torch.ops.aten
+
+# the ops' own declaration (`rewrite.ops.op_info`), as str(node.target) spells them
+CHANNELS_LAST_OPS = {name.replace("::", ".") + ".default" for name in op_info.channels_last_weight_ops()}
 
 
 @pytest.fixture(scope="module", params=["wan2.1", "wan2.2"])
@@ -48,7 +55,7 @@ def test_slots_are_exactly_the_weights_only_channels_last_ops_read(tiny_graphs):
 
 
 def _weight_index(node):
-    return [a.name for a in node.target._schema.arguments].index("weight")
+    return op_info.channels_last_weight_argument(node.target)[0]
 
 
 def test_a_weight_also_read_elsewhere_is_not_substituted():
@@ -106,3 +113,52 @@ def test_graphs_run_with_the_copies_are_equal_to_the_graphs_run_with_the_weights
         z1, *_ = steady(cl, x1, *caches_cl)
     assert torch.equal(y0, z0) and torch.equal(y1, z1)
     assert all(torch.equal(a, b) for a, b in zip(caches, caches_cl))
+
+
+# ---- which ops read channels-last weights: declared with the op, checked against what the op does ---------------
+class _CopiesOf(TorchDispatchMode):
+    """Counts the copies made of one tensor (a clone or a copy reading it) while active."""
+
+    def __init__(self, tensor: torch.Tensor):
+        super().__init__()
+        self.tensor, self.count = tensor, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (aten.clone.default, aten._to_copy.default, aten.copy_.default) and any(
+                a is self.tensor for a in args):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _implementation(op: str):
+    """The op's Python implementation, so that a dispatch mode sees the ATen calls inside it."""
+    from rewrite.ops import alias_free
+
+    opdef = OPDEFS.get(f"rewrite::{op}")
+    return opdef._init_fn if opdef is not None else {"alias_free_snake_causal_conv1d": alias_free._snake_conv_impl}[op]
+
+
+WEIGHT_CASES = [(op, case) for op, cases in CASES.items() for case in cases if case.weight is not None]
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="needs TRITON_INTERPRET=1 (the kernel paths on CPU)")
+@pytest.mark.parametrize("op, case", WEIGHT_CASES, ids=[f"{op}-{case.id}" for op, case in WEIGHT_CASES])
+def test_an_op_declares_a_channels_last_weight_exactly_when_its_kernel_path_converts_one(
+        kernel_allowed_on_cpu, monkeypatch, op, case):
+    """Declared ops copy the module's (contiguous) weight into channels-last memory on every call of their kernel
+    path and copy nothing when given the channels-last copy, with the same result; other ops copy neither."""
+    kernel_gates_open(monkeypatch)
+    implementation, weight = _implementation(op), case.args[case.weight]
+    with torch.no_grad(), _CopiesOf(weight) as copies:
+        expected = implementation(*case.args)
+    declared = f"rewrite::{op}" in op_info.channels_last_weight_ops()
+    assert (copies.count > 0) == declared, f"{op}: {copies.count} copies of the weight, declared: {declared}"
+    if declared:
+        fmt = torch.channels_last_3d if weight.dim() == 5 else torch.channels_last
+        copy_ = weight.contiguous(memory_format=fmt)
+        args = (*case.args[:case.weight], copy_, *case.args[case.weight + 1:])
+        with torch.no_grad(), _CopiesOf(copy_) as copies:
+            actual = implementation(*args)
+        assert copies.count == 0
+        for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
+            assert torch.equal(a, e)

@@ -5,7 +5,8 @@ as the subgraph it replaces, so a rewritten graph running it is `torch.equal` to
 device and dtype), a fake implementation for export/compile tracing, and, where it pays, Triton kernels
 (`rewrite.ops.triton_norm`, `triton_pad`, `triton_epilogue`, `triton_upsample`) that keep every rounding of
 the reference, used only where `rewrite.ops.dispatch.use_kernel` allows it (CUDA, supported dtype, no
-autograd, not compiling). What each op returns, and in which layout, is `rewrite.ops.layout`'s.
+autograd, not compiling). What each op returns, and in which layout, is `rewrite.ops.layout`'s. The conv ops
+whose kernel path reads a channels-last weight declare it (`rewrite.ops.op_info.reads_channels_last_weight`).
 
 Ops know nothing of graphs, patterns or the API.
 """
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from rewrite.ops import layout, selftest, triton_epilogue, triton_norm, triton_pad, triton_upsample
 from rewrite.ops.dispatch import use_kernel
+from rewrite.ops.op_info import reads_channels_last_weight
 from rewrite.ops.layout import (conv_output_shape, frame_major, next_cache_shape, padded_shape, reference_layout,
                                 upsample_conv2d_output_shape)
 from rewrite.ops.wan_reference import (CACHE_MODES, causal_conv3d_reference, causal_conv_input_reference,
@@ -118,6 +120,7 @@ def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode
     return x.new_empty(out_shape), x.new_empty(next_cache_shape(x.shape, mode))
 
 
+@reads_channels_last_weight("weight")
 @torch.library.custom_op("rewrite::causal_conv3d", mutates_args=())
 def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                   bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
@@ -167,6 +170,7 @@ def conv_bias_is_separate(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+@reads_channels_last_weight("weight")
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d", mutates_args=())
 def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
                            act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
@@ -236,6 +240,7 @@ def _upsample_channels_last_conv(x: Tensor, weight: Tensor, stride: list[int], p
                                weight.contiguous(memory_format=torch.channels_last), None, stride, padding)
 
 
+@reads_channels_last_weight("weight")
 @torch.library.custom_op("rewrite::upsample_conv2d", mutates_args=())
 def upsample_conv2d(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
                     padding: list[int]) -> Tensor:
@@ -293,6 +298,7 @@ def _(main, x, repeats, unfold_shape, fold_shape, first_frame):
 
 
 # ---- Wan 2.2 up block end: upsample + conv2d, then the DupUp3D shortcut added -----------------------------
+@reads_channels_last_weight("weight")
 @torch.library.custom_op("rewrite::upsample_conv2d_dup_up_add", mutates_args=())
 def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
                                padding: list[int], frames_shape: list[int], dx: Tensor, repeats: int,

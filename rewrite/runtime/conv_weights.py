@@ -1,8 +1,9 @@
 """Channels-last copies of the conv weights that channels-last custom ops read, refreshed once per decode.
 
-The channels-last conv ops (`rewrite::causal_conv3d`, `rewrite::rms_norm_causal_conv3d`,
-`rewrite::upsample_conv2d`) hand cuDNN an NDHWC/NHWC weight. Given the module's own (contiguous) weight they
-convert it on every call, and inside a CUDA graph that conversion is replayed on every step: for Wan 2.2
+The channels-last conv ops (those declared with `rewrite.ops.op_info.reads_channels_last_weight`:
+`rewrite::causal_conv3d`, `rewrite::rms_norm_causal_conv3d`, `rewrite::upsample_conv2d`,
+`rewrite::upsample_conv2d_dup_up_add`) hand cuDNN an NDHWC/NHWC weight. Given the module's own (contiguous)
+weight they convert it on every call, and inside a CUDA graph that conversion is replayed on every step: for Wan 2.2
 about 1 GiB of weights copied per latent frame (2% of a 720p decode, H200). A `ChannelsLastWeights` store
 keeps one channels-last copy per weight tensor and the graphs are called with the copies in place of the
 weights they replace (an op given a weight that is already channels-last converts nothing). The caller
@@ -11,7 +12,7 @@ update (`load_state_dict`) reaches the next decode as it reached the uncaptured 
 
 Exactness: exact (the ops read the same values; their reference paths make the weight contiguous again).
 Preconditions: a weight placeholder is substituted only when every one of its users passes it as the
-`weight` argument of one of those ops (nothing else sees the changed layout).
+declared weight argument of one of those ops (nothing else sees the changed layout).
 """
 
 from __future__ import annotations
@@ -23,35 +24,32 @@ import torch
 import torch.fx as fx
 from torch import Tensor
 
+import rewrite.ops.wan  # noqa: F401  (defines the Wan ops, which declare their channels-last weights)
+from rewrite.ops import op_info
+
 __all__ = ["ChannelsLastWeights", "channels_last_weight_slots"]
-
-
-def _channels_last_ops() -> dict:
-    import rewrite.ops.wan  # noqa: F401  (registers the ops)
-
-    ops = torch.ops.rewrite
-    return {op.default: [a.name for a in op.default._schema.arguments].index("weight")
-            for op in (ops.causal_conv3d, ops.rms_norm_causal_conv3d, ops.upsample_conv2d)}
 
 
 def _weight_format(weight: Tensor):
     return {5: torch.channels_last_3d, 4: torch.channels_last}.get(weight.dim())
 
 
-def _is_weight_argument(user: fx.Node, placeholder: fx.Node, weight_index: dict) -> bool:
-    """`placeholder` is `user`'s `weight` argument (positional or keyword) and no other argument of it."""
-    index = weight_index.get(user.target)
+def _is_weight_argument(user: fx.Node, placeholder: fx.Node) -> bool:
+    """`placeholder` is `user`'s channels-last weight argument (positional or keyword) and no other argument."""
+    argument = op_info.channels_last_weight_argument(user.target)
+    if argument is None:
+        return False
+    index, name = argument
     positional = [i for i, a in enumerate(user.args) if a is placeholder]
     keyword = [k for k, a in user.kwargs.items() if a is placeholder]
-    return index is not None and (positional, keyword) in (([index], []), ([], ["weight"]))
+    return (positional, keyword) in (([index], []), ([], [name]))
 
 
 def channels_last_weight_slots(graph_module: fx.GraphModule) -> list[int]:
-    """Placeholder indices (call order) whose every user takes them as a channels-last op's `weight`."""
-    weight_index = _channels_last_ops()
+    """Placeholder indices (call order) whose every user takes them as a channels-last op's weight."""
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     return [i for i, node in enumerate(placeholders)
-            if node.users and all(_is_weight_argument(u, node, weight_index) for u in node.users)]
+            if node.users and all(_is_weight_argument(u, node) for u in node.users)]
 
 
 class ChannelsLastWeights:

@@ -1,0 +1,160 @@
+"""Inputs for every custom op of the `rewrite` namespace, in the layouts each op is given and returns.
+
+`CASES[op]` is a list of `Case`s for the op named ``rewrite::<op>``: contiguous, frame-major ([b, t, c, h, w]
+memory, what the Wan up blocks' 2-D upsampler convs leave) and channels-last inputs, the optional arguments
+present and absent, each cache mode. Small shapes (the Triton interpreter runs the kernel paths on CPU).
+`kernel_gates_open` opens the GPU-only gates of the kernel paths for a CPU run (the conv and SiLU self-checks,
+the norm plan that needs CUDA's launch limits), so that those paths run under the interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Optional
+
+import torch
+
+from rewrite.models.auk import AliasFreeSnakeBeta
+from rewrite.ops import aten_reduction, layout, selftest
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple
+    weight: Optional[int] = None  # position of the conv weight among the arguments
+
+
+def frame_major(t: torch.Tensor) -> torch.Tensor:
+    return t.permute(0, 2, 1, 3, 4).contiguous().permute(0, 2, 1, 3, 4)
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last_3d if t.dim() == 5 else torch.channels_last)
+
+
+LAYOUTS = {"contiguous": lambda t: t, "frame_major": frame_major, "channels_last": channels_last}
+
+
+def _norm_plan_on_cpu(x, upcast, reference_contiguous=False):
+    """`layout.norm_plan`'s layout conditions without its CUDA ones (2 threads, one block)."""
+    x5 = layout.as5d(x)
+    fits = layout.run_stride(x5) is not None if reference_contiguous else layout.planes_contiguous(x5)
+    return aten_reduction.NormPlan(split=2, vec=1, ctas=1) if fits and (x.dtype != torch.float32) == upcast else None
+
+
+def kernel_gates_open(monkeypatch) -> None:
+    monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
+    monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
+    monkeypatch.setattr(layout, "norm_plan", _norm_plan_on_cpu)
+
+
+def _cases() -> dict[str, list[Case]]:
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, dtype=torch.float32, scale=1.0):
+        return (scale * torch.randn(*shape, generator=g)).to(dtype)
+
+    cases: dict[str, list[Case]] = {}
+
+    def add(op, case_id, *args, weight=None):
+        cases.setdefault(op, []).append(Case(case_id, args, weight))
+
+    c, co, h, w = 4, 6, 3, 4
+    # ---- rms_norm: 5-D and 4-D, every layout, SiLU or not, fp32 and the bf16 upcast
+    for lay, act in itertools.product(LAYOUTS, ("silu", None)):
+        add("rms_norm", f"{lay}_{act}", LAYOUTS[lay](rnd(1, c, 2, h, w)), rnd(c, 1, 1, 1), 2.0, 0.0, 1e-12, False, act)
+    add("rms_norm", "frame_major_bf16", frame_major(rnd(2, c, 2, h, w, dtype=torch.bfloat16)),
+        rnd(c, 1, 1, 1, dtype=torch.bfloat16), 2.0, 0.0, 1e-12, True, "silu")
+    for lay in ("contiguous", "channels_last"):
+        add("rms_norm", f"4d_{lay}", LAYOUTS[lay](rnd(2, c, h, w)), rnd(c, 1, 1), 2.0, 0.0, 1e-12, False, None)
+
+    # ---- the causal convs: every cache mode, x and cache layouts, with and without the optional tensors
+    pad = [1, 1, 1, 1, 2, 0]
+    modes = (("steady_t1", 1, "contiguous"), ("steady_t1", 1, "channels_last"), ("steady", 3, "contiguous"),
+             ("chunk0", 1, None))
+    for (mode, frames, cache_layout), lay in itertools.product(modes, ("contiguous", "frame_major")):
+        x = LAYOUTS[lay](rnd(1, c, frames, h, w))
+        cache = None if cache_layout is None else LAYOUTS[cache_layout](rnd(1, c, 2, h, w))
+        tag = f"{mode}_x_{lay}_cache_{cache_layout}"
+        add("causal_conv_input", tag, x, cache, pad, mode)
+        out_frames = frames + (0 if mode == "chunk0" else 2)
+        weight = rnd(co, c, 3, 3, 3, scale=0.2)
+        for res_layout, bias in itertools.product((None, "contiguous", "frame_major"), (True, False)):
+            residual = None if res_layout is None else LAYOUTS[res_layout](rnd(1, co, out_frames, h, w))
+            add("causal_conv3d", f"{tag}_residual_{res_layout}_bias_{bias}", x, cache, pad, mode, weight,
+                rnd(co) if bias else None, residual, weight=4)
+        square = rnd(c, c, 3, 3, 3, scale=0.2)
+        gamma = rnd(c, 1, 1, 1)
+        norm = (gamma, 2.0, 0.0, 1e-12, False, "silu", cache, pad, mode, square)
+        for res_layout, residual_bias in ((None, False), ("contiguous", False), ("frame_major", False),
+                                          ("frame_major", True), ("contiguous", True)):
+            residual = None if res_layout is None else LAYOUTS[res_layout](rnd(1, c, out_frames, h, w))
+            add("rms_norm_causal_conv3d", f"{tag}_residual_{res_layout}_deferred_{residual_bias}", x, *norm, rnd(c),
+                residual, None, rnd(c) if residual_bias else None, False, weight=10)
+        # x a channels-last conv output whose bias was deferred; the raw channels-last output for the next op
+        add("rms_norm_causal_conv3d", f"{tag}_x_bias", channels_last(x), *norm, rnd(c), None, rnd(c), None, False,
+            weight=10)
+        add("rms_norm_causal_conv3d", f"{tag}_channels_last_out", x, *norm, None, None, None, None, True, weight=10)
+    add("causal_conv_input", "chunk0_x_channels_last", channels_last(rnd(1, c, 1, h, w)), None, pad, "chunk0")
+
+    for res_layout, bias in itertools.product(LAYOUTS, (True, False)):
+        add("conv3d_residual", f"residual_{res_layout}_bias_{bias}", rnd(1, c, 3, h + 2, w + 2),
+            rnd(co, c, 3, 3, 3, scale=0.2), rnd(co) if bias else None,
+            LAYOUTS[res_layout](rnd(1, co, 1, h, w)), weight=1)
+    for lay, bias in itertools.product(LAYOUTS, (True, False)):
+        add("pointwise_conv3d", f"{lay}_bias_{bias}", LAYOUTS[lay](rnd(1, c, 2, h, w)), rnd(co, c, 1, 1, 1),
+            rnd(co) if bias else None, weight=1)
+    for lay in ("contiguous", "frame_major"):
+        add("temporal_interleave", lay, LAYOUTS[lay](rnd(1, 2 * c, 2, h, w)))
+
+    # ---- the 2-D upsample (+ conv): NCHW, NHWC and the frames of an NCDHW tensor (the steady graph's view)
+    planes = {"contiguous": rnd(2, c, h, w), "channels_last": channels_last(rnd(2, c, h, w)),
+              "frames_of_ncdhw": rnd(c, 2, h, w).transpose(0, 1)}
+    for (lay, x), upcast in itertools.product(planes.items(), (False, True)):
+        x = x.to(torch.bfloat16) if upcast else x
+        add("upsample_nearest2x", f"{lay}_upcast_{upcast}", x, upcast)
+        for bias in (True, False):
+            add("upsample_conv2d", f"{lay}_upcast_{upcast}_bias_{bias}", x, upcast,
+                rnd(co, c, 3, 3, scale=0.2, dtype=x.dtype), rnd(co, dtype=x.dtype) if bias else None, [1, 1], [1, 1],
+                weight=2)
+
+    # ---- Wan 2.2's DupUp3D shortcut: alone, and in the upsample conv's epilogue
+    cin, cout, ft, fs, t = 8, 4, 2, 2, 2
+    for first, dx_layout in itertools.product((0, 1), ("contiguous", "frame_major")):
+        unfold, fold = [1, cout, ft, fs, fs, t, h, w], [1, cout, t * ft, h * fs, w * fs]
+        repeats, frames = cout * ft * fs * fs // cin, t * ft - first
+        dx = LAYOUTS[dx_layout](rnd(1, cin, t, h, w))
+        main = rnd(1, frames, cout, h * fs, w * fs).permute(0, 2, 1, 3, 4)
+        for main_layout, m in (("frame_major", main), ("contiguous", main.contiguous())):
+            add("dup_up_add", f"first_{first}_dx_{dx_layout}_main_{main_layout}", m, dx, repeats, unfold, fold, first)
+        x = rnd(cin, frames, h * fs // 2, w * fs // 2).transpose(0, 1)
+        for bias in (True, False):
+            add("upsample_conv2d_dup_up_add", f"first_{first}_dx_{dx_layout}_bias_{bias}", x, False,
+                rnd(cout, cin, 3, 3, scale=0.2), rnd(cout) if bias else None, [1, 1], [1, 1],
+                [1, frames, cout, h * fs, w * fs], dx, repeats, unfold, fold, first, weight=2)
+
+    # ---- AuK: x contiguous, a row-cropping view (the transposed conv's output) and a transposed view
+    module = AliasFreeSnakeBeta(16)
+    with torch.no_grad():
+        module.act.alpha.normal_(0, 0.5, generator=g)
+        module.act.beta.normal_(0, 0.5, generator=g)
+    snake = (module.act.alpha.detach(), module.act.beta.detach(), module.taps)
+    xs = {"contiguous": rnd(2, 16, 20), "cropped": rnd(2, 16, 25)[:, :, :20], "transposed": rnd(2, 20, 16).transpose(1, 2)}
+    for lay, x in xs.items():
+        for op in ("alias_free_snake", "alias_free_snake_exact", "alias_free_snake_module"):
+            add(op, lay, x, *snake, True)
+        weight = rnd(32, 16, 3, scale=0.15)
+        for res_layout in (None, "contiguous", "cropped"):
+            residual = {None: None, "contiguous": rnd(2, 32, 20), "cropped": rnd(2, 32, 23)[:, :, :20]}[res_layout]
+            add("causal_conv1d", f"{lay}_residual_{res_layout}", x, weight, rnd(32), [2], residual, weight=1)
+            for x_bias in (False, True):
+                add("alias_free_snake_causal_conv1d", f"{lay}_residual_{res_layout}_x_bias_{x_bias}", x, *snake, True,
+                    weight, rnd(32), [2], residual, rnd(16) if x_bias else None, weight=5)
+        add("causal_conv_transpose1d", lay, x, rnd(16, 8, 4, scale=0.2), rnd(8), [2])
+        add("amp_average", lay, x, xs["contiguous"], x, 3)
+    return cases
+
+
+CASES = _cases()
