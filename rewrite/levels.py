@@ -1,7 +1,7 @@
 """Optimization levels, ordered: each level enables everything of the previous one.
 
 ``off``            nothing changes: the module as it came.
-``lossless``       exact rewrites only: ``torch.equal`` with ``off`` (DESIGN.md section 4).
+``lossless``       exact rewrites only: ``torch.equal`` with ``off`` (docs/design.md section 4).
 ``channels_last``  lossless plus layout changes and rewrites with a documented tolerance.
 
 A pattern or pass declares the lowest level that enables it; ``level_enables(level, minimum)`` is the one

@@ -156,7 +156,7 @@ def test_decode_context_frames_default_geometry():
     assert receptive_field(AuKConfig()) == (Fraction(8409, 160), Fraction(1531, 240))
     # An output frame spans one hop: latent frames F - floor(L) .. F + floor(R + 479/480).
     assert decode_context_frames(AuKConfig()) == (52, 7) == AuKVAE(TINY).decode_context_frames()
-    # DESIGN 3.3's (53, 9) is a looser, still safe, upper bound.
+    # The start-of-project notes' (53, 9) is a looser, still safe, upper bound.
     left, right = decode_context_frames()
     assert left <= 53 and right <= 9
 

@@ -1,7 +1,7 @@
 """AuK audio-codec decoder (Tencent Hunyuan AuK VAE): a plain PyTorch reference.
 
 The AuK VAE decodes 64-channel latents at 50 Hz into a 24 kHz waveform (hop 480) with a BigVGAN-style
-decoder (DESIGN 3.3). No package ships it, so this module is the reference the optimizer rewrites and
+decoder (docs/design.md section 9.1). No package ships it, so this module is the reference the optimizer rewrites and
 is checked against. It imports nothing from the rest of `rewrite`.
 
 Architecture (default geometry; channels ``C0 = upsample_initial_channel`` halve at every stage)::
@@ -511,7 +511,7 @@ def decode_context_frames(config: AuKConfig | None = None) -> tuple[int, int]:
     ``t < hop``. With the sample reach ``(L, R)`` of `receptive_field`, frame ``F`` reads latent frames
     ``F - floor(L)`` to ``F + floor(R + (hop - 1) / hop)``. Windows that keep this much context on each
     side decode their inner frames exactly as the whole clip does. The bound is tight (the tests poison
-    the latents just outside it with NaN). DESIGN 3.3 quotes (53, 9): a safe but looser bound (53 is
+    the latents just outside it with NaN). The start-of-project notes quoted (53, 9): a safe but looser bound (53 is
     ``ceil(L)``, which counts the latent frame's own width once more).
     """
     config = config if config is not None else AuKConfig()

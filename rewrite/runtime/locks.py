@@ -1,6 +1,6 @@
 """Who may use what at the same time: captures against decodes (process-wide) and one decode per module.
 
-Two rules keep concurrent callers exact (docs/design.md section 8):
+Two rules keep concurrent callers exact (docs/design.md section 11):
 
 * `CAPTURE_GATE`: a capture (``torch.export`` of a step graph, the passes and their self-checks, a CUDA
   graph's warm-up and capture) runs alone among everything that goes through `rewrite`. ``torch.export``
@@ -18,7 +18,7 @@ Two rules keep concurrent callers exact (docs/design.md section 8):
 
 Lock order, so that no two threads wait on each other: a module's `ModuleLock` first, then the gate.
 Work outside `rewrite` in other threads is not covered: while a capture runs, ``torch.export``'s switches are
-visible to it too (docs/design.md section 8).
+visible to it too (docs/design.md section 11.1).
 """
 
 from __future__ import annotations
