@@ -141,7 +141,8 @@ def _cases() -> dict[str, list[Case]]:
         module.act.alpha.normal_(0, 0.5, generator=g)
         module.act.beta.normal_(0, 0.5, generator=g)
     snake = (module.act.alpha.detach(), module.act.beta.detach(), module.taps)
-    xs = {"contiguous": rnd(2, 16, 20), "cropped": rnd(2, 16, 25)[:, :, :20], "transposed": rnd(2, 20, 16).transpose(1, 2)}
+    xs = {"contiguous": rnd(2, 16, 20), "cropped": rnd(2, 16, 25)[:, :, :20],
+          "transposed": rnd(2, 20, 16).transpose(1, 2)}
     for lay, x in xs.items():
         for op in ("alias_free_snake", "alias_free_snake_exact", "alias_free_snake_module"):
             add(op, lay, x, *snake, True)

@@ -87,7 +87,8 @@ def test_the_triton_conv1d_setting_sends_the_fused_op_to_atens_conv(kernel_allow
     from rewrite.models.auk import AliasFreeSnakeBeta
 
     calls, original = [], triton_conv1d.causal_conv1d
-    monkeypatch.setattr(triton_conv1d, "causal_conv1d", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    monkeypatch.setattr(triton_conv1d, "causal_conv1d",
+                        lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     g = torch.Generator().manual_seed(0)
     module = AliasFreeSnakeBeta(16)
     x = torch.randn(1, 16, 12, generator=g)

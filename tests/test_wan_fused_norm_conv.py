@@ -479,11 +479,17 @@ def test_rms_norm_causal_conv3d_on_cpu_runs_the_replaced_ops():
 @pytest.mark.parametrize("case", ["steady_t1", "steady", "chunk0"])
 def test_channels_last_path_wiring_on_cpu(monkeypatch, fused_norm, case):
     """The ops' channels-last path end to end under the interpreter, its GPU-only gates opened (the conv
-    self-check, ATen's norm order, the SiLU self-test): shapes, layouts and the next cache as the reference's.
+    self-check, ATen's norm order, the SiLU self-test): shapes, layouts and the next cache as the reference's
+    (channels-last on both paths: what the pad kernels write and the fake promises).
     CPU convolutions of the two layouts and CPU norms may sum in other orders than the kernels: fp32 outputs
     within 1e-5 (a few ulp of sums of ~100 products of unit-scale values); the next cache of `causal_conv3d`
     is data movement (equal), that of the fused op holds normalized values (the same 1e-5)."""
     from rewrite.ops import selftest
+
+    served = []  # the channels-last pad (or norm-into-pad) kernel's launchers, called on the kernel path only
+    for module, name in ((triton_pad, "causal_pad_channels_last"), (triton_norm, "rms_norm_padded_channels_last")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=original, **k: served.append(1) or _f(*a, **k))
 
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
@@ -505,11 +511,13 @@ def test_channels_last_path_wiring_on_cpu(monkeypatch, fused_norm, case):
         op = torch.ops.rewrite.causal_conv3d
     with use_backend("reference"):
         expected = op(*args)
+    assert not served
     with use_backend("triton"):
         actual = op(*args)
     assert actual[0].stride() == expected[0].stride() and actual[1].shape == expected[1].shape
-    assert actual[1].is_contiguous(memory_format=torch.channels_last_3d)  # the kernel path served the call
-    assert not expected[1].is_contiguous(memory_format=torch.channels_last_3d)
+    assert actual[1].is_contiguous(memory_format=torch.channels_last_3d)
+    assert served == [1]  # the kernel path served the call (the reference path's cache is channels-last too now)
+    assert expected[1].is_contiguous(memory_format=torch.channels_last_3d)
     assert torch.allclose(actual[0], expected[0], rtol=1e-5, atol=1e-5)
     if fused_norm:
         assert torch.allclose(actual[1], expected[1], rtol=1e-5, atol=1e-5)

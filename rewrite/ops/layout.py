@@ -1,13 +1,16 @@
 """Host-side layout rules of the Wan ops and the norm plans: what each op returns, and in which memory.
 
-A replaced subgraph fixes its output's layout, and the custom op that replaces it must return the same
-layout (its users, and the graph's `meta['val']`, were traced with it), on its kernel path, on its reference
-path and in its fake. This module is where the op and its fake read those rules from:
+A replaced subgraph fixes its output's layout, and the custom op that replaces it returns the same layout
+(its users, and the graph's `meta['val']`, were traced with it) on its kernel path, on its reference path and
+in its fake, with one exception: the next cache of the channels-last causal convs is channels-last on both
+paths (what their pad kernels write; caches only come back to those ops). This module is where the op and
+its fake read those rules from:
 
-- shapes: `padded_shape` (the causal conv's padded input), `next_cache_shape`, `conv_output_shape`,
-  `upsample_conv2d_output_shape`;
-- strides: `reference_layout` (the strides ATen gives a reference computation, run on meta tensors, cached)
-  and the rules derived from it (`conv_output_strides`, `frame_major`);
+- shapes: `padded_shape` (the causal conv's padded input), `conv_output_shape`, `upsample_conv2d_output_shape`;
+- strides: `reference_layout` (the strides ATen gives a reference computation, run on fake tensors of the
+  device, cached) and the rules derived from it (`conv_output_strides`); the memory formats ATen's kernels
+  allocate (`suggest_memory_format`, `cat_memory_format`), for the fakes, which must not guard on symbolic
+  sizes; `channels_last_cache`, `frame_major`;
 - what the 5-D kernels can index: `as5d`, `planes_contiguous`, `run_stride`;
 - `norm_plan`: where the one-kernel RMS norm reproduces ATen's summation order (`rewrite.ops.aten_reduction`)
   and how many ATen threads it emulates.
@@ -20,7 +23,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
+import torch._prims_common
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from rewrite.ops import aten_reduction, run_context
 
@@ -52,16 +57,20 @@ _LAYOUTS: dict[tuple, tuple[int, ...]] = {}
 
 
 def reference_layout(key: tuple, fn: Callable, *tensors: Tensor) -> tuple[int, ...]:
-    """The strides ATen gives `fn(*tensors)`'s output, computed once per `key` and layout on meta tensors.
+    """The strides ATen gives `fn(*tensors)`'s output on the tensors' device, computed once per `key`, device and
+    layout on fake tensors (ATen's meta kernels with the device's rules: a conv of channels-last operands, say,
+    returns channels-last on CPU and CUDA but not on the meta device). The fakes of the ops run their references
+    on fake tensors too, so a kernel path allocating these strides returns what the fake promises.
 
     `key` names what `fn` computes (its non-tensor arguments included): `fn` itself may be a new lambda
     on every call.
     """
-    signature = key + tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors)
+    signature = key + tuple((tuple(t.shape), tuple(t.stride()), t.dtype, t.device.type) for t in tensors)
     strides = _LAYOUTS.get(signature)
     if strides is None:
-        metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
-        strides = _LAYOUTS[signature] = tuple(fn(*metas).stride())
+        with FakeTensorMode():
+            fakes = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in tensors]
+            strides = _LAYOUTS[signature] = tuple(fn(*fakes).stride())
     return strides
 
 
@@ -69,8 +78,32 @@ def conv_output_strides(shape: list[int], residual: Optional[Tensor]) -> tuple[i
     """The layout of a causal conv's replaced output: ATen's conv of the contiguous padded input is
     contiguous; with a residual, the add's layout over that and the residual."""
     if residual is None:
-        return tuple(torch.empty(shape, device="meta").stride())
+        return tuple(torch.empty(shape, device="meta").stride())  # contiguous
     return reference_layout(("add_contiguous",), lambda r: torch.add(torch.empty_like(r, memory_format=torch.contiguous_format), r), residual)
+
+
+def suggest_memory_format(t: Tensor) -> torch.memory_format:
+    """`Tensor.suggest_memory_format()` (also for symbolic shapes, without guards): channels-last where the
+    strides say so, else contiguous. ATen's pad, upsample and conv kernels allocate their outputs in it."""
+    return torch._prims_common.suggest_memory_format(t)
+
+
+def cat_memory_format(*tensors: Tensor) -> torch.memory_format:
+    """The memory format of ATen's `cat` of these tensors: their common suggested format, contiguous if any
+    suggests contiguous or they disagree (`compute_output_memory_format` in ATen)."""
+    formats = {suggest_memory_format(t) for t in tensors}
+    return formats.pop() if len(formats) == 1 else torch.contiguous_format
+
+
+def empty(shape, like: Tensor, memory_format: torch.memory_format = torch.contiguous_format) -> Tensor:
+    """An empty tensor of `like`'s dtype and device in `memory_format`."""
+    return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=memory_format)
+
+
+def channels_last_cache(cache: Tensor) -> Tensor:
+    """A causal conv's next cache in the layout the channels-last conv ops return it (channels-last: what their
+    pad kernels write), copied so where it is not."""
+    return cache.contiguous(memory_format=torch.channels_last_3d)
 
 
 def frame_major(x: Tensor) -> bool:
@@ -84,12 +117,6 @@ def padded_shape(x_shape, cache: Optional[Tensor], pad: list[int], mode: str) ->
     b, c, t, h, w = x_shape
     frames = t + (0 if mode == "chunk0" or cache is None else cache.shape[2]) + pad[4] + pad[5]
     return (b, c, frames, h + pad[2] + pad[3], w + pad[0] + pad[1])
-
-
-def next_cache_shape(x_shape, mode: str) -> tuple[int, ...]:
-    """The shape of the next cache `next_cache_reference` makes (2 frames; x's last <= 2 in mode steady)."""
-    b, c, t, h, w = x_shape
-    return (b, c, 2 if mode != "steady" else min(t, 2), h, w)
 
 
 def conv_output_shape(in_shape, weight_shape) -> list[int]:

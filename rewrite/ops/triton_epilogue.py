@@ -127,8 +127,9 @@ def conv_epilogue(y: Tensor, bias: Tensor | None, residual: Tensor | None, out_s
                   residual_bias: Tensor | None = None) -> Tensor:
     """`y.add_(bias) [+ residual]` with ATen's roundings into a new tensor of `out_strides` (y is a conv
     output without its bias, any layout whose (h, w) positions form one strided run). `dup_up` adds
-    `DupUp3D(x)[:, :, first_frame:]` as the residual (`DupUp`; `dup_up_add`'s gather; not with `residual`). `residual_bias`: the residual is a conv output without its
-    bias, added first (`residual.add_(residual_bias)`'s rounding)."""
+    `DupUp3D(x)[:, :, first_frame:]` as the residual (`DupUp`; `dup_up_add`'s gather; not with `residual`).
+    `residual_bias`: the residual is a conv output without its bias, added first (`residual.add_(residual_bias)`'s
+    rounding)."""
     if residual is not None and dup_up is not None:
         raise ValueError("conv_epilogue: a residual or a DupUp3D shortcut, not both")
     if residual_bias is not None and residual is None:

@@ -20,9 +20,9 @@ from torch import Tensor
 
 from rewrite.ops import layout, selftest, triton_epilogue, triton_norm, triton_pad, triton_upsample
 from rewrite.ops.dispatch import use_kernel
+from rewrite.ops.layout import (cat_memory_format, channels_last_cache, conv_output_shape, frame_major, padded_shape,
+                                reference_layout, upsample_conv2d_output_shape)
 from rewrite.ops.op_info import reads_channels_last_weight
-from rewrite.ops.layout import (conv_output_shape, frame_major, next_cache_shape, padded_shape, reference_layout,
-                                upsample_conv2d_output_shape)
 from rewrite.ops.wan_reference import (CACHE_MODES, causal_conv3d_reference, causal_conv_input_reference,
                                        conv3d_residual_reference, dup_up_add_reference, next_cache_reference,
                                        pointwise_conv3d_reference, rms_norm_causal_conv3d_reference,
@@ -32,6 +32,16 @@ from rewrite.ops.wan_reference import (CACHE_MODES, causal_conv3d_reference, cau
 
 aten = torch.ops.aten
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# The fakes give each output the layout the op returns (its reference's, but for the causal convs' next cache,
+# channels-last): from the shape formulas of `rewrite.ops.layout` and the memory formats ATen's kernels pick
+# (`suggest_memory_format`, `cat_memory_format`), or from single-input ATen calls on the fake inputs. They run
+# no ATen op joining two inputs of the captured graph (a `cat` of the cache and x, an add of a residual): under
+# the graph's shape environment that would unify, and could specialize, their symbolic sizes.
+def _like(t: Tensor) -> Tensor:
+    """A fresh empty tensor of `t`'s size, strides and dtype (a fake's outputs must not alias its inputs)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
 # ---- RMS norm (+ SiLU) -------------------------------------------------------------------------------
@@ -47,22 +57,45 @@ def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, up
 
 @rms_norm.register_fake
 def _(x, gamma, scale, bias, eps, upcast, act):
-    return torch.empty_like(x)
+    return torch.empty_like(x)  # elementwise over x (and x's norm): x's layout
 
 
 # ---- causal conv input assembly and the next cache ------------------------------------------------------
 @torch.library.custom_op("rewrite::causal_conv_input", mutates_args=())
 def causal_conv_input(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[Tensor, Tensor]:
-    """Cache concatenation + zero pad of a causal conv's input, and the cache for the next chunk, in one op."""
+    """Cache concatenation + zero pad of a causal conv's input, and the cache for the next chunk, in one op.
+
+    The pad kernel writes a contiguous padded input: it serves where the replaced pad's output is contiguous
+    (not where ATen keeps a channels-last x's, and cache's, memory); the next cache is the reference's."""
     tensors = (x,) if cache is None else (x, cache)
-    if x.dim() == 5 and len(pad) == 6 and min(pad) >= 0 and use_kernel("causal_conv_input", tensors, FLOAT_DTYPES):
+    if (x.dim() == 5 and len(pad) == 6 and min(pad) >= 0 and use_kernel("causal_conv_input", tensors, FLOAT_DTYPES)
+            and _padded_format(x, cache, mode) == torch.contiguous_format):
         return triton_pad.causal_pad(x, cache if mode != "chunk0" else None, pad), next_cache_reference(x, cache, mode)
     return causal_conv_input_reference(x, cache, pad, mode)
 
 
+def _padded_format(x: Tensor, cache: Optional[Tensor], mode: str) -> torch.memory_format:
+    """The memory format of `causal_conv_input_reference`'s padded input: the pad keeps the suggested format of
+    its input, x or the `cat` of the cache and x."""
+    return cat_memory_format(x) if mode == "chunk0" or cache is None else cat_memory_format(cache, x)
+
+
+def _causal_conv_input_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[Tensor, Tensor]:
+    """(padded input, next cache) as `causal_conv_input_reference` lays them out. The next cache: mode steady
+    clones x's last two frames (their layout); the other modes `cat` two 1-frame pieces, zeros like x's last
+    frames or the cache's last frame, and x's last frames."""
+    padded = layout.empty(padded_shape(x.shape, cache, pad, mode), x, _padded_format(x, cache, mode))
+    tail = torch.empty_like(x[:, :, -2:])
+    if mode == "steady":
+        return padded, tail
+    first = tail if mode == "chunk0" or cache is None else cache[:, :, -1:]
+    b, c, _, h, w = x.shape
+    return padded, layout.empty((b, c, 2, h, w), x, cat_memory_format(first, tail))
+
+
 @causal_conv_input.register_fake
 def _(x, cache, pad, mode):
-    return x.new_empty(padded_shape(x.shape, cache, pad, mode)), x.new_empty(next_cache_shape(x.shape, mode))
+    return _causal_conv_input_fake(x, cache, pad, mode)
 
 
 # ---- conv3d (bias included) + residual add -------------------------------------------------------------
@@ -79,9 +112,14 @@ def conv3d_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor], residual:
     return conv3d_residual_reference(x, weight, bias, residual)
 
 
+def _conv_add_fake(conv_out: Tensor) -> Tensor:
+    """`conv_out + residual` (same shapes): ATen's add takes the layout of its first operand, a dense conv output."""
+    return torch.empty_like(conv_out)
+
+
 @conv3d_residual.register_fake
 def _(x, weight, bias, residual):
-    return torch.empty_like(residual)
+    return _conv_add_fake(aten.conv3d.default(x, weight, bias))
 
 
 # ---- causal conv3d: input assembly, channels-last conv, bias (+ residual) ---------------------------------
@@ -112,14 +150,6 @@ def _channels_last_conv_raw(padded: Tensor, weight: Tensor) -> Tensor:
     return aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
 
 
-def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
-                        residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """The output is contiguous with or without a residual: ATen's conv output is, and the replaced
-    `conv + residual` add takes the layout of that first operand (`layout.conv_output_strides`)."""
-    out_shape = conv_output_shape(padded_shape(x.shape, cache, pad, mode), weight.shape)
-    return x.new_empty(out_shape), x.new_empty(next_cache_shape(x.shape, mode))
-
-
 @reads_channels_last_weight("weight")
 @torch.library.custom_op("rewrite::causal_conv3d", mutates_args=())
 def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
@@ -132,18 +162,32 @@ def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str,
     bias and residual with ATen's roundings while writing the output in the layout the replaced subgraph has. Used
     only where `selftest.channels_last_conv_is_exact` found cuDNN's channels-last conv `torch.equal` to its
     NCDHW conv for this shape; else the same ops as `causal_conv_input` + conv (+ `conv3d_residual`).
+
+    Layouts: the output's is the replaced subgraph's; the next cache is channels-last on both paths (what the
+    pad kernel writes; the reference path copies its cache so: `layout.channels_last_cache`).
     """
     tensors = tuple(t for t in (x, cache, weight, bias, residual) if t is not None)
     if use_kernel("causal_conv3d", tensors, FLOAT_DTYPES) and _channels_last_conv_serves(x, cache, pad, mode, weight,
                                                                                           residual):
         padded, next_cache = triton_pad.causal_pad_channels_last(x, cache if mode != "chunk0" else None, pad)
         return _channels_last_conv(padded, weight, bias, residual), next_cache
-    return causal_conv3d_reference(x, cache, pad, mode, weight, bias, residual)
+    out, next_cache = causal_conv3d_reference(x, cache, pad, mode, weight, bias, residual)
+    return out, channels_last_cache(next_cache)
+
+
+def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+                        bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """`causal_conv3d_reference`'s output layout (the conv of the padded input, the add's), a channels-last
+    next cache."""
+    padded, next_cache = _causal_conv_input_fake(x, cache, pad, mode)
+    out = aten.conv3d.default(padded, aten.contiguous.default(weight), bias)
+    out = _like(out) if residual is None else _conv_add_fake(out)
+    return out, channels_last_cache(next_cache)
 
 
 @causal_conv3d.register_fake
 def _(x, cache, pad, mode, weight, bias, residual):
-    return _causal_conv3d_fake(x, cache, pad, mode, weight, residual)
+    return _causal_conv3d_fake(x, cache, pad, mode, weight, bias, residual)
 
 
 # ---- nearest-exact 2x spatial upsample -----------------------------------------------------------------
@@ -158,8 +202,8 @@ def upsample_nearest2x(x: Tensor, upcast: bool) -> Tensor:
 
 @upsample_nearest2x.register_fake
 def _(x, upcast):
-    n, c, h, w = x.shape
-    return x.new_empty((n, c, 2 * h, 2 * w))
+    n, c, h, w = x.shape  # ATen's upsample keeps x's suggested memory format
+    return layout.empty((n, c, 2 * h, 2 * w), x, layout.suggest_memory_format(x))
 
 
 # ---- RMS norm (+ SiLU) feeding a causal conv3d ------------------------------------------------------------
@@ -216,9 +260,13 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
 @rms_norm_causal_conv3d.register_fake
 def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias=None,
       residual_bias=None, channels_last_out=False):
-    out, next_cache = _causal_conv3d_fake(x, cache, pad, mode, weight, residual)
+    # as the reference: a deferred bias completed on the contiguous tensor, the norm in its input's layout
+    normalized = torch.empty_like(x) if x_bias is None else layout.empty(x.shape, x)
+    if residual is not None and residual_bias is not None:
+        residual = layout.empty(residual.shape, residual)
+    out, next_cache = _causal_conv3d_fake(normalized, cache, pad, mode, weight, bias, residual)
     if channels_last_out:
-        out = out.clone(memory_format=torch.channels_last_3d)
+        out = layout.empty(out.shape, out, torch.channels_last_3d)
     return out, next_cache
 
 
@@ -265,7 +313,9 @@ def upsample_conv2d(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tens
 
 @upsample_conv2d.register_fake
 def _(x, upcast, weight, bias, stride, padding):
-    return x.new_empty(upsample_conv2d_output_shape(x.shape, weight.shape, padding))
+    # the conv of the upsampled x (in x's suggested format) with the contiguous weight keeps that format
+    shape = upsample_conv2d_output_shape(x.shape, weight.shape, padding)
+    return layout.empty(shape, x, layout.suggest_memory_format(x))
 
 
 # ---- temporal interleave after time_conv ----------------------------------------------------------------
@@ -277,7 +327,7 @@ def temporal_interleave(y: Tensor) -> Tensor:
 
 @temporal_interleave.register_fake
 def _(y):
-    b, c2, t, h, w = y.shape
+    b, c2, t, h, w = y.shape  # contiguous for every y: the 6-D reshape and stack copy into contiguous memory
     return y.new_empty((b, c2 // 2, 2 * t, h, w))
 
 
@@ -294,7 +344,7 @@ def dup_up_add(main: Tensor, x: Tensor, repeats: int, unfold_shape: list[int], f
 
 @dup_up_add.register_fake
 def _(main, x, repeats, unfold_shape, fold_shape, first_frame):
-    return torch.empty_like(main)
+    return torch.empty_like(main)  # ATen's add takes the layout of its first operand, main
 
 
 # ---- Wan 2.2 up block end: upsample + conv2d, then the DupUp3D shortcut added -----------------------------
@@ -340,13 +390,10 @@ def _(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats, unfol
 
 
 # ---- 1x1x1 conv of a frame-major input (Wan 2.2's resnet shortcuts) -----------------------------------------
-def _empty_pointwise_output(x: Tensor, weight: Tensor) -> Tensor:
-    """An empty [b, c_out, t, h, w] output in the layout `pointwise_conv3d` promises: frame-major for a
-    frame-major x, else contiguous (the reference conv's)."""
+def _empty_frame_major_output(x: Tensor, weight: Tensor) -> Tensor:
+    """An empty frame-major [b, c_out, t, h, w] output: what `pointwise_conv3d` returns for a frame-major x."""
     b, _, t, h, w = x.shape
-    if frame_major(x):
-        return x.new_empty((b, t, weight.shape[0], h, w)).permute(0, 2, 1, 3, 4)
-    return x.new_empty((b, weight.shape[0], t, h, w))
+    return x.new_empty((b, t, weight.shape[0], h, w)).permute(0, 2, 1, 3, 4)
 
 
 @torch.library.custom_op("rewrite::pointwise_conv3d", mutates_args=())
@@ -370,9 +417,12 @@ def pointwise_conv3d(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tenso
         y = aten.conv2d.default(frames, weight.reshape(c_out, c_in, 1, 1), bias)
         return y.view(b, t, c_out, h, w).permute(0, 2, 1, 3, 4)
     y = pointwise_conv3d_reference(x, weight, bias)
-    return _empty_pointwise_output(x, weight).copy_(y) if is_frame_major else y
+    return _empty_frame_major_output(x, weight).copy_(y) if is_frame_major else y
 
 
 @pointwise_conv3d.register_fake
 def _(x, weight, bias):
-    return _empty_pointwise_output(x, weight)
+    if frame_major(x):
+        return _empty_frame_major_output(x, weight)
+    b, _, t, h, w = x.shape
+    return x.new_empty((b, weight.shape[0], t, h, w))  # the reference conv's (contiguous on CPU)

@@ -106,8 +106,8 @@ def rms_norm_causal_conv3d_reference(x: Tensor, gamma: Tensor, scale: float, nor
     """`rms_norm` then `causal_conv3d`, the deferred biases completed first (`with_deferred_bias`); with
     `channels_last_out`, the output copied into channels-last memory."""
     normalized = rewrite_ops.rms_norm.default(with_deferred_bias(x, x_bias), gamma, scale, norm_bias, eps, upcast, act)
-    out, next_cache = rewrite_ops.causal_conv3d.default(
-        normalized, cache, pad, mode, weight, bias, None if residual is None else with_deferred_bias(residual, residual_bias))
+    residual = None if residual is None else with_deferred_bias(residual, residual_bias)
+    out, next_cache = rewrite_ops.causal_conv3d.default(normalized, cache, pad, mode, weight, bias, residual)
     if channels_last_out:
         out = out.contiguous(memory_format=torch.channels_last_3d)
     return out, next_cache
