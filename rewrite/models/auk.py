@@ -2,7 +2,8 @@
 
 The AuK VAE decodes 64-channel latents at 50 Hz into a 24 kHz waveform (hop 480) with a BigVGAN-style
 decoder (docs/design.md section 9.1). No package ships it, so this module is the reference the optimizer rewrites and
-is checked against. It imports nothing from the rest of `rewrite`.
+is checked against. It imports nothing from the rest of `rewrite` but the alias-free filter geometry
+(`rewrite/ops/alias_free_geometry.py`, defined once for the model, the ops and the patterns).
 
 Architecture (default geometry; channels ``C0 = upsample_initial_channel`` halve at every stage)::
 

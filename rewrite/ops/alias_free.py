@@ -21,7 +21,7 @@ Exactness: ``tolerance`` (enabled at level ``channels_last``): the kernel sums t
 with FMA contraction and a fast sine, so it is not bit-identical to cuDNN's convs. Contract checked by the
 CPU tests: fp32 within 16 eps32 * max|y| and relative L2 1e-6 of the eager module
 (``tests/test_alias_free_op.py`` says why); fp16/bf16: fp32 math on the rounded inputs, one rounding at the
-end. Measured accuracy and cost on the GPU: docs/tuning_ops.md, "AuK alias-free activation".
+end. Measured accuracy and cost on the GPU: docs/tuning.md section 5, "AuK alias-free activation".
 
 Dispatch: the Triton kernel runs only when `triton_unsupported_reason` returns None and the backend of the
 run context (`rewrite.ops.dispatch`: ``use_backend``/``set_backend``, re-exported here) is not

@@ -20,7 +20,7 @@ contraction on). The 6-term upsample and the 12-term low-pass are summed in this
 cuDNN uses another; the exponentials are libdevice's ``expf``, ``1/(exp(beta)+1e-9)`` is an IEEE division,
 and the sine is the hardware's ``sin.approx.f32`` after a two-constant range reduction
 (`rewrite.ops.triton_math.sin_fast`, absolute error about 2**-20.9). fp16/bf16: fp32 math on the rounded
-inputs, one rounding at the end. Measured accuracy and cost: docs/tuning_ops.md, "AuK alias-free activation".
+inputs, one rounding at the end. Measured accuracy and cost: docs/tuning.md section 5, "AuK alias-free activation".
 
 The kernel reads any x whose ``B * C`` rows are contiguous runs at one stride (`rows_stride`: a contiguous x,
 or a view cropping each row such as the causal transposed conv's output) in place; other layouts are copied
@@ -185,7 +185,7 @@ class SnakeTile(NamedTuple):
     warps: int
 
 
-# Launch geometry (H200 measurements: docs/tuning_ops.md, "AuK alias-free activation"): one warp per program
+# Launch geometry (H200 measurements: docs/tuning.md section 5, "AuK alias-free activation"): one warp per program
 # and tiles of at most 256 positions keep every tl.gather inside one warp (shuffles, no shared-memory round trip).
 TILE_ELEMENTS = 256  # positions (outputs plus halo) x rows per program
 BLOCK_T_CHOICES = (16, 32, 64, 128, 256)

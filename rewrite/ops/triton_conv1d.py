@@ -12,7 +12,7 @@ contiguous ``[B, O, T]``: every dense conv of the AuK decoder at level ``channel
 output channel).
 
 Why: cuDNN runs these NCHW fp32 convs as NHWC kernels behind a transpose of the input and of the filter
-on every call and one of the output (docs/tuning_ops.md, "AuK Triton conv1d"), and picks its algorithm by
+on every call and one of the output (docs/tuning.md section 5, "AuK Triton conv1d"), and picks its algorithm by
 shape, so a window of a tiled decode and the whole clip differ in their last bits. Here the
 activation writes the input channels-last, so an input tile ``[channels, positions]`` of one tap is
 contiguous along the reduction (what the tensor cores read without a transpose), the output comes out in
@@ -31,7 +31,7 @@ cuDNN's, summed in fp32 in another order; bias and residual are added to the fp3
 rounding less than conv-then-add). fp16/bf16 inputs multiply exactly, accumulate in fp32 and round once.
 The tensor cores truncate fp32 operands to TF32, so the caller rounds them to nearest first (the activation
 kernel's ``round_tf32``, `pack_weight`): then the full decode is as close to eager as with cuDNN's convs
-(measured: docs/tuning_ops.md, "AuK Triton conv1d").
+(measured: docs/tuning.md section 5, "AuK Triton conv1d").
 
 Preconditions (`unsupported_reason`): Triton, one floating dtype for all tensors, ``padded`` contiguous,
 ``O >= 16`` (a smaller output wastes a tensor-core tile: the caller keeps ATen's conv), TF32 allowed for
@@ -109,7 +109,7 @@ class ConvShapes(NamedTuple):
 
 # Undilated convs where cuDNN's conv (with its transposes, its bias and residual pass, and the cheaper NCL
 # activation before it) measured faster than this kernel (with its weight packing and the channels-last
-# activation); H200 measurements: docs/tuning_ops.md, "AuK Triton conv1d".
+# activation); H200 measurements: docs/tuning.md section 5, "AuK Triton conv1d".
 _CUDNN_FASTER_UNDILATED = (ConvShapes(96, 191, 7), ConvShapes(256, 767, 7), ConvShapes(768, None, 11))
 
 
@@ -139,7 +139,7 @@ def pack_weight(weight: Tensor, out: Optional[Tensor] = None) -> Tensor:
 
 class PackedWeightCache:
     """Packed copies of conv weights (`pack_weight`) kept between calls, for a runner whose CUDA graphs read them
-    instead of repacking on every replay (docs/tuning_ops.md, "Packed weights").
+    instead of repacking on every replay (docs/tuning.md section 5, "Packed weights").
 
     `lookup(weight)` packs a weight the first time and again when it changed: another storage, shape or dtype
     (a new buffer), or a bumped version counter, which every in-place update through the tensor bumps
@@ -191,7 +191,7 @@ class PackedWeightCache:
 
     def _unchanged_since_refresh(self) -> bool:
         """No entry changed since the last `refresh` (four C-level passes over the entries: it runs before
-        every replay, where the Python loop of `refresh` costs too much host time: docs/tuning_ops.md)."""
+        every replay, where the Python loop of `refresh` costs too much host time: docs/tuning.md section 5)."""
         clean = self._clean
         if clean is None or rounds_to_tf32(torch.float32) != clean.tf32:
             return False
@@ -304,7 +304,7 @@ class ConvConfig(NamedTuple):
     splits: int
 
 
-# The first config that fits; from H200 sweeps (docs/tuning_ops.md, "AuK Triton conv1d"). A split conv has each
+# The first config that fits; from H200 sweeps (docs/tuning.md section 5, "AuK Triton conv1d"). A split conv has each
 # program write an fp32 partial and one more kernel sum them in slice order, adding bias and residual: more
 # programs for the large-C convs whose output tiles would not fill the GPU.
 _CONFIGS = (

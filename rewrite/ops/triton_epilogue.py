@@ -106,7 +106,7 @@ if triton is not None:
         tl.store(out_ptr + (b * so0 + c * so1 + t * so2) + s, _round(acc + r.to(tl.float32), dtype), mask=mask)
 
 
-# Tiles of the conv epilogue (H200 sweep: docs/tuning_ops.md, "Channels-last data movement")
+# Tiles of the conv epilogue (H200 sweep: docs/tuning.md section 5, "Channels-last data movement")
 EPILOGUE_TILE = Tile(positions=128, channels=64, warps=8)
 DUP_UP_EPILOGUE_TILE = Tile(positions=128, channels=64, warps=8)  # with the DupUp3D gather
 

@@ -261,7 +261,7 @@ if triton is not None:
         tl.store(out_ptr + i, _round(tl.math.div_rn(y, 1.0 + _exp(-y)), x.dtype), mask=mask)
 
 
-# Tiling of the fused norm (H200 sweeps: docs/tuning_ops.md, "Fused RMS norm")
+# Tiling of the fused norm (H200 sweeps: docs/tuning.md section 5, "Fused RMS norm")
 NORM_TILE = 1024  # accumulator values per program of the fused norm (8 fp32 registers a thread at 4 warps)
 NORM_WARPS = 4
 NORM_UNROLL = 2  # channel groups loaded per step of the first pass

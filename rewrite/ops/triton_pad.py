@@ -160,7 +160,7 @@ def causal_pad(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
     return out
 
 
-# Tiles of the channels-last pad kernel (H200 sweep: docs/tuning_ops.md, "Channels-last data movement")
+# Tiles of the channels-last pad kernel (H200 sweep: docs/tuning.md section 5, "Channels-last data movement")
 PAD_CL_TILE = Tile(positions=64, channels=0, warps=4)
 PAD_CL_TILE_FEW_CHANNELS = Tile(positions=64, channels=128, warps=8)  # up to 128 channels: all in one block
 

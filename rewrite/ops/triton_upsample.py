@@ -66,7 +66,7 @@ if triton is not None:
         tl.store(out_ptr + b * so0 + c * so1 + t * so2 + h * so3 + w * so4, out, mask=mask)
 
 
-# The channels-last upsample tile (H200 sweep: docs/tuning_ops.md, "Channels-last data movement")
+# The channels-last upsample tile (H200 sweep: docs/tuning.md section 5, "Channels-last data movement")
 UPSAMPLE_CL_TILE = Tile(positions=64, channels=0, warps=4)
 
 
