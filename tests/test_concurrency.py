@@ -18,34 +18,10 @@ from rewrite.capture.auk import reference_decode
 from rewrite.models.auk import AuKConfig, AuKVAE
 from rewrite.models.wan import build_wan
 from rewrite.runtime.locks import CaptureGate, ModuleLock
+from tests.threads import run_threads
 
 MICRO = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,
                   resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3),))
-
-
-def run_threads(count: int, target) -> list:
-    """`target(i)` in `count` threads started together, under ``torch.no_grad()`` (grad mode is per thread);
-    their results, re-raising the first error."""
-    barrier = threading.Barrier(count)
-    results: list = [None] * count
-    errors: list = []
-
-    def run(i):
-        try:
-            barrier.wait()
-            with torch.no_grad():
-                results[i] = target(i)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 # ------------------------------------------------------------------------------------------ the locks

@@ -8,14 +8,13 @@ an unordered second caller would overlap the first one on the GPU.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from rewrite import optimize, report
 from rewrite.models.auk import AuKConfig, AuKVAE
 from rewrite.models.wan import build_wan
+from tests.threads import run_threads
 
 pytestmark = pytest.mark.gpu
 
@@ -48,26 +47,13 @@ def test_threads_sharing_a_warm_module_each_get_their_own_answer(model, level):
     expected = [decode(z).clone() for z in inputs]  # one caller: warm graphs, then the reference answers
     torch.cuda.synchronize()
     assert report(vae).last_path == "graphs"
-    results: dict[int, torch.Tensor] = {}
-    errors: list = []
-    barrier = threading.Barrier(THREADS)
 
-    def caller(t: int):
-        try:
-            with torch.no_grad():
-                barrier.wait()
-                for i in range(t * DECODES, (t + 1) * DECODES):
-                    results[i] = decode(inputs[i])
-                torch.cuda.current_stream().synchronize()
-        except BaseException as error:  # noqa: BLE001 - re-raised below
-            errors.append(error)
+    def caller(t: int) -> list[torch.Tensor]:
+        outs = [decode(inputs[i]) for i in range(t * DECODES, (t + 1) * DECODES)]
+        torch.cuda.current_stream().synchronize()
+        return outs
 
-    threads = [threading.Thread(target=caller, args=(t,)) for t in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors[0]
+    results = [out for outs in run_threads(THREADS, caller) for out in outs]
     wrong = [i for i in range(len(inputs)) if not torch.equal(results[i], expected[i])]
     assert not wrong, f"{len(wrong)} of {len(inputs)} concurrent decodes differ from the single-caller result"
 
@@ -98,19 +84,7 @@ def test_two_first_decodes_at_once_on_cuda_capture_once_and_agree():
     parameters = [(n, id(p)) for n, p in vae.named_parameters()]
     inputs = [torch.randn(1, 4, 3, 8, 12, generator=torch.Generator().manual_seed(s)).to("cuda", torch.bfloat16)
               for s in range(2)]
-    results: list = [None, None]
-    barrier = threading.Barrier(2)
-
-    def caller(i: int):
-        with torch.no_grad():
-            barrier.wait()
-            results[i] = vae.decode(inputs[i]).sample
-
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = run_threads(2, lambda i: vae.decode(inputs[i]).sample)
     assert [(n, id(p)) for n, p in vae.named_parameters()] == parameters
     for i in range(2):
         assert torch.equal(results[i], reference.decode(inputs[i]).sample), i
