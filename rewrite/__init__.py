@@ -14,11 +14,6 @@ from rewrite.levels import LEVELS
 __all__ = ["optimize", "report", "warmup", "LEVELS"]
 _API = ("optimize", "report", "warmup")
 
-# The submodule `rewrite.report` (stdlib only) shares its name with the entry point `report`. It is loaded
-# now and its package attribute dropped, so that `rewrite.report` always names the function (found by
-# `__getattr__`), whatever imports the submodule first.
-importlib.import_module("rewrite.report")
-del globals()["report"]
 
 
 def __getattr__(name: str):

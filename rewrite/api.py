@@ -14,7 +14,7 @@ from torch import nn
 
 from rewrite.levels import LEVELS, check_level
 from rewrite.pipeline import rewrite_graph
-from rewrite.report import Report, WarmupResult
+from rewrite.reporting import Report, WarmupResult
 from rewrite.runtime.runner import installed_runner
 from rewrite.supported import runner_class_for
 

@@ -48,7 +48,7 @@ from rewrite.capture.auk import capture_auk_decode, reference_decode
 from rewrite.capture.export import CapturedGraph
 from rewrite.levels import level_enables
 from rewrite.ops import compile_ahead, triton_conv1d, valid_length
-from rewrite.report import GraphReport, WarmupResult
+from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import guards
 from rewrite.runtime.graphs import CudaGraphBackend, GraphPool, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE

@@ -28,7 +28,7 @@ from typing import Any, Callable, Hashable, Iterator
 
 from torch import nn
 
-from rewrite.report import FallbackLog
+from rewrite.reporting import FallbackLog
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.locks import ModuleLock

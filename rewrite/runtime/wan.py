@@ -24,7 +24,7 @@ from torch import nn
 
 from rewrite.capture.export import WeightLocations
 from rewrite.capture.wan import capture_wan_decoder, reference_forward
-from rewrite.report import GraphReport, WarmupResult
+from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import guards
 from rewrite.runtime.cache_writes import write_caches_in_place
 from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
