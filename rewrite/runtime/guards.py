@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import itertools
 import operator
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -53,8 +53,7 @@ def hook_reason(region: nn.Module, region_name: str, allowed_forward: object = N
         hooked.append("global module hooks")
     if not hooked:
         return None
-    shown = ", ".join(hooked[:5]) + (f" and {len(hooked) - 5} more" if len(hooked) > 5 else "")
-    return f"hooks or forward wrappers inside the captured region: {shown}"
+    return f"hooks or forward wrappers inside the captured region: {_listed(hooked, 5)}"
 
 
 def uniform_parameters_reason(module: nn.Module, x: torch.Tensor) -> str | None:
@@ -93,9 +92,8 @@ def training_reason(modules: Listing) -> str | None:
     active = [name for name, module in modules if module.training and _computes_differently_in_training(module)]
     if not active:
         return None
-    shown = ", ".join(active[:3]) + (f" and {len(active) - 3} more" if len(active) > 3 else "")
-    return (f"train mode with active dropout or batch statistics in {shown}; the graphs compute the eval-mode "
-            "decode (call .eval() for the graphs)")
+    return (f"train mode with active dropout or batch statistics in {_listed(active)}; the graphs compute the "
+            "eval-mode decode (call .eval() for the graphs)")
 
 
 def tensor_attribute_reason(modules: Listing) -> str | None:
@@ -105,8 +103,12 @@ def tensor_attribute_reason(modules: Listing) -> str | None:
              for key, value in module.__dict__.items() if isinstance(value, torch.Tensor)]
     if not found:
         return None
-    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-    return f"tensors held as plain attributes, not parameters or buffers: {shown}"
+    return f"tensors held as plain attributes, not parameters or buffers: {_listed(found)}"
+
+
+def _listed(items: list[str], most: int = 3) -> str:
+    """The first `most` items, joined, and how many more there are."""
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
 def _computes_differently_in_training(module: nn.Module) -> bool:
@@ -144,7 +146,7 @@ class ModuleSnapshot:
     differs now (an activation swapped for another type, ``conv.bias = None``, a parametrization (which
     changes the module's type), a conv's ``padding_mode``, an added or removed submodule)."""
 
-    entries: dict[str, tuple[type, tuple[str, ...], tuple[str, ...], tuple[str, ...], dict[str, Any]]]
+    entries: dict[str, "_ModuleShape"]
 
     @classmethod
     def of(cls, listing: Listing) -> "ModuleSnapshot":
@@ -158,28 +160,33 @@ class ModuleSnapshot:
             if before is None or after is None:
                 found.append(f"{name} {'added' if before is None else 'removed'}")
                 continue
-            if before[0] is not after[0]:  # another module: its own settings are not an edit
-                found.append(f"{name} type: {_short(before[0])} -> {_short(after[0])}")
+            if before.type is not after.type:  # another module: its own settings are not an edit
+                found.append(f"{name} type: {before.type.__name__} -> {after.type.__name__}")
                 continue
-            for label, old, new in zip(("children", "parameters", "buffers"), before[1:4], after[1:4]):
+            for label in ("children", "parameters", "buffers"):
+                if getattr(before, label) != getattr(after, label):
+                    found.append(f"{name} {label}: {getattr(before, label)!r} -> {getattr(after, label)!r}")
+            for key in sorted(set(before.settings) | set(after.settings)):
+                old, new = before.settings.get(key, "<unset>"), after.settings.get(key, "<unset>")
                 if old != new:
-                    found.append(f"{name} {label}: {_short(old)} -> {_short(new)}")
-            for key in sorted(set(before[4]) | set(after[4])):
-                if before[4].get(key, "<unset>") != after[4].get(key, "<unset>"):
-                    found.append(f"{name}.{key}: {before[4].get(key, '<unset>')!r} -> {after[4].get(key, '<unset>')!r}")
+                    found.append(f"{name}.{key}: {old!r} -> {new!r}")
             if len(found) > shown:
                 break
         return found[:shown] + (["and more"] if len(found) > shown else [])
 
 
-def _describe(module: nn.Module):
-    return (type(module), tuple(module._modules),
-            tuple(k for k, v in module._parameters.items() if v is not None),
-            tuple(k for k, v in module._buffers.items() if v is not None), module_settings(module))
+class _ModuleShape(NamedTuple):
+    type: type
+    children: tuple[str, ...]
+    parameters: tuple[str, ...]  # those set (not None)
+    buffers: tuple[str, ...]
+    settings: dict[str, Any]
 
 
-def _short(value: Any) -> str:
-    return value.__name__ if isinstance(value, type) else repr(value)
+def _describe(module: nn.Module) -> _ModuleShape:
+    return _ModuleShape(type(module), tuple(module._modules),
+                        tuple(k for k, v in module._parameters.items() if v is not None),
+                        tuple(k for k, v in module._buffers.items() if v is not None), module_settings(module))
 
 
 class AcceptedState:
