@@ -160,7 +160,6 @@ class AuKRunner(DecoderRunner):
         # Conv weights packed for the Triton convs (channels_last), kept between calls: the graphs read them, and
         # `_replay` re-packs those whose version counter changed before replaying.
         self.packed_weights = triton_conv1d.PackedWeightCache()
-        self._decoder_modules: list | None = None  # vae.decoder.named_modules(), listed by the last full check
         # per (dtype, device): what the full guards accepted last, re-checked cheaply by the next call
         self._accepted: dict[tuple, guards.AcceptedState] = {}
         self._pad: tuple | None = None  # (mean, log_std, their versions and pointers, pad latent): `pad_latent`
@@ -263,7 +262,7 @@ class AuKRunner(DecoderRunner):
                 and guards.capture_in_progress_reason(z.device) is None):
             return None  # nothing the checks below look at has changed since they accepted a call
         self._accepted.pop(key, None)
-        self._decoder_modules = listing = list(vae.decoder.named_modules(prefix="decoder"))
+        listing = list(vae.decoder.named_modules(prefix="decoder"))
         reason = (
             guards.autograd_reason(vae, z)
             or guards.hook_reason(vae.decoder, "decoder", modules=listing)
@@ -285,7 +284,7 @@ class AuKRunner(DecoderRunner):
                 self._retire_if_replaced(key, pointers)
             locations = self.graphs[key].weight_locations(vae)
             if locations is not None:
-                self._accepted[key] = guards.AcceptedState(vae.decoder, self._decoder_modules, locations)
+                self._accepted[key] = guards.AcceptedState(vae.decoder, listing, locations)
         return reason
 
     def _retire_if_replaced(self, key: tuple, pointers: tuple[int, ...]) -> None:

@@ -98,16 +98,14 @@ class DecoderRunner:
             changes = snapshot.changes(listing)
             if changes:
                 self.recaptures[key] += 1
+                self.graphs.forget(key)
+                self.forget_graphs(key)
                 if self.recaptures[key] > MAX_RECAPTURES:
-                    self.graphs.forget(key)
                     self.graphs.errors[key] = (f"the decoder changed after {MAX_RECAPTURES} recaptures for {what} "
                                                f"({'; '.join(changes)}); the reference path serves it from now on")
-                    self.forget_graphs(key)
                     return None
                 logger.warning("rewrite: the decoder changed since its capture for %s (%s); capturing again",
                                what, "; ".join(changes))
-                self.graphs.forget(key)
-                self.forget_graphs(key)
         if key not in self.graphs.values and key not in self.graphs.errors:
             self.snapshots[key] = guards.ModuleSnapshot.of(listing)
         return self.graphs.get(key, capture, what)
@@ -146,8 +144,7 @@ class PendingRunner:
     def restore(self) -> DecoderRunner:
         module = self.module
         runner = self.runner_class(module, self.level, self.rewrite_graph, **self.options)
-        self.runner_class.uninstall(module)
-        runner.install(module)
+        runner.install(module)  # replaces every entry point and `_rewrite_runner` of the pickled runner
         logger.info("rewrite: %s loaded from a pickle, optimized again at level %r", type(module).__name__, self.level)
         return runner
 
