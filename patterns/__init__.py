@@ -24,6 +24,8 @@ PATTERN_MODULES: tuple[str, ...] = (
     "pointwise_conv3d",
     # after the two ops they chain (residual_bias first: norm_input_bias matches its result too)
     "residual_bias", "norm_input_bias",
+    # after every family that builds or rewires rms_norm_causal_conv3d (channels_last only)
+    "rms_norm_causal_conv3d_fast",
     # AuK: auk_alias_free lists its channels_last [fused] pattern before the lossless [exact] one (same search)
     "auk_alias_free", "auk_causal_conv1d", "auk_causal_conv_transpose1d", "auk_amp_average",
     # after the two families it combines (channels_last only)

@@ -257,9 +257,10 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
                                             bias, residual, x_bias, residual_bias, channels_last_out)
 
 
-@rms_norm_causal_conv3d.register_fake
-def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias=None,
-      residual_bias=None, channels_last_out=False):
+def _rms_norm_causal_conv3d_fake(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias,
+                                 residual, x_bias=None, residual_bias=None, channels_last_out=False):
+    """The outputs `rms_norm_causal_conv3d_reference` returns, as empty tensors of their layouts (also the
+    fake of the ``channels_last`` twin, `rewrite.ops.wan_fast`)."""
     # as the reference: a deferred bias completed on the contiguous tensor, the norm in its input's layout
     normalized = torch.empty_like(x) if x_bias is None else layout.empty(x.shape, x)
     if residual is not None and residual_bias is not None:
@@ -268,6 +269,9 @@ def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bi
     if channels_last_out:
         out = layout.empty(out.shape, out, torch.channels_last_3d)
     return out, next_cache
+
+
+rms_norm_causal_conv3d.register_fake(_rms_norm_causal_conv3d_fake)
 
 
 # ---- nearest-exact 2x upsample feeding a conv2d (Wan's Resample) ------------------------------------------

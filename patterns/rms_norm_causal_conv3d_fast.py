@@ -1,0 +1,60 @@
+"""The fused Wan norm + causal conv3d with our own Triton convolution (level ``channels_last``).
+
+Matches:  rewrite::rms_norm_causal_conv3d(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight,
+                                          bias, residual, x_bias, residual_bias, channels_last_out)
+          (after every family that builds or rewires that op: `rms_norm_causal_conv3d`, `residual_bias`,
+          `norm_input_bias`; cache, bias, residual and the deferred biases each present or absent)
+Replaces: rewrite::rms_norm_causal_conv3d_fast(the same arguments) (`rewrite.ops.wan_fast`)
+Exactness: tolerance. The conv is `rewrite.ops.triton_conv3d`'s implicit GEMM: its fp32 sum runs in another
+          order than cuDNN's, and bias and residual are added before the one rounding (the README's
+          `channels_last` contract; measured in docs/results.md). Where the op's kernel path does not serve a
+          call, it runs the replaced `lossless` op.
+Level: channels_last.
+Guard: the graph runs on CUDA (or on CPU under the Triton interpreter, for tests), and `wan_fast.conv_reason`
+          accepts the conv: bf16/fp16, channel counts the kernel tiles, a shape `triton_conv3d.chosen`
+          measured faster than cuDNN's (the reason names what declined).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rewrite.engine.pattern import variants
+from rewrite.ops import dispatch, wan_fast
+
+rewrite_ops = torch.ops.rewrite
+_ARGS = ("x", "gamma", "scale", "norm_bias", "eps", "upcast", "act", "cache", "pad", "mode", "weight", "bias",
+         "residual", "x_bias", "residual_bias", "channels_last_out")
+
+
+def _call(op, values):
+    out = op(*(values[name] for name in _ARGS))
+    return out[0], out[1]
+
+
+def search(x, gamma, cache, weight, bias, residual, x_bias, residual_bias, scale, norm_bias, eps, upcast, act, pad,
+           mode, channels_last_out):
+    return _call(rewrite_ops.rms_norm_causal_conv3d.default, locals())
+
+
+def replace(x, gamma, cache, weight, bias, residual, x_bias, residual_bias, scale, norm_bias, eps, upcast, act, pad,
+            mode, channels_last_out):
+    return _call(rewrite_ops.rms_norm_causal_conv3d_fast.default, locals())
+
+
+def guard(match) -> str | None:
+    x = match.inputs["x"].meta["val"]
+    weight = match.inputs["weight"].meta["val"]
+    if not (x.device.type == "cuda" or (dispatch.INTERPRETING and x.device.type == "cpu")):
+        return f"the graph runs on {x.device}: the Triton conv runs on CUDA"
+    cache = match.inputs.get("cache")
+    cache_shape = None if cache is None else tuple(cache.meta["val"].shape)
+    return wan_fast.conv_reason(tuple(x.shape), cache_shape, list(match.scalars["pad"]), match.scalars["mode"],
+                                tuple(weight.shape), x.dtype)
+
+
+PATTERNS = variants(search, replace, guard, name="rms_norm_causal_conv3d_fast", exactness="tolerance",
+                    level="channels_last",
+                    scalars=("scale", "norm_bias", "eps", "upcast", "act", "pad", "mode", "channels_last_out"),
+                    optional=("residual_bias", "x_bias", "residual", "bias", "cache"),
+                    module_types=("WanResidualBlock", "WanCausalConv3d"))

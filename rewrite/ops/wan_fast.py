@@ -1,0 +1,108 @@
+"""The Wan ops of level ``channels_last`` (exactness class ``tolerance``): the fused norm + causal conv3d with
+the convolution computed by our own Triton kernel (`rewrite.ops.triton_conv3d`) instead of cuDNN's.
+
+`rms_norm_causal_conv3d_fast` takes the arguments of `rewrite::rms_norm_causal_conv3d` (`rewrite.ops.wan`)
+and returns outputs of the same shapes and layouts (its fake is that op's). Its kernel path: the fused norm
+kernel writes the padded channels-last conv input and the next cache exactly as the ``lossless`` op's does,
+then one Triton kernel convolves and adds bias, residual and the residual's deferred bias to the fp32
+accumulator before the one rounding, storing straight into the output layout (no epilogue pass). Everywhere
+the kernel path does not serve (a CPU tensor outside the interpreter tests, autograd, a shape or dtype
+`triton_conv3d.unsupported_reason` declines, ATen's summation order not reproduced for x), the ``lossless``
+op runs: the same answer as level ``lossless``, never a wrong one.
+
+Tolerance (measured: docs/results.md, tests/test_wan_fast.py): the conv's fp32 sum runs in another order
+than cuDNN's and bias and residual are added before one rounding, so outputs differ from ``lossless`` by
+about one bf16/fp16 ulp per conv; the full-decode contract is the README's (max-abs <= 6e-2, PSNR >= 45 dB
+against ``off``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from rewrite.ops import layout, selftest, triton_conv3d, triton_norm
+from rewrite.ops import wan as _exact  # registers rewrite::rms_norm_causal_conv3d
+from rewrite.ops.dispatch import use_kernel
+from rewrite.ops.layout import conv_output_shape, padded_shape
+from rewrite.ops.op_info import reads_channels_last_weight
+
+__all__ = ["conv_reason", "rms_norm_causal_conv3d_fast"]
+
+rewrite_ops = torch.ops.rewrite
+CL = torch.channels_last_3d
+
+
+def conv_reason(x_shape, cache_shape, pad, mode: str, weight_shape, dtype: torch.dtype) -> Optional[str]:
+    """None when the Triton conv serves this causal conv (its padded input's shape, the weight's, the dtype)
+    and `triton_conv3d.chosen` says it beats cuDNN's there; else why the ``lossless`` op runs it. Read by the
+    pattern's guard on the graph's shapes and by the op on its tensors."""
+    cache = None if cache_shape is None else torch.empty(cache_shape, device="meta")
+    if len(x_shape) != 5 or len(pad) != 6 or min(pad) < 0:
+        return f"not a causal conv3d of a 5-D input: x {tuple(x_shape)}, pad {pad}"
+    in_shape = padded_shape(x_shape, cache, pad, mode)
+    reason = triton_conv3d.unsupported_reason(in_shape, weight_shape, dtype)
+    if reason is not None:
+        return reason
+    out_channels, in_channels, *kernel = weight_shape
+    taps = kernel[0] * kernel[1] * kernel[2]
+    if not triton_conv3d.chosen(in_channels, out_channels, taps):
+        return f"cuDNN's conv measured faster for {in_channels} -> {out_channels} channels, {taps} taps"
+    return None
+
+
+def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+            residual: Optional[Tensor]) -> bool:
+    """The shape conditions of the exact op's channels-last path (cuDNN's exactness self-check aside) and
+    `conv_reason`."""
+    if (x.dim() != 5 or weight.dim() != 5 or len(pad) != 6 or min(pad) < 0 or mode not in _exact.CACHE_MODES
+            or weight.shape[1] != x.shape[1]):
+        return False
+    in_shape = padded_shape(x.shape, cache, pad, mode)
+    if residual is not None and list(residual.shape) != conv_output_shape(in_shape, weight.shape):
+        return False
+    if in_shape[2] - pad[5] < 2 or (x.shape[2] >= 2) != (mode == "steady"):
+        return False
+    return conv_reason(x.shape, None if cache is None else cache.shape, pad, mode, weight.shape, x.dtype) is None
+
+
+@reads_channels_last_weight("weight")
+@torch.library.custom_op("rewrite::rms_norm_causal_conv3d_fast", mutates_args=())
+def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
+                                act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str,
+                                weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                                x_bias: Optional[Tensor] = None, residual_bias: Optional[Tensor] = None,
+                                channels_last_out: bool = False) -> tuple[Tensor, Tensor]:
+    """`rewrite::rms_norm_causal_conv3d` with the Triton conv and its fused epilogue (module docstring)."""
+    args = (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias,
+            residual_bias, channels_last_out)
+    if channels_last_out and (bias is not None or residual is not None):
+        raise ValueError("rms_norm_causal_conv3d_fast: channels_last_out is for the raw conv output (no bias, no residual)")
+    tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
+    if (x.dim() == 5 and gamma.numel() == x.shape[1] and act in ("silu", None)
+            and use_kernel("rms_norm_causal_conv3d_fast", tensors, triton_conv3d.SUPPORTED_DTYPES)
+            and _serves(x, cache, pad, mode, weight, residual)):
+        plan = layout.norm_plan(x, upcast, reference_contiguous=x_bias is not None)
+        if plan is not None and (act is None or selftest.silu_is_exact(x.device, x.dtype)):
+            padded, next_cache = triton_norm.rms_norm_padded_channels_last(
+                x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
+                cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias)
+            shape = conv_output_shape(padded.shape, weight.shape)
+            if channels_last_out:
+                out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL)
+            else:
+                out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype,
+                                          device=x.device)
+            triton_conv3d.conv3d_channels_last(padded, weight.contiguous(memory_format=CL), bias, residual, out,
+                                               residual_bias)
+            return out, next_cache
+    return rewrite_ops.rms_norm_causal_conv3d.default(*args)
+
+
+@rms_norm_causal_conv3d_fast.register_fake
+def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias=None,
+      residual_bias=None, channels_last_out=False):
+    return _exact._rms_norm_causal_conv3d_fake(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight,
+                                               bias, residual, x_bias, residual_bias, channels_last_out)

@@ -1,0 +1,165 @@
+"""The Wan ``channels_last`` conv: the Triton conv3d kernel, the fused op around it, and its routing.
+
+Tolerance of the kernel tests: bf16/fp16 products are exact in fp32 and the kernel rounds its fp32 sum
+(bias and residual included) once, so its output is within half an output ulp of its fp32 sum, which is
+within n * 2**-24 * sum|terms| of the exact value (n terms, the standard recursive-summation bound). The
+check allows one ulp of the output dtype (at the larger of the two values) plus that bound.
+Routing: a shape the kernel does not serve runs the ``lossless`` op, `torch.equal` to it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rewrite.ops import triton_conv3d, wan_fast
+from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
+from rewrite.ops.dispatch import INTERPRETING, use_backend
+from rewrite.ops.triton_conv3d import ConvTile
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
+CL = torch.channels_last_3d
+SMALL = ConvTile(32, 32, 16, 4, 2)  # small tiles keep the interpreter fast
+
+
+def _ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One ulp of `dtype` at |values| (float64)."""
+    mantissa = {torch.bfloat16: 8, torch.float16: 11}[dtype]
+    exponent = torch.floor(torch.log2(values.abs().clamp_min(2.0 ** -14)))
+    return torch.pow(2.0, exponent - (mantissa - 1))
+
+
+def _within_one_ulp(out: torch.Tensor, reference: torch.Tensor, magnitude: torch.Tensor, terms: int) -> None:
+    """|out - reference| <= 1 ulp + terms * 2**-24 * magnitude (sum of |terms|; module docstring)."""
+    error = (out.double() - reference).abs()
+    bound = _ulp(torch.maximum(reference.abs(), out.double().abs()), out.dtype) + terms * 2.0 ** -24 * magnitude
+    assert bool((error <= bound).all()), f"max error {error.max().item():.3g}, worst excess {(error - bound).max().item():.3g}"
+
+
+def _operands(b, c, o, t, h, w, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    padded = torch.randn(b, c, t + 2, h + 2, w + 2, generator=g).to(dtype).to(DEVICE).contiguous(memory_format=CL)
+    weight = (torch.randn(o, c, 3, 3, 3, generator=g) / (27 * c) ** 0.5).to(dtype).to(DEVICE).contiguous(memory_format=CL)
+    bias = torch.randn(o, generator=g).to(dtype).to(DEVICE)
+    residual = torch.randn(b, o, t, h, w, generator=g).to(dtype).to(DEVICE)
+    return padded, weight, bias, residual
+
+
+@needs_kernels
+@pytest.mark.parametrize("b,c,o,t,h,w,tile", [
+    (1, 16, 16, 1, 3, 37, SMALL),                              # width not a multiple of the block
+    (2, 32, 48, 3, 2, 9, SMALL),                               # 48 outputs: a partial channel block
+    (1, 48, 24, 2, 3, 20, ConvTile(32, 32, 16, 4, 2)),         # K = 3 blocks of 16 channels
+    (1, 32, 96, 1, 2, 40, ConvTile(32, 64, 32, 4, 2, True)),   # the 64 + 32 split of 96 channels
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_matches_the_conv(b, c, o, t, h, w, tile, dtype):
+    padded, weight, bias, residual = _operands(b, c, o, t, h, w, dtype)
+    residual_bias = bias.flip(0)
+    reference = (F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
+                 + residual_bias.double().view(-1, 1, 1, 1))
+    plain_magnitude = F.conv3d(padded.double().abs(), weight.double().abs())
+    magnitude = (plain_magnitude + bias.double().abs().view(-1, 1, 1, 1) + residual.double().abs()
+                 + residual_bias.double().abs().view(-1, 1, 1, 1))
+    terms = 27 * c + 3
+    for out in (torch.empty(reference.shape, dtype=dtype, device=DEVICE),
+                torch.empty(reference.shape, dtype=dtype, device=DEVICE).contiguous(memory_format=CL)):
+        triton_conv3d.conv3d_channels_last(padded, weight, bias, residual.contiguous(memory_format=CL), out,
+                                           residual_bias, config=tile)
+        _within_one_ulp(out, reference, magnitude, terms)
+    plain = torch.empty(reference.shape, dtype=dtype, device=DEVICE)
+    triton_conv3d.conv3d_channels_last(padded, weight, None, None, plain, config=tile)
+    _within_one_ulp(plain, F.conv3d(padded.double(), weight.double()), plain_magnitude, terms)
+
+
+def test_unsupported_shapes_and_dtypes_are_named():
+    assert "fp32 keeps cuDNN" in triton_conv3d.unsupported_reason((1, 32, 3, 4, 4), (32, 32, 3, 3, 3), torch.float32)
+    assert "multiple of 16" in triton_conv3d.unsupported_reason((1, 24, 3, 4, 4), (32, 24, 3, 3, 3), torch.bfloat16)
+    assert "output channels" in triton_conv3d.unsupported_reason((1, 32, 3, 4, 4), (3, 32, 3, 3, 3), torch.bfloat16)
+    assert triton_conv3d.unsupported_reason((1, 96, 6, 10, 10), (96, 96, 3, 3, 3), torch.bfloat16) is None
+    assert "cuDNN's conv measured faster" in wan_fast.conv_reason((1, 384, 1, 8, 8), (1, 384, 2, 8, 8), [1, 1, 1, 1, 2, 0],
+                                                                  "steady_t1", (384, 384, 3, 3, 3), torch.bfloat16)
+    assert wan_fast.conv_reason((1, 96, 1, 8, 8), (1, 96, 2, 8, 8), [1, 1, 1, 1, 2, 0], "steady_t1",
+                                (96, 96, 3, 3, 3), torch.bfloat16) is None
+
+
+def test_kernel_rejects_bad_operands():
+    padded, weight, bias, residual = _operands(1, 16, 16, 1, 2, 4, torch.bfloat16)
+    out = torch.empty(1, 16, 1, 2, 4, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="channels-last"):
+        triton_conv3d.conv3d_channels_last(padded.contiguous(), weight, None, None, out)
+    with pytest.raises(ValueError, match="out must be"):
+        triton_conv3d.conv3d_channels_last(padded, weight, None, None, out[:, :, :, :1])
+    with pytest.raises(ValueError, match="residual must be"):
+        triton_conv3d.conv3d_channels_last(padded, weight, None, residual[:, :8], out)
+
+
+# ---- the fused op ------------------------------------------------------------------------------------------
+def _op_inputs(c, o, dtype, mode="steady_t1", residual=True, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    frames = 2 if mode == "steady" else 1
+    x = torch.randn(1, c, frames, 3, 19, generator=g).to(dtype).to(DEVICE)
+    gamma = (1 + 0.1 * torch.randn(c, 1, 1, 1, generator=g)).to(dtype).to(DEVICE)
+    cache = None if mode == "chunk0" else torch.randn(1, c, 2, 3, 19, generator=g).to(dtype).to(DEVICE)
+    weight = (torch.randn(o, c, 3, 3, 3, generator=g) / (27 * c) ** 0.5).to(dtype).to(DEVICE)
+    bias = torch.randn(o, generator=g).to(dtype).to(DEVICE)
+    res = torch.randn(1, o, frames, 3, 19, generator=g).to(dtype).to(DEVICE) if residual else None
+    pad = [1, 1, 1, 1, 2, 0] if mode == "chunk0" else [1, 1, 1, 1, 0, 0]  # the cache supplies the causal frames
+    return (x, gamma, c ** 0.5, 0.0, 1e-12, True, "silu", cache, pad, mode, weight, bias, res)
+
+
+@pytest.fixture
+def served_16_channels(monkeypatch):
+    """Let the router pick the kernel for 16 -> 16 channel convs (tiny shapes) with small tiles."""
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", frozenset({(16, 16, 27)}))
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o: SMALL)
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["steady_t1", "chunk0", "steady"])
+@pytest.mark.parametrize("residual", [True, False])
+def test_fast_op_is_the_lossless_op_up_to_its_rounding(served_16_channels, kernel_allowed_on_cpu, mode, residual):
+    args = _op_inputs(16, 16, torch.bfloat16, mode, residual)
+    assert wan_fast._serves(args[0], args[7], args[8], args[9], args[10], args[12])  # the kernel path runs
+    fast, fast_cache = torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
+    with use_backend("reference"):
+        exact, exact_cache = torch.ops.rewrite.rms_norm_causal_conv3d(*args)
+    assert torch.equal(fast_cache, exact_cache)  # the norm kernel's cache: unchanged by the conv
+    assert fast.stride() == exact.stride()
+    # the lossless op rounds the conv, then the bias add, then the residual add: up to 3 half-ulps apart
+    error = (fast.double() - exact.double()).abs()
+    bound = 2 * _ulp(torch.maximum(exact.double().abs(), fast.double().abs()), torch.bfloat16)
+    assert bool((error <= bound).all()), error.max()
+
+
+@needs_kernels
+def test_fast_op_runs_the_lossless_op_where_the_kernel_does_not_serve(kernel_allowed_on_cpu):
+    # 16 -> 16 channels is not in the measured table: the lossless op's answer, bit for bit
+    args = _op_inputs(16, 16, torch.bfloat16)
+    fast, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
+    exact, _ = torch.ops.rewrite.rms_norm_causal_conv3d(*args)
+    assert torch.equal(fast, exact)
+
+
+def test_fast_op_off_the_kernel_path_is_the_lossless_op():
+    args = _op_inputs(16, 16, torch.float32)  # CPU, auto backend: no kernel
+    fast, fast_cache = torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
+    exact, exact_cache = torch.ops.rewrite.rms_norm_causal_conv3d(*args)
+    assert torch.equal(fast, exact) and torch.equal(fast_cache, exact_cache)
+
+
+# ---- on the GPU: the Wan shape classes ---------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("c,t,h,w", [(96, 4, 72, 130), (96, 1, 45, 80)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_kernel_on_wan_shapes(c, t, h, w, dtype):
+    padded, weight, bias, residual = _operands(1, c, c, t, h, w, dtype)
+    reference = F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
+    magnitude = (F.conv3d(padded.double().abs(), weight.double().abs()) + bias.double().abs().view(-1, 1, 1, 1)
+                 + residual.double().abs())
+    out = torch.empty(reference.shape, dtype=dtype, device=DEVICE)
+    triton_conv3d.conv3d_channels_last(padded, weight, bias, residual, out)
+    _within_one_ulp(out, reference, magnitude, 27 * c + 2)

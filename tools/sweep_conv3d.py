@@ -1,0 +1,100 @@
+"""Time the Triton conv3d (`rewrite.ops.triton_conv3d`) against cuDNN's channels-last conv per Wan conv shape.
+
+For each Wan 2.1 / 2.2 3x3x3 conv shape of a 720p steady step (docs/tuning.md section 1) and each candidate
+tile, run ``conv3d_channels_last`` on a padded channels-last input and cuDNN's conv of the same operands
+(channels-last input and weight, no bias: the `lossless` path), time both with
+``triton.testing.do_bench_cudagraph`` (median GPU time), and report TFLOP/s and the max-abs difference
+against cuDNN's output. This is the sweep that `triton_conv3d.launch_config` and `chosen` are read from;
+needs CUDA (``--help`` works anywhere).
+
+    python -m rewrite.tools.sweep_conv3d [--dtype bfloat16] [--shapes wan21] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+# (name, in channels, out channels, output frames, height, width)
+SHAPES = {
+    "wan21": [("96 @ 4x720x1280", 96, 96, 4, 720, 1280), ("192 @ 4x360x640", 192, 192, 4, 360, 640),
+              ("384 @ 2x180x320", 384, 384, 2, 180, 320), ("384 @ 1x90x160", 384, 384, 1, 90, 160)],
+    "wan22": [("1024 @ 2x90x160", 1024, 1024, 2, 90, 160), ("512 @ 4x180x320", 512, 512, 4, 180, 320),
+              ("256 @ 4x360x640", 256, 256, 4, 360, 640)],
+}
+
+
+def candidate_tiles(in_channels: int, out_channels: int, warp_specialize: bool = False):
+    """The tiles the sweep tries for a shape (ConvTile fields: block_m, block_n, block_k, warps, stages,
+    split96, warp_specialize). Warp-specialized tiles only on request: on the H200 with Triton 3.6 the first
+    one had not finished compiling after minutes (docs/tuning.md section 1)."""
+    from rewrite.ops.triton_conv3d import ConvTile
+
+    k = 64 if in_channels % 64 == 0 else 32
+    tiles = [ConvTile(128, 128, k, 4, s) for s in (3, 4)] + [ConvTile(128, 128, k, 8, 4), ConvTile(256, 128, k, 8, 3),
+                                                              ConvTile(128, 256, k, 8, 3), ConvTile(128, 64, k, 4, 4)]
+    if out_channels == 96:
+        tiles += [ConvTile(128, 64, k, 4, s, split96=True) for s in (3, 4, 5)]
+        tiles += [ConvTile(256, 64, k, 8, s, split96=True) for s in (3, 4)]
+    if warp_specialize:
+        tiles += [ConvTile(128, 128, k, 4, 4, warp_specialize=True)]
+        if out_channels == 96:
+            tiles += [ConvTile(128, 64, k, 4, 4, split96=True, warp_specialize=True)]
+    return tiles
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--shapes", default="wan21,wan22", help="comma-separated: wan21, wan22")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--warp-specialize", action="store_true", help="also try warp-specialized tiles")
+    args = parser.parse_args(argv)
+    import torch
+    import triton.testing
+
+    from rewrite.ops import triton_conv3d
+
+    if not torch.cuda.is_available():
+        print("sweep_conv3d: needs CUDA", file=sys.stderr)
+        return 2
+    dtype = getattr(torch, args.dtype)
+    cl = torch.channels_last_3d
+    results = []
+    for family in args.shapes.split(","):
+        for name, cin, cout, t, h, w in SHAPES[family]:
+            torch.manual_seed(0)
+            padded = torch.randn(1, cin, t + 2, h + 2, w + 2, device="cuda", dtype=dtype).contiguous(memory_format=cl)
+            weight = (torch.randn(cout, cin, 3, 3, 3, device="cuda", dtype=dtype) / (27 * cin) ** 0.5).contiguous(
+                memory_format=cl)
+            flops = 2 * cout * cin * 27 * t * h * w
+            reference = torch.ops.aten.conv3d.default(padded, weight, None)
+            ms = triton.testing.do_bench_cudagraph(lambda p=padded, wt=weight: torch.ops.aten.conv3d.default(p, wt, None))
+            row = {"shape": name, "cudnn_ms": ms, "cudnn_tflops": flops / ms / 1e9, "tiles": []}
+            print(f"{name:<18} cudnn {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s", flush=True)
+            out = torch.empty(reference.shape, device="cuda", dtype=dtype).contiguous(memory_format=cl)
+            for tile in candidate_tiles(cin, cout, args.warp_specialize):
+                try:
+                    def run(p=padded, wt=weight, o=out, tile=tile):
+                        triton_conv3d.conv3d_channels_last(p, wt, None, None, o, config=tile)
+                    run()
+                    err = (out.float() - reference.float()).abs().max().item()
+                    ms = triton.testing.do_bench_cudagraph(run)
+                except Exception as error:  # a tile this Triton cannot compile: say so and go on
+                    print(f"  {tuple(tile)} failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
+                    row["tiles"].append({"tile": list(tile), "error": f"{type(error).__name__}: {str(error)[:200]}"})
+                    continue
+                print(f"  {str(tuple(tile)):<40} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
+                      flush=True)
+                row["tiles"].append({"tile": list(tile), "ms": ms, "tflops": flops / ms / 1e9, "max_abs": err})
+            results.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"dtype": args.dtype, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+                       "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
