@@ -16,12 +16,17 @@ import argparse
 import json
 import sys
 
-# (name, in channels, out channels, output frames, height, width)
+# (name, in channels, out channels, output frames, height, width, kernel); a (1, 3, 3) kernel is an upsampler's
+# conv2d over the frames, which cuDNN runs as conv2d with its own zero padding (the `lossless` path)
+K3 = (3, 3, 3)
+K2 = (1, 3, 3)
 SHAPES = {
-    "wan21": [("96 @ 4x720x1280", 96, 96, 4, 720, 1280), ("192 @ 4x360x640", 192, 192, 4, 360, 640),
-              ("384 @ 2x180x320", 384, 384, 2, 180, 320), ("384 @ 1x90x160", 384, 384, 1, 90, 160)],
-    "wan22": [("1024 @ 2x90x160", 1024, 1024, 2, 90, 160), ("512 @ 4x180x320", 512, 512, 4, 180, 320),
-              ("256 @ 4x360x640", 256, 256, 4, 360, 640)],
+    "wan21": [("96 @ 4x720x1280", 96, 96, 4, 720, 1280, K3), ("192 @ 4x360x640", 192, 192, 4, 360, 640, K3),
+              ("384 @ 2x180x320", 384, 384, 2, 180, 320, K3), ("384 @ 1x90x160", 384, 384, 1, 90, 160, K3)],
+    "wan21up": [("up 192->96 @ 4x720x1280", 192, 96, 4, 720, 1280, K2),
+                ("up 384->192 @ 4x360x640", 384, 192, 4, 360, 640, K2)],
+    "wan22": [("1024 @ 2x90x160", 1024, 1024, 2, 90, 160, K3), ("512 @ 4x180x320", 512, 512, 4, 180, 320, K3),
+              ("256 @ 4x360x640", 256, 256, 4, 360, 640, K3)],
 }
 
 
@@ -32,11 +37,12 @@ def candidate_tiles(in_channels: int, out_channels: int, warp_specialize: bool =
     from rewrite.ops.triton_conv3d import ConvTile
 
     k = 64 if in_channels % 64 == 0 else 32
-    tiles = [ConvTile(128, 128, k, 4, s) for s in (3, 4)] + [ConvTile(128, 128, k, 8, 4), ConvTile(256, 128, k, 8, 3),
-                                                              ConvTile(128, 256, k, 8, 3), ConvTile(128, 64, k, 4, 4)]
-    if out_channels == 96:
-        tiles += [ConvTile(128, 64, k, 4, s, split96=True) for s in (3, 4, 5)]
-        tiles += [ConvTile(256, 64, k, 8, s, split96=True) for s in (3, 4)]
+    tiles = []
+    if out_channels == 96:  # best first: --max-tiles keeps the likeliest
+        tiles += [ConvTile(256, 64, k, 8, s, split96=True) for s in (4, 3, 5)]
+        tiles += [ConvTile(128, 64, k, 4, s, split96=True) for s in (3, 4)]
+    tiles += [ConvTile(256, 128, k, 8, 3), ConvTile(128, 128, k, 4, 4), ConvTile(128, 128, k, 8, 4),
+              ConvTile(128, 256, k, 8, 3), ConvTile(128, 128, k, 4, 3), ConvTile(128, 64, k, 4, 4)]
     if warp_specialize:
         tiles += [ConvTile(128, 128, k, 4, 4, warp_specialize=True)]
         if out_channels == 96:
@@ -47,7 +53,8 @@ def candidate_tiles(in_channels: int, out_channels: int, warp_specialize: bool =
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    parser.add_argument("--shapes", default="wan21,wan22", help="comma-separated: wan21, wan22")
+    parser.add_argument("--shapes", default="wan21,wan21up,wan22", help=f"comma-separated: {', '.join(SHAPES)}")
+    parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--warp-specialize", action="store_true", help="also try warp-specialized tiles")
     args = parser.parse_args(argv)
@@ -63,18 +70,30 @@ def main(argv=None) -> int:
     cl = torch.channels_last_3d
     results = []
     for family in args.shapes.split(","):
-        for name, cin, cout, t, h, w in SHAPES[family]:
+        for name, cin, cout, t, h, w, kernel in SHAPES[family]:
             torch.manual_seed(0)
-            padded = torch.randn(1, cin, t + 2, h + 2, w + 2, device="cuda", dtype=dtype).contiguous(memory_format=cl)
-            weight = (torch.randn(cout, cin, 3, 3, 3, device="cuda", dtype=dtype) / (27 * cin) ** 0.5).contiguous(
+            kt, kh, kw = kernel
+            padded = torch.randn(1, cin, t + kt - 1, h + kh - 1, w + kw - 1, device="cuda", dtype=dtype).contiguous(
                 memory_format=cl)
-            flops = 2 * cout * cin * 27 * t * h * w
+            weight = (torch.randn(cout, cin, *kernel, device="cuda", dtype=dtype) / (kt * kh * kw * cin) ** 0.5
+                      ).contiguous(memory_format=cl)
+            flops = 2 * cout * cin * kt * kh * kw * t * h * w
             reference = torch.ops.aten.conv3d.default(padded, weight, None)
-            ms = triton.testing.do_bench_cudagraph(lambda p=padded, wt=weight: torch.ops.aten.conv3d.default(p, wt, None))
+            if kt == 1:  # the lossless path: cuDNN's conv2d of the unpadded frames, its own zero pad
+                frames = padded[:, :, :, 1:-1, 1:-1].permute(0, 2, 1, 3, 4).reshape(t, cin, h, w).contiguous(
+                    memory_format=torch.channels_last)
+                weight2d = weight[:, :, 0].contiguous(memory_format=torch.channels_last)
+
+                def cudnn(x=frames, wt=weight2d):
+                    return torch.ops.aten.conv2d.default(x, wt, None, [1, 1], [1, 1])
+            else:
+                def cudnn(x=padded, wt=weight):
+                    return torch.ops.aten.conv3d.default(x, wt, None)
+            ms = triton.testing.do_bench_cudagraph(cudnn)
             row = {"shape": name, "cudnn_ms": ms, "cudnn_tflops": flops / ms / 1e9, "tiles": []}
-            print(f"{name:<18} cudnn {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s", flush=True)
+            print(f"{name:<24} cudnn {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s", flush=True)
             out = torch.empty(reference.shape, device="cuda", dtype=dtype).contiguous(memory_format=cl)
-            for tile in candidate_tiles(cin, cout, args.warp_specialize):
+            for tile in candidate_tiles(cin, cout, args.warp_specialize)[:args.max_tiles]:
                 try:
                     def run(p=padded, wt=weight, o=out, tile=tile):
                         triton_conv3d.conv3d_channels_last(p, wt, None, None, o, config=tile)

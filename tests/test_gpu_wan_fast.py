@@ -1,0 +1,84 @@
+"""Full-size Wan decoders on CUDA at level ``channels_last``: within the level's contract against ``off``.
+
+The contract (README, levels): bf16 and fp16 max-abs <= 6e-2 and PSNR >= 45 dB over the [-1, 1] video range
+(peak-to-peak 2) against ``off``, random-init decoders with perturbed RMS gammas (`build_wan`), seeded
+latents. The bound is the issue's; measured values are in docs/results.md (Wan 2.1 720p bf16: 0.0195,
+56.2 dB). fp32 is not served by the Triton conv: every node runs its ``lossless`` op, `torch.equal` to ``off``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rewrite import optimize, report
+from rewrite.models.wan import build_wan
+
+pytestmark = pytest.mark.gpu
+MAX_ABS = 6e-2
+MIN_PSNR_DB = 45.0
+
+
+def _latents(vae, frames: int, height: int, width: int, dtype, seed: int = 0) -> torch.Tensor:
+    ratio = vae.spatial_compression_ratio
+    shape = (1, vae.config.z_dim, 1 + (frames - 1) // 4, height // ratio, width // ratio)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to("cuda", dtype)
+
+
+def _assert_within_contract(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    diff = actual.float() - expected.float()
+    mse = diff.square().mean().item()
+    psnr = math.inf if mse == 0 else 10 * math.log10(4.0 / mse)
+    max_abs = diff.abs().max().item()
+    assert max_abs <= MAX_ABS and psnr >= MIN_PSNR_DB, f"max-abs {max_abs:.3g}, PSNR {psnr:.1f} dB"
+
+
+def _fast_matches(vae) -> int:
+    return sum(n for g in report(vae).graphs for name, n in g.matches.items() if name.startswith("rms_norm_causal_conv3d_fast"))
+
+
+@pytest.mark.parametrize("version", ("wan2.1", "wan2.2"))
+@pytest.mark.parametrize("height,width", ((480, 832), (720, 1280)), ids=("480p", "720p"))
+def test_full_size_81_frames_within_contract(version, height, width):
+    vae = build_wan(version, "full").to("cuda", torch.bfloat16)
+    z = _latents(vae, 81, height, width, torch.bfloat16)
+    with torch.no_grad():
+        expected = vae.decode(z).sample
+        optimize(vae, level="channels_last")
+        actual = vae.decode(z).sample
+    assert report(vae).last_path == "graphs", report(vae)
+    if version == "wan2.1":  # its 96-channel convs run the Triton conv; Wan 2.2 has no shape it serves yet
+        assert _fast_matches(vae) > 0
+    _assert_within_contract(actual, expected)
+
+
+def test_fp16_within_contract_and_fp32_exact():
+    for dtype in (torch.float16, torch.float32):
+        vae = build_wan("wan2.1", "full").to("cuda", dtype)
+        z = _latents(vae, 9, 480, 832, dtype, seed=1)
+        with torch.no_grad():
+            expected = vae.decode(z).sample
+            optimize(vae, level="channels_last")
+            actual = vae.decode(z).sample
+        assert report(vae).last_path == "graphs"
+        if dtype == torch.float32:
+            assert _fast_matches(vae) == 0 and torch.equal(actual, expected)
+        else:
+            assert _fast_matches(vae) > 0
+            _assert_within_contract(actual, expected)
+
+
+def test_two_resolutions_and_weight_reload_after_capture():
+    vae = optimize(build_wan("wan2.1", "full").to("cuda", torch.bfloat16), level="channels_last")
+    reference = build_wan("wan2.1", "full").to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        for height, width in ((480, 832), (256, 320)):
+            z = _latents(vae, 9, height, width, torch.bfloat16)
+            _assert_within_contract(vae.decode(z).sample, reference.decode(z).sample)
+        new_weights = build_wan("wan2.1", "full", seed=3).to("cuda", torch.bfloat16).state_dict()
+        vae.load_state_dict(new_weights)
+        reference.load_state_dict(new_weights)
+        z = _latents(vae, 9, 256, 320, torch.bfloat16, seed=2)
+        _assert_within_contract(vae.decode(z).sample, reference.decode(z).sample)
