@@ -11,8 +11,8 @@ import importlib
 
 from rewrite.levels import LEVELS
 
-__all__ = ["optimize", "report", "warmup", "LEVELS"]
-_API = ("optimize", "report", "warmup")
+__all__ = ["LEVELS", "optimize", "report", "stream", "warmup"]
+_API = ("optimize", "report", "warmup", "stream")
 
 
 

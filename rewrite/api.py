@@ -81,6 +81,17 @@ def warmup(module: nn.Module, device=None, dtype=None, batch: int = 1, **shapes)
     return runner.warmup(device, dtype if dtype is not None else parameter.dtype, batch=batch, **shapes)
 
 
+def stream(module: nn.Module, *, height: int, width: int, batch: int = 1, dtype=None, device=None):
+    """A streaming decode session of an optimized Wan VAE for latents [batch, z_dim, t, height, width]
+    (latent sizes; `dtype`/`device` default to the parameters'): `session.push(z_chunk) -> frames`,
+    `session.reset()`, `session.close()` or a `with` block. The pushes of a clip concatenated are
+    `torch.equal` to decoding the whole clip (`rewrite.runtime.stream.StreamSession` says where that is
+    checked). Raises TypeError for a module that is not an optimized Wan VAE, ValueError for bad sizes."""
+    from rewrite.runtime.stream import StreamSession
+
+    return StreamSession(module, batch=batch, height=height, width=width, dtype=dtype, device=device)
+
+
 def report(module: nn.Module) -> Report:
     """What `optimize` did to `module`: graphs (nodes, capture time, matches), fallbacks, the last path."""
     if not isinstance(module, nn.Module):

@@ -1,11 +1,13 @@
 """Decode driver for an optimized `AutoencoderKLWan`: the frame loop around the captured step graphs.
 
-`WanRunner.install(vae)` sets four instance attributes and nothing else (no parameter, buffer or submodule
+`WanRunner.install(vae)` sets five instance attributes and nothing else (no parameter, buffer or submodule
 changes, so `state_dict()` is untouched):
   * `vae._decode`: post_quant_conv, chunk 0 graph, steady graph per later frame written into a
     preallocated video, unpatchify, clamp. Tiling and slicing stay diffusers' own code paths.
   * `vae.decoder.forward`: serves diffusers' own callers of the decoder (e.g. `tiled_decode`) from the
     same graphs, keeping the feat_cache list protocol; any call it cannot serve goes to the class forward.
+  * `vae.decode_stream`: the same decode yielding each latent frame's frames as they are decoded
+    (`rewrite.runtime.stream`, which also holds `rewrite.stream` sessions);
   * `vae._rewrite_runner` and `vae.decoder._rewrite_runner`: this runner.
 `WanRunner.uninstall(vae)` removes them. Every call first runs the guards of `rewrite.runtime.guards`;
 when one objects, the call runs diffusers' reference code and the reason is logged and reported. Calls
@@ -28,11 +30,14 @@ from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import guards
 from rewrite.runtime.cache_writes import write_caches_in_place
 from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
-from rewrite.runtime.graphs import GraphCache, StaticStep, static_buffer_mode
+from rewrite.runtime.graphs import CudaGraphBackend, GraphCache, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
 from rewrite.runtime.runner import DecoderRunner, installed_runner
 
 logger = logging.getLogger("rewrite")
+
+#: why a chunk after the first runs the reference: the reference decoded the first, its caches are not steady
+CHUNK1_FORM = "decoder cache is in the reference's chunk-1 form"
 
 
 class WanRunner(DecoderRunner):
@@ -46,6 +51,7 @@ class WanRunner(DecoderRunner):
         self.temporal_factor = 2 ** sum(bool(t) for t in vae.decoder.temperal_upsample)
         self.cuda_graphs = GraphCache(max_entries=4)  # per (batch, latent h, w, dtype, device)
         self.use_cuda_graphs = True
+        self.graph_backend = CudaGraphBackend()  # captures the steps' CUDA graphs (tests: an eager stand-in)
         self.channels_last_weights = ChannelsLastWeights()  # shared by the CUDA graphs of every shape
         self._accepted: dict[tuple, guards.AcceptedState] = {}  # per (dtype, device): see `region_reason`
         self.vae = vae
@@ -53,7 +59,10 @@ class WanRunner(DecoderRunner):
     # ---- installation -------------------------------------------------------------------------------
     @classmethod
     def entry_points(cls, vae: nn.Module):
-        return [(vae, "_decode", _optimized_decode), (vae.decoder, "forward", _routed_decoder_forward)]
+        from rewrite.runtime.stream import decode_stream  # built on this module
+
+        return [(vae, "_decode", _optimized_decode), (vae, "decode_stream", decode_stream),
+                (vae.decoder, "forward", _routed_decoder_forward)]
 
     def install(self, vae: nn.Module) -> None:
         self.vae = vae
@@ -179,21 +188,10 @@ class WanRunner(DecoderRunner):
         failed, the graph modules run eagerly with the caches passed from step to step. The caller holds
         `lock` (the CUDA graphs' static buffers are this module's).
         """
-        chunk0, steady = self.graphs[(x.dtype, x.device)]
-        weights0, weights = chunk0.weights(decoder), steady.weights(decoder)
-        steps = None
-        if x.is_cuda and self.use_cuda_graphs:
-            b, _, _, h, w = x.shape
-            try:
-                steps = self.cuda_graphs.get((b, h, w, x.dtype, x.device), weights0 + weights,
-                                             lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1],
-                                                                    self.channels_last_weights))
-            except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
-                self.use_cuda_graphs = False
-                self.cuda_graphs.clear()
-                self.fallbacks.note(f"CUDA graph capture failed, running the graphs eagerly: {type(error).__name__}: {error}")
+        steps = self.cuda_steps(decoder, x)
         if steps is None:
-            steps = _WanEagerSteps(chunk0, steady, weights0, weights)
+            chunk0, steady = self.graphs[(x.dtype, x.device)]
+            steps = _WanEagerSteps(chunk0, steady, chunk0.weights(decoder), steady.weights(decoder))
         frames = x.shape[2]
         y = steps.first(x[:, :, 0:1])
         video = y.new_empty((y.shape[0], y.shape[1], 1 + (frames - 1) * self.temporal_factor, *y.shape[3:]))
@@ -203,6 +201,26 @@ class WanRunner(DecoderRunner):
             start = 1 + (i - 1) * self.temporal_factor
             video[:, :, start : start + y.shape[2]] = y
         return video
+
+    def cuda_steps(self, decoder: nn.Module, x: torch.Tensor) -> _WanCudaGraphs | None:
+        """The CUDA-graph steps of `x`'s (batch, h, w, dtype, device), shared by every call of that shape and
+        captured on first use; None where the graphs run eagerly (not CUDA, or a capture failed before).
+        The caller holds `lock`; a step's static caches hold one clip at a time (`_WanCudaGraphs.holder`)."""
+        if not (self.use_cuda_graphs and self.graph_backend.can_capture(x.device)):
+            return None
+        chunk0, steady = self.graphs[(x.dtype, x.device)]
+        weights0, weights = chunk0.weights(decoder), steady.weights(decoder)
+        b, _, _, h, w = x.shape
+        try:
+            return self.cuda_graphs.get((b, h, w, x.dtype, x.device), weights0 + weights,
+                                        lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1],
+                                                               self.channels_last_weights, self.graph_backend))
+        except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
+            self.use_cuda_graphs = False
+            self.cuda_graphs.clear()
+            self.fallbacks.note(f"CUDA graph capture failed, running the graphs eagerly: {type(error).__name__}: {error}")
+            return None
+
 
 
 def _latent_sizes(shapes) -> list[tuple[int, int]]:
@@ -251,10 +269,18 @@ class _WanCudaGraphs:
     The conv weights that channels-last ops read are passed as channels-last copies from `layout_store`
     (`rewrite.runtime.conv_weights`), refreshed from the live weights at the start of chunk 0, i.e. once per
     decode instead of once per op call in every step.
+
+    The static caches are shared by every call of the shape, so they hold one clip at a time: a plain decode
+    runs its whole clip in one hold of the runner's lock, but a streamed clip (`rewrite.runtime.stream`)
+    pauses between calls with its state left here. `holder` (a weak reference) names such a clip; whoever
+    uses the caches next calls `release()` first, which hands the clip a copy of them (`first` does it
+    itself: chunk 0 overwrites every cache).
     """
 
     def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor,
-                 layout_store: ChannelsLastWeights):
+                 layout_store: ChannelsLastWeights, backend=None):
+        backend = backend if backend is not None else CudaGraphBackend()
+        self.holder = None  # weakref to the streamed clip whose state the static caches hold, or None
         weights0, pairs0 = layout_store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
         weights, pairs = layout_store.substitute(channels_last_weight_slots(steady.graph_module), weights)
         refresh_pairs = layout_store.distinct(pairs0 + pairs)
@@ -280,11 +306,19 @@ class _WanCudaGraphs:
                 caches[index].copy_(value)
             return [y]
 
-        pool = torch.cuda.graph_pool_handle()
-        self._first = StaticStep(first, [self.x], pool=pool)
-        self._next = StaticStep(following, [self.x, *self.caches], pool=pool)
+        pool = backend.new_pool()
+        self._first = backend.capture(first, [self.x], pool)
+        self._next = backend.capture(following, [self.x, *self.caches], pool)
+
+    def release(self) -> None:
+        """Give the paused clip whose state the static caches hold (if any, and alive) its copy of them."""
+        holder = self.holder() if self.holder is not None else None
+        self.holder = None
+        if holder is not None:
+            holder.save(self.caches)
 
     def first(self, x: torch.Tensor) -> torch.Tensor:
+        self.release()
         self.x.copy_(x)
         return self._first.replay()[0]
 
@@ -296,16 +330,11 @@ class _WanCudaGraphs:
 @torch.compiler.disable  # torch.compile on top runs this as it is: the graphs are already compiled
 def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True):
     """Replacement for `AutoencoderKLWan._decode` (bound to the instance by `WanRunner.install`)."""
-    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
     from diffusers.models.autoencoders.vae import DecoderOutput
 
     runner: WanRunner = installed_runner(vae)
     runner.check_latents(z)
-    _, _, _, height, width = z.shape
-    if vae.use_tiling and (
-        width > vae.tile_sample_min_width // vae.spatial_compression_ratio
-        or height > vae.tile_sample_min_height // vae.spatial_compression_ratio
-    ):
+    if decodes_tiled(vae, z.shape[3], z.shape[4]):
         return vae.tiled_decode(z, return_dict=return_dict)  # its decoder calls come back through the graphs
 
     with runner.lock.holding(z.device), CAPTURE_GATE.running():
@@ -315,11 +344,46 @@ def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True)
             return runner._reference_decode(z, return_dict=return_dict)
         video = runner.decode_frames(vae.decoder, vae.post_quant_conv(z))
         runner.fallbacks.took_graphs()
-    if vae.config.patch_size is not None:
-        video = unpatchify(video, patch_size=vae.config.patch_size)
-    video.clamp_(min=-1.0, max=1.0)
+    video = finish_video(vae, video)
     vae.clear_cache()  # the reference leaves an empty cache behind; keep that observable state the same
     return DecoderOutput(sample=video) if return_dict else (video,)
+
+
+def finish_video(vae: nn.Module, video: torch.Tensor) -> torch.Tensor:
+    """The decoder's output as `_decode` returns it: unpatchified (Wan 2.2), clamped to [-1, 1] in place."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+    if vae.config.patch_size is not None:
+        video = unpatchify(video, patch_size=vae.config.patch_size)
+    return video.clamp_(min=-1.0, max=1.0)
+
+
+def decodes_tiled(vae: nn.Module, height: int, width: int) -> bool:
+    """Whether diffusers' `_decode` hands latents of this size to `tiled_decode` (`enable_tiling()`)."""
+    ratio = vae.spatial_compression_ratio
+    return vae.use_tiling and (width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio)
+
+
+def steady_form(slots) -> bool:
+    """Whether diffusers' cache slots hold steady-form caches (2 frames each), which the steady graph takes."""
+    return all(isinstance(slot, torch.Tensor) and slot.shape[2] == 2 for slot in slots)
+
+
+def run_graph_chunk(graphs, decoder: nn.Module, x: torch.Tensor, feat_cache: list, first_chunk: bool):
+    """One chunk through the eager graph modules over diffusers' cache list, updated in place: chunk 0 when
+    `first_chunk` or the slots are empty, the steady graph when they are in steady form. Returns (y, slots
+    used), or None, changing nothing, when the slots are in the reference's chunk-1 form."""
+    chunk0, steady = graphs
+    slots = len(steady.user_input_names) - 1  # the user inputs are x and the caches
+    current = feat_cache[:slots]
+    if first_chunk or all(slot is None for slot in current):
+        y, *caches = chunk0(chunk0.weights(decoder), x)
+    elif steady_form(current):
+        y, *caches = steady(steady.weights(decoder), x, *current)
+    else:
+        return None
+    feat_cache[:slots] = caches
+    return y, slots
 
 
 @torch.compiler.disable
@@ -335,23 +399,12 @@ def _routed_decoder_forward(decoder: nn.Module, x, feat_cache=None, feat_idx=[0]
         return reference_forward(decoder, x, feat_cache, feat_idx, first_chunk)
     with runner.lock.holding(x.device), CAPTURE_GATE.running():
         reason = runner.region_reason(decoder, x)
-        graphs = None if reason else runner.graphs[(x.dtype, x.device)]
-        if graphs is not None:
-            chunk0, steady = graphs
-            slots = len(steady.user_input_names) - 1  # the user inputs are x and the caches
-            current = feat_cache[:slots]
-            if first_chunk or all(slot is None for slot in current):
-                y, *caches = chunk0(chunk0.weights(decoder), x)
-            elif all(isinstance(slot, torch.Tensor) and slot.shape[2] == 2 for slot in current):
-                y, *caches = steady(steady.weights(decoder), x, *current)
-            else:
-                graphs = None
-                reason = "decoder cache is in the reference's chunk-1 form"
-        if graphs is None:
-            runner.fallbacks.took_reference(reason)
+        done = None if reason else run_graph_chunk(runner.graphs[(x.dtype, x.device)], decoder, x, feat_cache, first_chunk)
+        if done is None:
+            runner.fallbacks.took_reference(reason or CHUNK1_FORM)
             with runner.serving_reference():
                 return reference_forward(decoder, x, feat_cache, feat_idx, first_chunk)
-        feat_cache[:slots] = caches
+        y, slots = done
         feat_idx[0] += slots
         runner.fallbacks.took_graphs()
     return y
