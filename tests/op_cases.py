@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from rewrite.models.auk import AliasFreeSnakeBeta
-from rewrite.ops import aten_reduction, layout, selftest
+from rewrite.ops import aten_reduction, layout, selftest, triton_conv3d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,8 @@ def _norm_plan_on_cpu(x, upcast, reference_contiguous=False):
 
 
 def kernel_gates_open(monkeypatch) -> None:
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", frozenset({(16, 16, 27)}))  # the fast op's cases
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(layout, "norm_plan", _norm_plan_on_cpu)
@@ -98,6 +100,23 @@ def _cases() -> dict[str, list[Case]]:
             weight=10)
         add("rms_norm_causal_conv3d", f"{tag}_channels_last_out", x, *norm, None, None, None, None, True, weight=10)
     add("causal_conv_input", "chunk0_x_channels_last", channels_last(rnd(1, c, 1, h, w)), None, pad, "chunk0")
+
+    # ---- the channels_last twin: bf16 and 16 channels, a shape `kernel_gates_open` lets the Triton conv serve
+    bf = torch.bfloat16
+    for mode, frames, lay in (("steady_t1", 1, "contiguous"), ("steady", 2, "frame_major"), ("chunk0", 1, "contiguous")):
+        cache = None if mode == "chunk0" else rnd(1, 16, 2, h, 5, dtype=bf)
+        twin_pad = [1, 1, 1, 1, 2, 0] if mode == "chunk0" else [1, 1, 1, 1, 0, 0]
+        x = LAYOUTS[lay](rnd(1, 16, frames, h, 5, dtype=bf))
+        norm = (rnd(16, 1, 1, 1, dtype=bf), 4.0, 0.0, 1e-12, True, "silu", cache, twin_pad, mode,
+                rnd(16, 16, 3, 3, 3, dtype=bf, scale=0.1))
+        for res_layout, residual_bias in ((None, False), ("contiguous", False), ("frame_major", True)):
+            residual = None if res_layout is None else LAYOUTS[res_layout](rnd(1, 16, frames, h, 5, dtype=bf))
+            add("rms_norm_causal_conv3d_fast", f"{mode}_x_{lay}_residual_{res_layout}_deferred_{residual_bias}", x,
+                *norm, rnd(16, dtype=bf), residual, None, rnd(16, dtype=bf) if residual_bias else None, False, weight=10)
+        add("rms_norm_causal_conv3d_fast", f"{mode}_x_bias", channels_last(x), *norm, rnd(16, dtype=bf), None,
+            rnd(16, dtype=bf), None, False, weight=10)
+        add("rms_norm_causal_conv3d_fast", f"{mode}_channels_last_out", x, *norm, None, None, None, None, True,
+            weight=10)
 
     for res_layout, bias in itertools.product(LAYOUTS, (True, False)):
         add("conv3d_residual", f"residual_{res_layout}_bias_{bias}", rnd(1, c, 3, h + 2, w + 2),

@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from rewrite.ops import alias_free, auk, wan  # noqa: F401  (define the ops)
+from rewrite.ops import alias_free, auk, wan, wan_fast  # noqa: F401  (define the ops)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from tests.op_cases import CASES, kernel_gates_open
 
