@@ -28,7 +28,9 @@ def optimize(module: nn.Module, level: str = "lossless", **options) -> nn.Module
     `options` go to the model's runner: for `AuKVAE`, `compile_shapes` (buckets in latent frames, default
     (160, 320, 640)), `tile_frames` (default the largest bucket), `max_graphs` (exact-length CUDA graphs
     kept before the generation is retired, default 8) and `cudnn_benchmark` (channels_last only: cuDNN times
-    its algorithms during capture, default False); Wan takes none.
+    its algorithms during capture, default False). Both models: `cache_dir`, a directory where the rewritten
+    graphs and the self-check verdicts are kept for later processes (`rewrite.runtime.disk_cache`; default
+    None: the ``REWRITE_CACHE_DIR`` environment variable, off when unset; False: off).
     Raises TypeError for an unsupported module or an option the model does not take, ValueError for an
     unknown level or a bad option value.
     """
@@ -67,9 +69,11 @@ def warmup(module: nn.Module, device=None, dtype=None, batch: int = 1, **shapes)
 
     `device`/`dtype` default to the parameters'. AuK: `frames=[...]` exact lengths in latent frames
     (default: every bucket at `channels_last`, nothing more at `lossless`). Wan: `shapes=[(latent_h,
-    latent_w), ...]` (without it only the step graphs are captured). Returns what it captured and how long it
-    took (`WarmupResult`). Raises TypeError/ValueError for bad sizes, RuntimeError when the module is not
-    optimized or the graphs cannot serve that dtype/device.
+    latent_w), ...]` (without it only the step graphs are captured) and `frames=` the latent frame count(s)
+    of the later decodes (nothing captured depends on it; on CUDA their output memory is reserved). Returns
+    what it captured, how long it took and what each stage cost (`WarmupResult.breakdown`). Raises
+    TypeError/ValueError for bad sizes, RuntimeError when the module is not optimized or the graphs cannot
+    serve that dtype/device.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"warmup expects an optimized module; got {type(module).__name__}")
@@ -93,7 +97,8 @@ def stream(module: nn.Module, *, height: int, width: int, batch: int = 1, dtype=
 
 
 def report(module: nn.Module) -> Report:
-    """What `optimize` did to `module`: graphs (nodes, capture time, matches), fallbacks, the last path."""
+    """What `optimize` did to `module`: graphs (nodes, capture time, matches), fallbacks, the last path, what the
+    captures cost per graph and stage (`Report.first_call`) and what the disk cache served."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"report expects a module (an optimized decoder); got {type(module).__name__}")
     runner = installed_runner(module)
@@ -108,4 +113,6 @@ def report(module: nn.Module) -> Report:
         last_reason=runner.fallbacks.last_reason,
         last_detail=runner.fallbacks.last_detail,
         cuda_graphs=runner.cuda_graph_counts(),
+        first_call=runner.timings.records(),
+        disk_cache=runner.disk_cache_summary(),
     )

@@ -1,12 +1,81 @@
-"""What `optimize` did to a module: captured graphs, matched patterns, fallbacks, the path of the last call."""
+"""What `optimize` did to a module: captured graphs, matched patterns, fallbacks, the path of the last call, and
+what the first calls cost (`Timing` records: export, passes, self-checks, kernels, CUDA-graph capture)."""
 
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import logging
+import threading
 
 logger = logging.getLogger("rewrite")
+
+
+#: the stages of first-call work a `Timing` names, in the order they happen
+STAGES = (
+    "export",  # torch.export of a step graph
+    "passes",  # the level's passes over it
+    "disk cache load",  # the rewritten graphs read back from the disk cache instead of the two above
+    "disk cache save",
+    "compile ahead",  # Triton kernels compiled in parallel before a capture (warmup)
+    "self-checks",  # per-shape conv and SiLU self-checks (`rewrite.ops.selftest`), inside the warm-up
+    "kernel launches",  # time inside Triton launches during the warm-up and capture: compiles, cache loads
+    "warm-up",  # the eager runs before a CUDA-graph capture (self-checks and kernel launches included)
+    "capture",  # the CUDA-graph captures themselves
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Seconds of one stage of first-call work for one graph: an FX graph ("chunk0", "steady", "decode") or the
+    CUDA graphs of one shape ("CUDA graphs 1x60x104 torch.bfloat16 cuda:0"). Stages in `STAGES`."""
+
+    graph: str
+    stage: str
+    seconds: float
+
+
+class TimingLog:
+    """`Timing` records in the order they were added, from any thread (a lock around the list)."""
+
+    def __init__(self, records: list[Timing] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._records: list[Timing] = list(records or [])
+
+    def add(self, graph: str, stage: str, seconds: float) -> None:
+        with self._lock:
+            self._records.append(Timing(graph, stage, max(0.0, float(seconds))))
+
+    def extend(self, records: list[Timing]) -> None:
+        with self._lock:
+            self._records.extend(records)
+
+    def records(self, since: int = 0) -> list[Timing]:
+        """The records added so far (from index `since`: `len(log)` taken earlier)."""
+        with self._lock:
+            return list(self._records[since:])
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+    def __deepcopy__(self, memo: dict) -> "TimingLog":
+        return TimingLog(copy.copy(self.records()))
+
+
+def format_timings(records: list[Timing], indent: str = "  ") -> list[str]:
+    """One line per graph: its stages and seconds, in `STAGES` order (repeated stages summed)."""
+    by_graph: dict[str, collections.Counter] = {}
+    for record in records:
+        by_graph.setdefault(record.graph, collections.Counter())[record.stage] += record.seconds
+    width = max((len(name) for name in by_graph), default=0)
+    lines = []
+    for name, stages in by_graph.items():
+        parts = [f"{stage} {stages[stage]:.2f}" for stage in STAGES if stage in stages]
+        parts += [f"{stage} {seconds:.2f}" for stage, seconds in stages.items() if stage not in STAGES]
+        lines.append(f"{indent}{name:<{width}}  " + ", ".join(parts))
+    return lines
 
 
 @dataclasses.dataclass
@@ -18,12 +87,14 @@ class GraphReport:
     capture_seconds: float
     matches: dict[str, int]
     passes: list[str]
+    source: str = "export"  # "export" or "disk cache"
 
     @classmethod
     def of(cls, graph) -> "GraphReport":
         """The report row of a `CapturedGraph`."""
         return cls(graph.name, str(graph.dtype), str(graph.device), graph.node_count, graph.capture_seconds,
-                   dict(graph.matches), list(graph.passes))
+                   dict(graph.matches), list(graph.passes),
+                   "disk cache" if "disk cache load" in graph.timings else "export")
 
 
 @dataclasses.dataclass
@@ -36,6 +107,14 @@ class Report:
     last_reason: str | None
     last_detail: str | None = None  # how the graphs served the last call (e.g. "CUDA graph, bucket 320")
     cuda_graphs: dict[str, int] = dataclasses.field(default_factory=dict)  # runner's CUDA graph counts
+    #: what the captures cost so far, per graph and stage (the first call's breakdown, and each new shape's)
+    first_call: list[Timing] = dataclasses.field(default_factory=list)
+    disk_cache: str | None = None  # where the disk cache is and what it served, None when it is off
+
+    @property
+    def first_call_seconds(self) -> float:
+        """The seconds of every `first_call` record but the parts of the warm-up listed apart (no double count)."""
+        return sum(t.seconds for t in self.first_call if t.stage not in ("self-checks", "kernel launches"))
 
     def __str__(self) -> str:
         lines = [f"{self.model} at level {self.level!r}; last call: {self.last_path}"
@@ -50,6 +129,12 @@ class Report:
             lines.append("  no graphs captured yet")
         if self.cuda_graphs:
             lines.append("  " + ", ".join(f"{k}: {v}" for k, v in self.cuda_graphs.items()))
+        if self.first_call:
+            lines.append(f"  first-call work: {self.first_call_seconds:.2f} s (self-checks and kernel launches are "
+                         "parts of the warm-up)")
+            lines.extend(format_timings(self.first_call, indent="    "))
+        if self.disk_cache:
+            lines.append(f"  disk cache: {self.disk_cache}")
         for reason, count in self.fallbacks.items():
             lines.append(f"  fallback x{count}: {reason}")
         return "\n".join(lines)
@@ -89,3 +174,9 @@ class WarmupResult:
     shapes: list[tuple[int, ...]]
     seconds: float
     note: str | None = None
+    breakdown: list[Timing] = dataclasses.field(default_factory=list)  # what this warm-up's captures cost
+
+    def __str__(self) -> str:
+        lines = [f"warmup: {len(self.shapes)} shape(s) {self.shapes} in {self.seconds:.2f} s"
+                 + (f" ({self.note})" if self.note else "")]
+        return "\n".join(lines + format_timings(self.breakdown))

@@ -363,7 +363,7 @@ def test_reoptimizing_is_configured_by_this_call_and_a_failed_call_changes_nothi
     assert vae._rewrite_runner is runner and "decode" in vae.__dict__  # still optimized as before
     optimize(vae, "channels_last")  # no options: the defaults, not the previous call's options
     assert vae._rewrite_runner.options == {"compile_shapes": (160, 320, 640), "tile_frames": 640, "max_graphs": 8,
-                                           "cudnn_benchmark": False}
+                                           "cudnn_benchmark": False, "cache_dir": None}
 
 
 @torch.no_grad()

@@ -35,6 +35,9 @@ class CapturedGraph:
     capture_seconds: float
     matches: dict[str, int] = dataclasses.field(default_factory=dict)
     passes: list[str] = dataclasses.field(default_factory=list)
+    #: seconds per stage of getting this graph: "export" and "passes", or "disk cache load" for a graph read back
+    #: from `rewrite.runtime.disk_cache`
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
     _binding: "_WeightBinding | None" = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
@@ -287,6 +290,7 @@ def export_step(
         dtype=tensors[0].dtype,
         device=tensors[0].device,
         capture_seconds=seconds,
+        timings={"export": seconds},
     )
 
 

@@ -13,6 +13,11 @@ Every kernel of `rewrite.ops` is launched through `launch` (by `rewrite.ops.trit
 is a setting of the run context (`rewrite.ops.run_context`), so it covers the launches of the thread that
 entered it only. Without Triton's ``AsyncCompileMode`` (older Triton), under the interpreter, or off CUDA,
 the context does nothing and says so (it yields False).
+
+`thread_launch_seconds()`: the seconds the calling thread has spent inside `launch` so far (cumulative:
+compiles, loads from Triton's cache and the launches themselves), `thread_compile_ahead_seconds()` inside
+active `compile_ahead` blocks (the pass and the wait for its compiles); the runtime reads them before and after
+a capture to report what the kernels cost it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Optional
 
@@ -33,7 +40,9 @@ except ImportError:  # pragma: no cover - Triton without async compilation
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["active", "available", "compile_ahead", "launch"]
+__all__ = ["active", "available", "compile_ahead", "launch", "thread_compile_ahead_seconds", "thread_launch_seconds"]
+
+_THREAD = threading.local()  # .seconds: time inside `launch`; .ahead: inside active `compile_ahead` (cumulative)
 
 
 def available() -> bool:
@@ -48,10 +57,24 @@ def active() -> bool:
 
 def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     """``kernel[grid](*args, **kwargs)``, or inside `compile_ahead` only its compile, submitted to the pool."""
-    if run_context.current().compile_ahead:
-        kernel.warmup(*args, grid=grid, **kwargs)
-    else:
-        kernel[grid](*args, **kwargs)
+    start = time.perf_counter()
+    try:
+        if run_context.current().compile_ahead:
+            kernel.warmup(*args, grid=grid, **kwargs)
+        else:
+            kernel[grid](*args, **kwargs)
+    finally:
+        _THREAD.seconds = getattr(_THREAD, "seconds", 0.0) + time.perf_counter() - start
+
+
+def thread_launch_seconds() -> float:
+    """Seconds the calling thread has spent inside `launch` so far (cumulative)."""
+    return getattr(_THREAD, "seconds", 0.0)
+
+
+def thread_compile_ahead_seconds() -> float:
+    """Seconds the calling thread has spent inside active `compile_ahead` blocks so far (cumulative)."""
+    return getattr(_THREAD, "ahead", 0.0)
 
 
 @contextlib.contextmanager
@@ -63,15 +86,19 @@ def compile_ahead(workers: Optional[int] = None) -> Iterator[bool]:
         yield False
         return
     workers = workers or min(32, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="triton-compile") as pool:
-        mode = AsyncCompileMode(pool)
-        mode.__enter__()
-        try:
-            with run_context.using(compile_ahead=True):
-                yield True
-        finally:
+    start = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="triton-compile") as pool:
+            mode = AsyncCompileMode(pool)
+            mode.__enter__()
             try:
-                mode.__exit__(None, None, None)  # waits for every submitted compile
-            except Exception as error:  # a failed compile: the real run compiles it again and raises there
-                logger.warning("compile_ahead: a kernel compile failed (%s: %s); it is compiled again on first use",
-                               type(error).__name__, error)
+                with run_context.using(compile_ahead=True):
+                    yield True
+            finally:
+                try:
+                    mode.__exit__(None, None, None)  # waits for every submitted compile
+                except Exception as error:  # a failed compile: the real run compiles it again and raises there
+                    logger.warning("compile_ahead: a kernel compile failed (%s: %s); it is compiled again on first "
+                                   "use", type(error).__name__, error)
+    finally:
+        _THREAD.ahead = getattr(_THREAD, "ahead", 0.0) + time.perf_counter() - start

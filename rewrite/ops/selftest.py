@@ -16,17 +16,62 @@ captures (inside one, the NCDHW conv is used), cached per process.
 `frame_conv_is_exact(input_shape, weight_shape, dtype, device)`: likewise for a 1x1x1 conv3d of a frame-major
 input run as cuDNN's conv2d over the frames folded into the batch (`rewrite::pointwise_conv3d`), against the
 conv3d of the NCDHW input that ATen runs.
+
+Cost and persistence: `stats()` counts the checks computed in this process and their seconds (per kind;
+`thread_seconds()` for the calling thread alone, which the runtime reads before and after a capture to
+attribute the checks to it). `verdicts(device)` lists the verdicts found for a device as plain records and
+`adopt(device, records)` takes such records back (`rewrite.runtime.disk_cache` keeps them across processes,
+keyed by the torch, CUDA, cuDNN and Triton versions and the GPU); a verdict already found in this process is
+kept. The SiLU check runs its kernel for real even inside a compile-ahead pass (`rewrite.ops.compile_ahead`,
+where launches only compile).
 """
 
 from __future__ import annotations
 
+import collections
+import threading
+import time
+from typing import Callable
+
 import torch
 
-from rewrite.ops import triton_norm
+from rewrite.ops import run_context, triton_norm
 
 _RESULTS: dict[tuple[str, torch.dtype], bool] = {}
 _CONV_RESULTS: dict[tuple, bool] = {}
 _FRAME_CONV_RESULTS: dict[tuple, bool] = {}
+
+#: the check kinds, as `stats` and the verdict records name them
+KINDS = ("silu", "channels_last_conv", "frame_conv")
+
+_STATS_LOCK = threading.Lock()
+_COUNTS: collections.Counter = collections.Counter()  # kind -> checks computed in this process
+_SECONDS: collections.Counter = collections.Counter()  # kind -> their seconds
+_THREAD = threading.local()  # .seconds: this thread's checks, cumulative
+
+
+def _timed(kind: str, check: Callable[[], bool]) -> bool:
+    """`check()`, counted and timed (process-wide per kind, and for this thread)."""
+    start = time.perf_counter()
+    try:
+        return check()
+    finally:
+        seconds = time.perf_counter() - start
+        _THREAD.seconds = getattr(_THREAD, "seconds", 0.0) + seconds
+        with _STATS_LOCK:
+            _COUNTS[kind] += 1
+            _SECONDS[kind] += seconds
+
+
+def stats() -> dict[str, tuple[int, float]]:
+    """kind -> (checks computed in this process, their seconds)."""
+    with _STATS_LOCK:
+        return {kind: (_COUNTS[kind], _SECONDS[kind]) for kind in KINDS}
+
+
+def thread_seconds() -> float:
+    """Seconds the calling thread has spent computing checks so far (cumulative)."""
+    return getattr(_THREAD, "seconds", 0.0)
 
 
 def _bit_patterns(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -56,7 +101,8 @@ def silu_is_exact(device: torch.device, dtype: torch.dtype) -> bool:
     if key not in _RESULTS:
         if torch.cuda.is_current_stream_capturing():
             return False
-        _RESULTS[key] = silu_check(device, dtype)[0]
+        with run_context.using(compile_ahead=False):  # the kernel must run: a compile-only launch writes nothing
+            _RESULTS[key] = _timed("silu", lambda: silu_check(device, dtype)[0])
     return _RESULTS[key]
 
 
@@ -93,11 +139,11 @@ def channels_last_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[i
 def channels_last_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
                                 device: torch.device, padding: tuple[int, ...] = (0, 0, 0)) -> bool:
     key = (tuple(input_shape), tuple(weight_shape), tuple(padding), dtype, str(device), _conv_settings())
-    return _cached_conv_check(_CONV_RESULTS, device, key, lambda: channels_last_conv_check(
+    return _cached_conv_check(_CONV_RESULTS, "channels_last_conv", device, key, lambda: channels_last_conv_check(
         tuple(input_shape), tuple(weight_shape), dtype, device, tuple(padding)))
 
 
-def _cached_conv_check(results: dict[tuple, bool], device: torch.device, key: tuple, check) -> bool:
+def _cached_conv_check(results: dict[tuple, bool], kind: str, device: torch.device, key: tuple, check) -> bool:
     """`check()`'s verdict, computed once per key (no_grad); False off CUDA, and without caching during a CUDA
     graph capture."""
     if device.type != "cuda":
@@ -106,7 +152,7 @@ def _cached_conv_check(results: dict[tuple, bool], device: torch.device, key: tu
         if torch.cuda.is_current_stream_capturing():
             return False
         with torch.no_grad():
-            results[key] = check()
+            results[key] = _timed(kind, check)
     return results[key]
 
 
@@ -127,7 +173,7 @@ def frame_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[int, ...]
 def frame_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
                         device: torch.device) -> bool:
     key = (tuple(input_shape), tuple(weight_shape), dtype, str(device), _conv_settings())
-    return _cached_conv_check(_FRAME_CONV_RESULTS, device, key, lambda: frame_conv_check(
+    return _cached_conv_check(_FRAME_CONV_RESULTS, "frame_conv", device, key, lambda: frame_conv_check(
         tuple(input_shape), tuple(weight_shape), dtype, device))
 
 
@@ -139,3 +185,60 @@ def results() -> dict[str, bool]:
     for (x_shape, w_shape, dtype, device, _), ok in _FRAME_CONV_RESULTS.items():
         found[f"frame-major 1x1x1 conv {list(x_shape)} * {list(w_shape)} {dtype} on {device}"] = ok
     return found
+
+
+# ---- verdicts as records (for `rewrite.runtime.disk_cache`) ---------------------------------------------------
+_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16)}
+
+
+def verdicts(device: torch.device) -> list[dict]:
+    """The verdicts found in this process for `device`, as JSON-compatible records (device not included: the
+    caller keys them by the device's kind and software)."""
+    name = str(device)
+    records = [{"check": "silu", "dtype": str(dtype), "exact": ok}
+               for (where, dtype), ok in list(_RESULTS.items()) if where == name]
+    records += [{"check": "channels_last_conv", "input": list(x), "weight": list(w), "padding": list(p),
+                 "dtype": str(dtype), "settings": list(settings), "exact": ok}
+                for (x, w, p, dtype, where, settings), ok in list(_CONV_RESULTS.items()) if where == name]
+    records += [{"check": "frame_conv", "input": list(x), "weight": list(w), "dtype": str(dtype),
+                 "settings": list(settings), "exact": ok}
+                for (x, w, dtype, where, settings), ok in list(_FRAME_CONV_RESULTS.items()) if where == name]
+    return records
+
+
+def adopt(device: torch.device, records: list[dict]) -> int:
+    """Take verdicts of `device` from records that `verdicts` wrote (in another process); returns how many
+    were new here. All or nothing: a malformed record raises ValueError and nothing is adopted."""
+    name, entries = str(device), []
+    for record in records:
+        try:
+            check, dtype, ok = record["check"], _DTYPES[record["dtype"]], record["exact"]
+            if not isinstance(ok, bool):
+                raise TypeError("exact is not a bool")
+            if check == "silu":
+                entries.append((_RESULTS, (name, dtype), ok))
+                continue
+            shapes = tuple(_ints(record["input"])), tuple(_ints(record["weight"]))
+            settings = tuple(record["settings"])
+            if len(settings) != len(_conv_settings()) or not all(isinstance(v, bool) for v in settings):
+                raise TypeError("settings are not the cuDNN flags")
+            if check == "channels_last_conv":
+                entries.append((_CONV_RESULTS, (*shapes, tuple(_ints(record["padding"])), dtype, name, settings), ok))
+            elif check == "frame_conv":
+                entries.append((_FRAME_CONV_RESULTS, (*shapes, dtype, name, settings), ok))
+            else:
+                raise KeyError(check)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"malformed self-check record {record!r}: {type(error).__name__}: {error}") from error
+    new = 0
+    for results, key, ok in entries:
+        if key not in results:
+            results[key] = ok
+            new += 1
+    return new
+
+
+def _ints(values) -> list[int]:
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"{values!r} is not a list of ints")
+    return values

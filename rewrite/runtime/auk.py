@@ -44,12 +44,12 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
-from rewrite.capture.auk import capture_auk_decode, reference_decode
+from rewrite.capture.auk import GRAPH_NAME, capture_auk_decode, reference_decode
 from rewrite.capture.export import CapturedGraph
 from rewrite.levels import level_enables
 from rewrite.ops import compile_ahead, triton_conv1d, valid_length
 from rewrite.reporting import GraphReport, WarmupResult
-from rewrite.runtime import guards
+from rewrite.runtime import disk_cache, guards
 from rewrite.runtime.graphs import CudaGraphBackend, GraphPool, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
 from rewrite.runtime.runner import DecoderRunner, installed_runner
@@ -126,7 +126,7 @@ class AuKRunner(DecoderRunner):
 
     def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, compile_shapes: Sequence[int] = DEFAULT_COMPILE_SHAPES,
                  tile_frames: int | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS, cudnn_benchmark: bool = False,
-                 graph_backend=None) -> None:
+                 cache_dir=None, graph_backend=None) -> None:
         shapes = () if isinstance(compile_shapes, (str, bytes)) or not isinstance(compile_shapes, Iterable) else compile_shapes
         self.compile_shapes = tuple(sorted({_positive_int("compile_shapes entry", s) for s in shapes}))
         if not self.compile_shapes:
@@ -150,10 +150,13 @@ class AuKRunner(DecoderRunner):
         # the peak memory of a warm-up to 48.8 GiB.
         self.cudnn_benchmark = cudnn_benchmark
         super().__init__(level, rewrite_graph, {"compile_shapes": self.compile_shapes, "tile_frames": self.tile_frames,
-                                                "max_graphs": self.max_graphs, "cudnn_benchmark": self.cudnn_benchmark})
+                                                "max_graphs": self.max_graphs, "cudnn_benchmark": self.cudnn_benchmark,
+                                                "cache_dir": disk_cache.cache_dir_option(cache_dir)})
         self.backend = graph_backend if graph_backend is not None else CudaGraphBackend()
-        self.bucket_graphs = GraphPool(self.backend)  # (batch, bucket, dtype, device), one shared pool
-        self.exact_graphs = GraphPool(self.backend, max_entries=self.max_graphs)  # (batch, frames, dtype, device)
+        # (batch, bucket, dtype, device), one shared pool; each capture's timing goes to the report
+        self.bucket_graphs = GraphPool(self.backend, on_build=self.cuda_graphs_built)
+        self.exact_graphs = GraphPool(self.backend, max_entries=self.max_graphs,  # (batch, frames, dtype, device)
+                                      on_build=self.cuda_graphs_built)
         self.capture_failures: dict[tuple, str] = {}
         self._weight_pointers: dict[tuple, tuple[int, ...]] = {}  # per (dtype, device): when the graphs were captured
         self._compiled_ahead: set[tuple] = set()  # (dtype, device) whose Triton kernels compiled in parallel
@@ -183,9 +186,10 @@ class AuKRunner(DecoderRunner):
     def graph_for(self, dtype: torch.dtype, device: torch.device, listing=None) -> CapturedGraph | None:
         """The rewritten decode graph for this dtype/device, captured on first use and again after the decoder
         changed (`DecoderRunner.captured`); None if capture failed."""
-        def capture():
-            graph = capture_auk_decode(self.vae, dtype, device)
-            self.rewrite_graph(graph, self.level)
+        def capture():  # exported and rewritten, or read back from the disk cache
+            (graph,) = self.capture_graphs(lambda: [capture_auk_decode(self.vae, dtype, device)], key=(dtype, device),
+                                           model=self.vae, root=self.vae, names=(GRAPH_NAME,), dtype=dtype,
+                                           device=device)
             return graph
 
         listing = list(self.vae.decoder.named_modules(prefix="decoder")) if listing is None else listing
@@ -223,7 +227,7 @@ class AuKRunner(DecoderRunner):
         """
         widths = _frame_counts(frames)
         batch = _positive_int("batch", batch)
-        start = time.perf_counter()
+        start, mark = time.perf_counter(), len(self.timings)
         z = torch.zeros(batch, 1, self.vae.config.latent_dim, dtype=dtype, device=device)
         with self.lock.holding(z.device), CAPTURE_GATE.running():
             reason = self.fallback_reason(z)
@@ -231,14 +235,16 @@ class AuKRunner(DecoderRunner):
                 raise RuntimeError(f"warmup: the graphs cannot serve {dtype} on {device}: {reason}")
             if not self.backend.can_capture(device):
                 return WarmupResult([], time.perf_counter() - start,
-                                    f"no CUDA graphs on {device.type}: the decode graph is captured and runs eagerly")
+                                    f"no CUDA graphs on {device.type}: the decode graph is captured and runs eagerly",
+                                    breakdown=self.timings.records(mark))
             if widths is None:
                 widths = self.compile_shapes if self.bucketed else ()
             for width in sorted(set(widths), reverse=True):
                 pool, key = self._pool_for(batch, width, z.dtype, z.device)
                 self._capture(pool, key, batch, width, z.dtype, z.device)
         note = None if widths else "lossless captures exact lengths only: pass frames=[...] for the CUDA graphs"
-        return WarmupResult([(batch, w) for w in sorted(set(widths), reverse=True)], time.perf_counter() - start, note)
+        return WarmupResult([(batch, w) for w in sorted(set(widths), reverse=True)], time.perf_counter() - start, note,
+                            breakdown=self.timings.records(mark))
 
     # ---- guards -------------------------------------------------------------------------------------
     def fallback_reason(self, z: torch.Tensor) -> str | None:

@@ -14,6 +14,11 @@ memory returned), and drops an entry whose weights are no longer the tensors cap
 `GraphPool` keeps steps that share one private memory pool (captured by a backend such as
 `CudaGraphBackend`): never evicted one by one, only retired together. A deep copy of a pool is empty
 (CUDA graphs cannot be copied, and a pool is never shared by two owners).
+
+What a build costs: both containers time each build (`BuildTiming`: the whole build, the `StaticStep`
+warm-ups and captures inside it, and of those the per-shape self-checks and the time inside Triton launches,
+read from the calling thread's counters in `rewrite.ops.selftest` and `rewrite.ops.compile_ahead`) and hand it
+to their owner's `on_build` callback (the runner reports it and persists new self-check verdicts).
 """
 
 from __future__ import annotations
@@ -21,15 +26,78 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-from typing import Callable, Hashable, Sequence
+import dataclasses
+import threading
+import time
+from typing import Callable, Hashable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
+from rewrite.ops import compile_ahead, selftest
 from rewrite.runtime.locks import CAPTURE_GATE
 
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+@dataclasses.dataclass
+class BuildTiming:
+    """Seconds of one build of a container entry (the CUDA graphs of one key): `seconds` in all; `warmup` and
+    `capture` summed over its `StaticStep`s; `self_checks` and `kernel_launches` spent by the building thread
+    anywhere in the build (parts of `seconds`, mostly of the warm-ups); `compile_ahead` inside compile-ahead
+    passes of the build (AuK: before its first capture)."""
+
+    key: Hashable
+    seconds: float = 0.0
+    warmup: float = 0.0
+    capture: float = 0.0
+    self_checks: float = 0.0
+    kernel_launches: float = 0.0
+    compile_ahead: float = 0.0
+    steps: int = 0
+
+    @property
+    def label(self) -> str:
+        return "CUDA graphs " + describe_key(self.key)
+
+    def stages(self) -> dict[str, float]:
+        """Stage -> seconds as `rewrite.reporting.Timing` names them; "warm-up" is everything of the build that
+        is not a capture or a compile-ahead pass (the StaticSteps' eager runs, static buffers, first runs)."""
+        other = max(0.0, self.seconds - self.capture - self.compile_ahead)
+        stages = {"warm-up": other, "capture": self.capture, "self-checks": self.self_checks,
+                  "kernel launches": self.kernel_launches}
+        if self.compile_ahead:
+            stages["compile ahead"] = self.compile_ahead
+        return stages
+
+
+def describe_key(key: Hashable) -> str:
+    """A graph key as the report shows it: ints joined by "x", then dtype and device (``1x60x104 bfloat16 cuda:0``)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    sizes = "x".join(str(p) for p in parts if isinstance(p, int))
+    rest = [str(p).replace("torch.", "") for p in parts if not isinstance(p, int)]
+    return " ".join([sizes] * bool(sizes) + rest)
+
+
+_BUILDING = threading.local()  # .timing: the BuildTiming of the build under way in this thread, if any
+
+
+@contextlib.contextmanager
+def _timed_build(key: Hashable) -> Iterator[BuildTiming]:
+    """Times the block as the build of `key` (nested `StaticStep`s add their warm-up and capture seconds)."""
+    timing, outer = BuildTiming(key), getattr(_BUILDING, "timing", None)
+    checks, launches = selftest.thread_seconds(), compile_ahead.thread_launch_seconds()
+    ahead, start = compile_ahead.thread_compile_ahead_seconds(), time.perf_counter()
+    _BUILDING.timing = timing
+    try:
+        yield timing
+    finally:
+        _BUILDING.timing = outer
+        timing.seconds = time.perf_counter() - start
+        timing.self_checks = selftest.thread_seconds() - checks
+        timing.kernel_launches = compile_ahead.thread_launch_seconds() - launches
+        timing.compile_ahead = compile_ahead.thread_compile_ahead_seconds() - ahead
 
 
 @contextlib.contextmanager
@@ -66,16 +134,27 @@ class StaticStep:
         # Alone among rewrite's work (`rewrite.runtime.locks`); "thread_local": work of other threads in the
         # process may go on (on other streams) without invalidating the capture.
         with CAPTURE_GATE.capturing(), torch.cuda.device(self.inputs[0].device):
+            start = time.perf_counter()
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(warmup):
                     fn(*self.inputs)
             torch.cuda.current_stream().wait_stream(stream)
+            captured = time.perf_counter()
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=pool, stream=_capture_stream(self.inputs[0].device),
                                   capture_error_mode="thread_local"):
                 self.outputs = list(fn(*self.inputs))
+            done = time.perf_counter()
+        #: seconds of the eager warm-up runs and of the capture (host time: the warm-up's queued work is
+        #: waited for by the capture's stream, so it counts in the capture)
+        self.warmup_seconds, self.capture_seconds = captured - start, done - captured
+        timing = getattr(_BUILDING, "timing", None)
+        if timing is not None:
+            timing.warmup += self.warmup_seconds
+            timing.capture += self.capture_seconds
+            timing.steps += 1
 
     def replay(self) -> list[Tensor]:
         self.graph.replay()
@@ -85,8 +164,9 @@ class StaticStep:
 class GraphCache:
     """Graph sets per key (e.g. (batch, height, width, dtype)), least recently used evicted first."""
 
-    def __init__(self, max_entries: int = 4):
+    def __init__(self, max_entries: int = 4, on_build: Callable[[BuildTiming], None] | None = None):
         self.max_entries = max_entries
+        self.on_build = on_build  # called with the timing of every build (see the module docstring)
         self._entries: collections.OrderedDict[Hashable, tuple[tuple[int, ...], object]] = collections.OrderedDict()
         self.captures = 0
 
@@ -103,9 +183,12 @@ class GraphCache:
                 _finish_pending_replays()
             while len(self._entries) >= self.max_entries:
                 self._entries.popitem(last=False)
-            entry = (pointers, build())
+            with _timed_build(key) as timing:
+                entry = (pointers, build())
             self._entries[key] = entry
             self.captures += 1
+            if self.on_build is not None:
+                self.on_build(timing)
         self._entries.move_to_end(key)
         return entry[1]
 
@@ -115,11 +198,15 @@ class GraphCache:
         self._entries.clear()
 
     def __deepcopy__(self, memo: dict) -> "GraphCache":
-        """An empty cache: CUDA graphs cannot be copied, and a copied model captures its own."""
-        return GraphCache(self.max_entries)
+        """An empty cache: CUDA graphs cannot be copied, and a copied model captures its own (its callback is
+        the copy's: a bound method of a copied runner is bound to the copy)."""
+        return GraphCache(self.max_entries, copy.deepcopy(self.on_build, memo))
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
 
 
 class CudaGraphBackend:
@@ -149,9 +236,11 @@ class GraphPool:
     capturing one more graph when the pool is full retires the whole generation first.
     """
 
-    def __init__(self, backend=None, max_entries: int | None = None):
+    def __init__(self, backend=None, max_entries: int | None = None,
+                 on_build: Callable[[BuildTiming], None] | None = None):
         self.backend = backend if backend is not None else CudaGraphBackend()
         self.max_entries = max_entries
+        self.on_build = on_build  # called with the timing of every capture (see the module docstring)
         self.steps: dict[Hashable, object] = {}
         self._pool = None
         self.generation = 0
@@ -167,16 +256,19 @@ class GraphPool:
                 self.retire()
             if self._pool is None:
                 self._pool = self.backend.new_pool()
-            with static_buffer_mode():
-                static = inputs()
-            step = self.backend.capture(make_fn(), static, self._pool)
+            with _timed_build(key) as timing:
+                with static_buffer_mode():
+                    static = inputs()
+                step = self.backend.capture(make_fn(), static, self._pool)
             self.steps[key] = step
             self.captures += 1
+            if self.on_build is not None:
+                self.on_build(timing)
         return step
 
     def __deepcopy__(self, memo: dict) -> "GraphPool":
         """An empty pool on a copy of the backend: the copy of a model captures graphs of its own weights."""
-        return GraphPool(copy.deepcopy(self.backend, memo), self.max_entries)
+        return GraphPool(copy.deepcopy(self.backend, memo), self.max_entries, copy.deepcopy(self.on_build, memo))
 
     def retire(self) -> None:
         """Drop every graph of this generation and its pool."""

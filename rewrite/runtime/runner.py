@@ -13,7 +13,10 @@ A runner drives one optimized module. This base holds the parts that do not depe
   runner with its captured FX graphs (each runner's CUDA graphs refuse to be copied and start empty);
 * capture against changes: `captured(key, listing, capture, what)` returns the graphs of `key`, captured
   again when the module tree changed since (`guards.ModuleSnapshot`: a module type, a non-tensor setting,
-  a parameter set to None, ...), at most `MAX_RECAPTURES` times per key; then the reference path serves.
+  a parameter set to None, ...), at most `MAX_RECAPTURES` times per key; then the reference path serves;
+* what a capture does and costs: `capture_graphs` exports and rewrites a capture's graphs, or reads them
+  back from the disk cache (`rewrite.runtime.disk_cache`, option ``cache_dir``), and records the seconds of
+  each stage in `timings` (with the CUDA-graph builds that `cuda_graphs_built` receives), for the report.
 """
 
 from __future__ import annotations
@@ -24,13 +27,17 @@ import copy
 import functools
 import logging
 import threading
-from typing import Any, Callable, Hashable, Iterator
+import time
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
+import torch
 from torch import nn
 
-from rewrite.reporting import FallbackLog
-from rewrite.runtime import guards
+from rewrite.capture.export import CapturedGraph
+from rewrite.reporting import FallbackLog, TimingLog
+from rewrite.runtime import disk_cache, guards
 from rewrite.runtime.captures import CaptureCache
+from rewrite.runtime.graphs import BuildTiming
 from rewrite.runtime.locks import ModuleLock
 
 logger = logging.getLogger("rewrite")
@@ -45,9 +52,12 @@ class DecoderRunner:
     model_name = "?"
 
     def __init__(self, level: str, rewrite_graph: Callable, options: dict[str, Any]) -> None:
+        """`options` are the runner's normalised options; ``cache_dir`` (`disk_cache.open_cache`) is read here."""
         self.level = level
         self.rewrite_graph = rewrite_graph  # fn(CapturedGraph, level) applying the level's passes in place
         self.options = options
+        self.disk_cache = disk_cache.open_cache(options.get("cache_dir"))
+        self.timings = TimingLog()  # what the captures cost, per graph and stage (`report(...).first_call`)
         self.fallbacks = FallbackLog()
         self.graphs: CaptureCache = CaptureCache()  # per (dtype, device)
         self.snapshots: dict[Hashable, guards.ModuleSnapshot] = {}  # per key: the module tree as captured
@@ -109,6 +119,68 @@ class DecoderRunner:
         if key not in self.graphs.values and key not in self.graphs.errors:
             self.snapshots[key] = guards.ModuleSnapshot.of(listing)
         return self.graphs.get(key, capture, what)
+
+    def capture_graphs(self, export: Callable[[], Sequence[CapturedGraph]], *, key: Hashable, model: nn.Module,
+                       root: nn.Module, names: Sequence[str], dtype: torch.dtype,
+                       device: torch.device) -> tuple[CapturedGraph, ...]:
+        """The rewritten graphs of one capture (for `captured`): read back from the disk cache when it holds them,
+        else `export()`-ed, rewritten at the level and written to the cache. `model` is what the user optimized,
+        `root` the module whose parameters the graphs name; `names` the graphs `export` returns. Each stage's
+        seconds go to `timings` (and the graphs' own ``timings``)."""
+        entry_key, cache = None, self.disk_cache
+        label = f" {str(dtype).replace('torch.', '')} {device}"
+        if cache is not None:
+            start = time.perf_counter()
+            try:  # the cache only ever saves time: a failure in it is logged, and the capture runs
+                if device.type == "cuda":
+                    cache.load_verdicts(device)  # before any self-check of this device can run
+                entry_key = disk_cache.graph_key(model_name=self.model_name, model=model, root=root,
+                                                 snapshot=self.snapshots[key], graphs=names, dtype=dtype,
+                                                 device=device, level=self.level, rewrite_graph=self.rewrite_graph)
+                loaded = None if entry_key is None else cache.load_graphs(entry_key, root)
+            except Exception as error:  # noqa: BLE001
+                cache.report_problem(f"reading failed ({type(error).__name__}: {error}); capturing")
+                entry_key = loaded = None
+            if loaded is not None:
+                share = (time.perf_counter() - start) / len(loaded)
+                for graph in loaded:
+                    graph.timings = {"disk cache load": share}
+                    graph.capture_seconds = share
+                    self.timings.add(graph.name + label, "disk cache load", share)
+                return tuple(loaded)
+        graphs = tuple(export())
+        for graph in graphs:
+            self.timings.add(graph.name + label, "export", graph.timings.get("export", graph.capture_seconds))
+            start = time.perf_counter()
+            self.rewrite_graph(graph, self.level)
+            graph.timings["passes"] = time.perf_counter() - start
+            graph.capture_seconds = sum(graph.timings.values())
+            self.timings.add(graph.name + label, "passes", graph.timings["passes"])
+        if entry_key is not None:
+            start = time.perf_counter()
+            try:
+                cache.save_graphs(entry_key, graphs)
+            except Exception as error:  # noqa: BLE001 - see above
+                cache.report_problem(f"writing failed ({type(error).__name__}: {error})")
+            self.timings.add("+".join(names) + label, "disk cache save", time.perf_counter() - start)
+        return graphs
+
+    def cuda_graphs_built(self, timing: BuildTiming) -> None:
+        """Called by the runner's CUDA-graph containers after each build: its stages go to `timings`, and the
+        self-check verdicts it found to the disk cache."""
+        for stage, seconds in timing.stages().items():
+            self.timings.add(timing.label, stage, seconds)
+        if self.disk_cache is not None:
+            key = timing.key if isinstance(timing.key, tuple) else (timing.key,)
+            for device in {part for part in key if isinstance(part, torch.device) and part.type == "cuda"}:
+                try:
+                    self.disk_cache.save_verdicts(device)
+                except Exception as error:  # noqa: BLE001 - only a saving of time, never a failed decode
+                    self.disk_cache.report_problem(f"writing self-check verdicts failed ({type(error).__name__}: "
+                                                   f"{error})")
+
+    def disk_cache_summary(self) -> str | None:
+        return None if self.disk_cache is None else self.disk_cache.summary()
 
     def cuda_graph_counts(self) -> dict[str, int]:
         """For the report: how many CUDA graphs of which kind the runner holds."""

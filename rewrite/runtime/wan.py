@@ -26,11 +26,12 @@ from torch import nn
 
 from rewrite.capture.export import WeightLocations
 from rewrite.capture.wan import capture_wan_decoder, reference_forward
+from rewrite.ops import compile_ahead
 from rewrite.reporting import GraphReport, WarmupResult
-from rewrite.runtime import guards
+from rewrite.runtime import disk_cache, guards
 from rewrite.runtime.cache_writes import write_caches_in_place
 from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
-from rewrite.runtime.graphs import CudaGraphBackend, GraphCache, static_buffer_mode
+from rewrite.runtime.graphs import CudaGraphBackend, GraphCache, describe_key, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
 from rewrite.runtime.runner import DecoderRunner, installed_runner
 
@@ -45,11 +46,13 @@ class WanRunner(DecoderRunner):
 
     model_name = "wan"
 
-    def __init__(self, vae: nn.Module, level: str, rewrite_graph) -> None:
-        super().__init__(level, rewrite_graph, {})
+    def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, cache_dir=None) -> None:
+        super().__init__(level, rewrite_graph, {"cache_dir": disk_cache.cache_dir_option(cache_dir)})
         self.z_dim = vae.config.z_dim
         self.temporal_factor = 2 ** sum(bool(t) for t in vae.decoder.temperal_upsample)
-        self.cuda_graphs = GraphCache(max_entries=4)  # per (batch, latent h, w, dtype, device)
+        # per (batch, latent h, w, dtype, device); each build's timing goes to the report
+        self.cuda_graphs = GraphCache(max_entries=4, on_build=self.cuda_graphs_built)
+        self._compiled_ahead: set[tuple] = set()  # CUDA-graph keys whose Triton kernels `warmup` compiled ahead
         self.use_cuda_graphs = True
         self.graph_backend = CudaGraphBackend()  # captures the steps' CUDA graphs (tests: an eager stand-in)
         self.channels_last_weights = ChannelsLastWeights()  # shared by the CUDA graphs of every shape
@@ -78,11 +81,10 @@ class WanRunner(DecoderRunner):
     def graphs_for(self, decoder: nn.Module, dtype: torch.dtype, device: torch.device, listing=None):
         """The (chunk0, steady) graphs for this dtype/device, captured and rewritten on first use and again
         after the decoder changed (`DecoderRunner.captured`); None when the capture failed."""
-        def capture():
-            pair = capture_wan_decoder(decoder, dtype, device)
-            for graph in pair:
-                self.rewrite_graph(graph, self.level)
-            return pair
+        def capture():  # exported and rewritten, or read back from the disk cache
+            return self.capture_graphs(lambda: capture_wan_decoder(decoder, dtype, device), key=(dtype, device),
+                                       model=self.vae, root=decoder, names=("chunk0", "steady"), dtype=dtype,
+                                       device=device)
 
         listing = list(decoder.named_modules(prefix="decoder")) if listing is None else listing
         return self.captured((dtype, device), listing, capture, f"{dtype} on {device}")
@@ -98,15 +100,26 @@ class WanRunner(DecoderRunner):
         return {"CUDA graph shapes": len(self.cuda_graphs)} if self.cuda_graphs.captures else {}
 
     @torch.no_grad()  # captures for no-grad decodes, whatever the caller's grad mode
-    def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, shapes=None) -> WarmupResult:
-        """Capture the graphs for `dtype`/`device` and, on CUDA, the chunk-0/steady CUDA graphs of the latent
-        sizes `shapes`, a list of `(latent_height, latent_width)` pairs; each is served by decoding a two-frame
-        zero latent (chunk 0 and one steady step) of that size. Without `shapes` only the step graphs are
-        captured (each size's CUDA graphs then come with its first decode; the result says so)."""
+    def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, shapes=None,
+               frames=None) -> WarmupResult:
+        """Capture what the first decodes of these sizes would: the step graphs for `dtype`/`device` and, on CUDA,
+        the chunk-0/steady CUDA graphs of each latent size in `shapes`, a list of `(latent_height, latent_width)`
+        pairs, by decoding a two-frame zero latent of that size (chunk 0 and one steady step). On CUDA, before a
+        size's first capture, its Triton kernels are compiled in parallel (`rewrite.ops.compile_ahead`).
+        Without `shapes` only the step graphs are captured (the result says so).
+
+        `frames`: the latent frame count(s) later decodes of those sizes will have (an int or a list). Nothing
+        captured depends on it (one graph per step, CUDA graphs per batch and size); on CUDA the output video of
+        the largest count is allocated once and given back to the caching allocator, so a later decode finds
+        that memory reserved. Returns the shapes, seconds and the breakdown of what the captures cost."""
         pairs = _latent_sizes(shapes)
+        counts = _latent_frame_counts(frames)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"warmup: batch must be a positive int, got {batch!r}")
-        start = time.perf_counter()
+        if counts and not pairs:
+            raise ValueError("warmup: frames= needs shapes=[(latent_height, latent_width), ...]: the CUDA graphs and "
+                             "the output video are per latent size")
+        start, mark = time.perf_counter(), len(self.timings)
         if not pairs:
             x = torch.zeros(batch, self.z_dim, 1, 1, 1, device=device, dtype=dtype)
             with self.lock.holding(device), CAPTURE_GATE.running():
@@ -116,14 +129,54 @@ class WanRunner(DecoderRunner):
             note = ("no shapes given: the step graphs are captured; the CUDA graphs of a latent size are captured "
                     "by its first decode (pass shapes=[(latent_height, latent_width), ...])")
             logger.info("rewrite: warmup: %s", note)
-            return WarmupResult([], time.perf_counter() - start, note)
+            return WarmupResult([], time.perf_counter() - start, note, breakdown=self.timings.records(mark))
         for height, width in pairs:
+            self._compile_kernels_ahead(batch, height, width, dtype, device)
             z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
-            self.vae._decode(z)
+            sample = self.vae._decode(z).sample
             if self.fallbacks.last_path != "graphs":
                 raise RuntimeError(f"warmup: the graphs cannot serve {tuple(z.shape)} {dtype} on {device}: "
                                    f"{self.fallbacks.last_reason}")
-        return WarmupResult([(batch, h, w) for h, w in pairs], time.perf_counter() - start)
+            if counts and device.type == "cuda":
+                self._reserve_video(sample, max(counts))
+        return WarmupResult([(batch, h, w) for h, w in pairs], time.perf_counter() - start,
+                            breakdown=self.timings.records(mark))
+
+    def _compile_kernels_ahead(self, batch: int, height: int, width: int, dtype: torch.dtype,
+                               device: torch.device) -> None:
+        """Before the first CUDA-graph capture of a size: one chunk-0 and one steady step of the graphs in which
+        every Triton launch only submits its compile to a thread pool (`rewrite.ops.compile_ahead`), so the
+        kernels compile in parallel instead of one by one in the capture's warm-up. Nothing is computed (the
+        outputs are dropped), nothing is changed: a variant it missed is compiled by the warm-up as before."""
+        key = (batch, height, width, dtype, device)
+        if device.type != "cuda" or not compile_ahead.available() or key in self._compiled_ahead or key in self.cuda_graphs:
+            return
+        x = torch.zeros(batch, self.z_dim, 1, height, width, device=device, dtype=dtype)
+        decoder = self.vae.decoder
+        with self.lock.holding(device), CAPTURE_GATE.running():
+            if self.region_reason(decoder, x) is not None:
+                return  # the decode that follows says why
+            self._compiled_ahead.add(key)
+            chunk0, steady = self.graphs[(dtype, device)]
+            start = time.perf_counter()
+            try:
+                with compile_ahead.compile_ahead() as active:
+                    if active:
+                        _, *caches = chunk0(chunk0.weights(decoder), x)
+                        steady(steady.weights(decoder), x, *caches)
+            except Exception as error:  # noqa: BLE001 - only a speed-up: the capture compiles what is missing
+                logger.warning("rewrite: compiling the Triton kernels ahead failed (%s: %s); they compile during the "
+                               "capture", type(error).__name__, error)
+            self.timings.add("CUDA graphs " + describe_key(key), "compile ahead", time.perf_counter() - start)
+
+    def _reserve_video(self, sample: torch.Tensor, frames: int) -> None:
+        """Allocate and free the output of a `frames`-latent-frame decode of `sample`'s size (the video and, with
+        a patch size, its unpatchified copy, alive together), so the caching allocator holds those blocks."""
+        per_frame = sample.numel() // sample.shape[2]
+        count = 2 if self.vae.config.patch_size is not None else 1
+        blocks = [torch.empty(per_frame * (1 + (frames - 1) * self.temporal_factor), dtype=sample.dtype,
+                              device=sample.device) for _ in range(count)]
+        del blocks
 
     # ---- decode-time routing ------------------------------------------------------------------------
     def decode_reason(self, vae: nn.Module, z: torch.Tensor) -> str | None:
@@ -222,7 +275,6 @@ class WanRunner(DecoderRunner):
             return None
 
 
-
 def _latent_sizes(shapes) -> list[tuple[int, int]]:
     """`warmup`'s `shapes` as (height, width) pairs of positive ints; a clear error for anything else."""
     expected = "shapes must be a list of (latent_height, latent_width) pairs of positive ints, e.g. [(60, 104)]"
@@ -239,6 +291,20 @@ def _latent_sizes(shapes) -> list[tuple[int, int]]:
             raise ValueError(f"warmup: {expected}; got the entry {pair!r}")
         pairs.append((int(pair[0]), int(pair[1])))
     return pairs
+
+
+def _latent_frame_counts(frames) -> list[int]:
+    """`warmup`'s `frames`: None, a positive int or a list of them (latent frames); a clear error for anything else."""
+    expected = "frames must be a positive latent frame count or a list of them, e.g. 21 or [21, 31]"
+    if frames is None:
+        return []
+    values = [frames] if isinstance(frames, int) and not isinstance(frames, bool) else frames
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"warmup: {expected}; got {frames!r}")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"warmup: {expected}; got the entry {value!r}")
+    return list(values)
 
 
 class _WanEagerSteps:
