@@ -4,7 +4,6 @@ what the first calls cost (`Timing` records: export, passes, self-checks, kernel
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 import logging
 import threading
@@ -37,31 +36,42 @@ class Timing:
 
 
 class TimingLog:
-    """`Timing` records in the order they were added, from any thread (a lock around the list)."""
+    """`Timing` records in the order they were added, from any thread (a lock around the lists). Bounded: the
+    first `keep` records (the first calls) and the last `keep` are kept, those between are dropped (a server
+    that keeps recapturing evicted shapes would otherwise grow it for ever)."""
 
-    def __init__(self, records: list[Timing] | None = None) -> None:
+    def __init__(self, records: list[Timing] | None = None, keep: int = 512) -> None:
         self._lock = threading.Lock()
-        self._records: list[Timing] = list(records or [])
+        self._keep = keep
+        self._first: list[Timing] = []
+        self._recent: collections.deque[tuple[int, Timing]] = collections.deque(maxlen=keep)
+        self._added = 0
+        for record in records or []:
+            self._append(record)
+
+    def _append(self, record: Timing) -> None:
+        if self._added < self._keep:
+            self._first.append(record)
+        else:
+            self._recent.append((self._added, record))
+        self._added += 1
 
     def add(self, graph: str, stage: str, seconds: float) -> None:
         with self._lock:
-            self._records.append(Timing(graph, stage, max(0.0, float(seconds))))
-
-    def extend(self, records: list[Timing]) -> None:
-        with self._lock:
-            self._records.extend(records)
+            self._append(Timing(graph, stage, max(0.0, float(seconds))))
 
     def records(self, since: int = 0) -> list[Timing]:
-        """The records added so far (from index `since`: `len(log)` taken earlier)."""
+        """The records kept, from the `since`-th added on (`since`: `len(log)` taken earlier)."""
         with self._lock:
-            return list(self._records[since:])
+            return self._first[since:] + [record for index, record in self._recent if index >= since]
 
     def __len__(self) -> int:
+        """How many records were added (kept or not)."""
         with self._lock:
-            return len(self._records)
+            return self._added
 
     def __deepcopy__(self, memo: dict) -> "TimingLog":
-        return TimingLog(copy.copy(self.records()))
+        return TimingLog(self.records(), self._keep)
 
 
 def format_timings(records: list[Timing], indent: str = "  ") -> list[str]:

@@ -14,7 +14,7 @@ from rewrite.capture import wan as wan_capture
 from rewrite.models.auk import AuKVAE
 from rewrite.models.wan import build_wan
 from rewrite.ops import compile_ahead, run_context, selftest
-from rewrite.reporting import STAGES
+from rewrite.reporting import STAGES, TimingLog
 from rewrite.runtime import disk_cache
 from rewrite.runtime.graphs import GraphPool
 from tests.test_auk_runtime import MICRO, FakeGraphs
@@ -99,6 +99,16 @@ def test_wan_warmup_frames_need_shapes(wan_pair):
 def test_wan_warmup_takes_one_frame_count_or_several(wan_pair):
     vae = wan_pair("wan2.1").optimized
     assert warmup(vae, shapes=[(4, 6)], frames=21).shapes == warmup(vae, shapes=[(4, 6)], frames=(9, 21)).shapes
+
+
+def test_the_timing_log_keeps_the_first_and_the_last_records():
+    log = TimingLog(keep=3)
+    for i in range(10):
+        log.add("chunk0", "export", i)
+    assert len(log) == 10 and [t.seconds for t in log.records()] == [0, 1, 2, 7, 8, 9]
+    assert [t.seconds for t in log.records(since=8)] == [8, 9]
+    log.add("chunk0", "export", -1.0)  # a clock step backwards is no negative stage
+    assert log.records(since=10)[0].seconds == 0
 
 
 # ---- CUDA-graph builds ------------------------------------------------------------------------------------------
