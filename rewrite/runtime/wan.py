@@ -264,6 +264,7 @@ class WanRunner(DecoderRunner):
         chunk0, steady = self.graphs[(x.dtype, x.device)]
         weights0, weights = chunk0.weights(decoder), steady.weights(decoder)
         b, _, _, h, w = x.shape
+        self._compile_kernels_ahead(b, h, w, x.dtype, x.device)  # a first decode of a size: compiles in parallel
         try:
             return self.cuda_graphs.get((b, h, w, x.dtype, x.device), weights0 + weights,
                                         lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1],
