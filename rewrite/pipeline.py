@@ -23,3 +23,8 @@ def rewrite_graph(graph: CapturedGraph, level: str) -> None:
     graph.passes = [name for name, _ in results]
     for _, result in results:
         graph.matches.update(result.stats.get("matches", {}))
+        for pattern, rejections in result.stats.get("rejected", {}).items():
+            family = graph.declined.setdefault(pattern.split("[", 1)[0], {})
+            for rejection in rejections:
+                family[rejection["reason"]] = family.get(rejection["reason"], 0) + 1
+    graph.declined = {family: reasons for family, reasons in graph.declined.items() if reasons}

@@ -98,13 +98,16 @@ class GraphReport:
     matches: dict[str, int]
     passes: list[str]
     source: str = "export"  # "export" or "disk cache"
+    #: pattern family -> guard reason -> candidates declined (where a node kept the op of a lower level)
+    declined: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, graph) -> "GraphReport":
         """The report row of a `CapturedGraph`."""
         return cls(graph.name, str(graph.dtype), str(graph.device), graph.node_count, graph.capture_seconds,
                    dict(graph.matches), list(graph.passes),
-                   "disk cache" if "disk cache load" in graph.timings else "export")
+                   "disk cache" if "disk cache load" in graph.timings else "export",
+                   {family: dict(reasons) for family, reasons in graph.declined.items()})
 
 
 @dataclasses.dataclass
@@ -135,6 +138,9 @@ class Report:
             for g in self.graphs:
                 matches = ", ".join(f"{k}={v}" for k, v in sorted(g.matches.items()) if v) or "-"
                 lines.append(f"  {g.name:<8} {g.dtype:<15} {g.device:<8} {g.nodes:>6} {g.capture_seconds:>9.2f}  {matches}")
+                for family, reasons in sorted(g.declined.items()):
+                    for reason, count in sorted(reasons.items()):
+                        lines.append(f"    declined x{count} by {family}: {reason}")
         else:
             lines.append("  no graphs captured yet")
         if self.cuda_graphs:

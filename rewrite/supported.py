@@ -29,7 +29,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from rewrite.capture.export import CapturedGraph
-    from rewrite.reporting import FallbackLog, GraphReport, WarmupResult
+    from rewrite.reporting import FallbackLog, GraphReport, TimingLog, WarmupResult
 
 #: the dtypes the tools accept, by the name they are given on the command line
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

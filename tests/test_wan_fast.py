@@ -168,3 +168,17 @@ def test_gpu_kernel_on_wan_shapes(c, t, h, w, dtype):
     out = torch.empty(reference.shape, dtype=dtype, device=DEVICE)
     triton_conv3d.conv3d_channels_last(padded, weight, bias, residual, out)
     _within_one_ulp(out, reference, magnitude, 27 * c + 2)
+
+
+def test_report_names_why_the_fast_conv_was_declined():
+    from rewrite import optimize, report
+    from rewrite.models.wan import build_wan
+
+    vae = optimize(build_wan("wan2.1", "tiny").to(torch.bfloat16), level="channels_last")
+    with torch.no_grad():
+        vae.decode(torch.randn(1, vae.config.z_dim, 2, 4, 6).to(torch.bfloat16))
+    graphs = report(vae).graphs
+    declined = [g.declined.get("rms_norm_causal_conv3d_fast", {}) for g in graphs]
+    expected = "runs on CUDA" if not INTERPRETING else "cuDNN's conv measured faster"  # the guard's first objection
+    assert all(any(expected in reason for reason in reasons) for reasons in declined), declined
+    assert "declined x" in str(report(vae))

@@ -55,6 +55,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--shapes", default="wan21,wan21up,wan22", help=f"comma-separated: {', '.join(SHAPES)}")
     parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
+    parser.add_argument("--only", default=None, help="only the shapes whose name starts with this")
+    parser.add_argument("--decode-epilogues", action="store_true",
+                        help="also time the launch_config tile with the decode's outputs: NCDHW, and NCDHW with "
+                             "bias and an NCDHW residual (a resnet's second conv)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--warp-specialize", action="store_true", help="also try warp-specialized tiles")
     args = parser.parse_args(argv)
@@ -71,6 +75,8 @@ def main(argv=None) -> int:
     results = []
     for family in args.shapes.split(","):
         for name, cin, cout, t, h, w, kernel in SHAPES[family]:
+            if args.only and not name.startswith(args.only):
+                continue
             torch.manual_seed(0)
             kt, kh, kw = kernel
             padded = torch.randn(1, cin, t + kt - 1, h + kh - 1, w + kw - 1, device="cuda", dtype=dtype).contiguous(
@@ -107,12 +113,36 @@ def main(argv=None) -> int:
                 print(f"  {str(tuple(tile)):<40} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
                       flush=True)
                 row["tiles"].append({"tile": list(tile), "ms": ms, "tflops": flops / ms / 1e9, "max_abs": err})
+            if args.decode_epilogues:
+                row["decode_epilogues"] = _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops)
             results.append(row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"dtype": args.dtype, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
                        "results": results}, f, indent=1)
     return 0
+
+
+def _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops) -> dict:
+    """ms of `launch_config`'s tile writing a contiguous (NCDHW) output, without and with bias + residual."""
+    import torch
+
+    out = torch.empty(reference.shape, device="cuda", dtype=padded.dtype)
+    residual = torch.randn(reference.shape, device="cuda", dtype=padded.dtype)
+    bias = torch.randn(reference.shape[1], device="cuda", dtype=padded.dtype)
+    timings = {}
+    for name, extra in (("ncdhw", (None, None)), ("ncdhw+bias+residual", (bias, residual))):
+        def run(extra=extra):
+            triton_conv3d.conv3d_channels_last(padded, weight, extra[0], extra[1], out)
+        run()
+        expected = reference.float() if extra[0] is None else (reference.float() + bias.float().view(-1, 1, 1, 1)
+                                                               + residual.float())
+        err = (out.float() - expected).abs().max().item()
+        ms = triton.testing.do_bench_cudagraph(run)
+        timings[name] = ms
+        print(f"  launch_config, {name:<22} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
+              flush=True)
+    return timings
 
 
 if __name__ == "__main__":

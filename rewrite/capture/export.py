@@ -34,6 +34,8 @@ class CapturedGraph:
     device: torch.device
     capture_seconds: float
     matches: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: pattern family -> guard reason -> candidates it declined (e.g. a conv the Triton kernel does not serve)
+    declined: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     passes: list[str] = dataclasses.field(default_factory=list)
     #: seconds per stage of getting this graph: "export" and "passes", or "disk cache load" for a graph read back
     #: from `rewrite.runtime.disk_cache`

@@ -53,7 +53,7 @@ def encode(graph: CapturedGraph) -> dict:
     data = {
         "format": FORMAT, "name": graph.name, "dtype": str(graph.dtype), "device": str(graph.device),
         "input_kinds": [list(kind) for kind in graph.input_kinds], "range_constraints": dict(graph.range_constraints),
-        "matches": dict(graph.matches), "passes": list(graph.passes), "nodes": nodes,
+        "matches": dict(graph.matches), "declined": graph.declined, "passes": list(graph.passes), "nodes": nodes,
     }
     rebuilt = decode(data)
     if rebuilt.graph_module.code != graph.graph_module.code:
@@ -92,6 +92,7 @@ def decode(data: dict) -> CapturedGraph:
             name=data["name"], graph_module=module, input_kinds=kinds, constants={},
             range_constraints=dict(data["range_constraints"]), dtype=_DTYPES[data["dtype"]],
             device=torch.device(data["device"]), capture_seconds=0.0, matches=dict(data["matches"]),
+            declined={family: dict(reasons) for family, reasons in data.get("declined", {}).items()},
             passes=list(data["passes"]),
         )
     except GraphFileError:
