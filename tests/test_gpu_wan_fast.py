@@ -15,16 +15,11 @@ import torch
 
 from rewrite import optimize, report
 from rewrite.models.wan import build_wan
+from tests.test_gpu_wan import _latents
 
 pytestmark = pytest.mark.gpu
 MAX_ABS = 6e-2
 MIN_PSNR_DB = 45.0
-
-
-def _latents(vae, frames: int, height: int, width: int, dtype, seed: int = 0) -> torch.Tensor:
-    ratio = vae.spatial_compression_ratio
-    shape = (1, vae.config.z_dim, 1 + (frames - 1) // 4, height // ratio, width // ratio)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to("cuda", dtype)
 
 
 def _assert_within_contract(actual: torch.Tensor, expected: torch.Tensor) -> None:
