@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.ops import dispatch, wan_fast
+from rewrite.ops import dispatch, layout, wan_fast
 
 rewrite_ops = torch.ops.rewrite
 _ARGS = ("x", "gamma", "scale", "norm_bias", "eps", "upcast", "act", "cache", "pad", "mode", "weight", "bias",
@@ -48,9 +48,11 @@ def guard(match) -> str | None:
     if not (x.device.type == "cuda" or (dispatch.INTERPRETING and x.device.type == "cpu")):
         return f"the graph runs on {x.device}: the Triton conv runs on CUDA"
     cache = match.inputs.get("cache")
-    cache_shape = None if cache is None else tuple(cache.meta["val"].shape)
-    return wan_fast.conv_reason(tuple(x.shape), cache_shape, list(match.scalars["pad"]), match.scalars["mode"],
-                                tuple(weight.shape), x.dtype)
+    pad = list(match.scalars["pad"])
+    if x.dim() != 5 or len(pad) != 6 or min(pad) < 0:
+        return f"not a causal conv3d of a 5-D input: x {tuple(x.shape)}, pad {pad}"
+    in_shape = layout.padded_shape(x.shape, None if cache is None else cache.meta["val"], pad, match.scalars["mode"])
+    return wan_fast.conv_reason(in_shape, tuple(weight.shape), x.dtype)
 
 
 PATTERNS = variants(search, replace, guard, name="rms_norm_causal_conv3d_fast", exactness="tolerance",

@@ -80,10 +80,10 @@ def test_unsupported_shapes_and_dtypes_are_named():
     assert "multiple of 16" in triton_conv3d.unsupported_reason((1, 24, 3, 4, 4), (32, 24, 3, 3, 3), torch.bfloat16)
     assert "output channels" in triton_conv3d.unsupported_reason((1, 32, 3, 4, 4), (3, 32, 3, 3, 3), torch.bfloat16)
     assert triton_conv3d.unsupported_reason((1, 96, 6, 10, 10), (96, 96, 3, 3, 3), torch.bfloat16) is None
-    assert "cuDNN's conv measured faster" in wan_fast.conv_reason((1, 384, 1, 8, 8), (1, 384, 2, 8, 8), [1, 1, 1, 1, 2, 0],
-                                                                  "steady_t1", (384, 384, 3, 3, 3), torch.bfloat16)
-    assert wan_fast.conv_reason((1, 96, 1, 8, 8), (1, 96, 2, 8, 8), [1, 1, 1, 1, 2, 0], "steady_t1",
-                                (96, 96, 3, 3, 3), torch.bfloat16) is None
+    # padded inputs of a 1-frame steady_t1 step: 2 cache frames + 1, 8 x 8 spatially padded to 10 x 10
+    assert "cuDNN's conv measured faster" in wan_fast.conv_reason((1, 384, 3, 10, 10), (384, 384, 3, 3, 3),
+                                                                  torch.bfloat16)
+    assert wan_fast.conv_reason((1, 96, 3, 10, 10), (96, 96, 3, 3, 3), torch.bfloat16) is None
 
 
 def test_kernel_rejects_bad_operands():

@@ -210,13 +210,13 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
     if out.numel() == 0:
         return out
     tile = config or launch_config(channels, out_channels)
+    if tile.split96 and (out_channels != 96 or tile.block_n != 64):
+        raise ValueError(f"conv3d_channels_last: split96 tiles are for 96 output channels, got {out_channels}")
     a2d = padded.permute(0, 2, 3, 4, 1).reshape(batch * tp * hp * wp, channels)  # views of NDHWC memory
     w2d = weight.permute(0, 2, 3, 4, 1).reshape(out_channels, kt * kh * kw * channels)
     a_desc = TensorDescriptor.from_tensor(a2d, [tile.block_m, tile.block_k])
     w_desc = TensorDescriptor.from_tensor(w2d, [tile.block_n, tile.block_k])
     w2_desc = TensorDescriptor.from_tensor(w2d, [32, tile.block_k]) if tile.split96 else w_desc
-    if tile.split96 and (out_channels != 96 or tile.block_n != 64):
-        raise ValueError(f"conv3d_channels_last: split96 tiles are for 96 output channels, got {out_channels}")
     grid = (triton.cdiv(shape[4], tile.block_m), batch * shape[2] * shape[3],
             1 if tile.split96 else triton.cdiv(out_channels, tile.block_n))
     res = residual if residual is not None else out

@@ -123,17 +123,28 @@ def _(x, weight, bias, residual):
 
 
 # ---- causal conv3d: input assembly, channels-last conv, bias (+ residual) ---------------------------------
+def channels_last_conv_input_shape(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+                                   residual: Optional[Tensor]) -> Optional[tuple[int, ...]]:
+    """The padded input's shape where the channels-last path handles this causal conv's shapes (a 1-frame
+    chunk in modes chunk0 and steady_t1, 2 frames for the next cache, a residual of the output's shape), else
+    None. The ``channels_last`` twin (`rewrite.ops.wan_fast`) shares these conditions."""
+    if x.dim() != 5 or weight.dim() != 5 or len(pad) != 6 or min(pad) < 0 or mode not in CACHE_MODES:
+        return None
+    in_shape = padded_shape(x.shape, cache, pad, mode)
+    if ((residual is None or list(residual.shape) == conv_output_shape(in_shape, weight.shape)) and weight.shape[1] == x.shape[1]
+            and in_shape[2] - pad[5] >= 2 and (x.shape[2] >= 2) == (mode == "steady")):
+        return in_shape
+    return None
+
+
 def _channels_last_conv_serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                                residual: Optional[Tensor]) -> bool:
-    """Whether the channels-last path may serve this causal conv: shapes it handles (a 1-frame chunk in modes
-    chunk0 and steady_t1, 2 frames for the next cache, a residual of the output's shape) and a conv shape for
-    which `selftest.channels_last_conv_is_exact` holds on this device."""
-    if x.dim() != 5 or weight.dim() != 5 or len(pad) != 6 or min(pad) < 0 or mode not in CACHE_MODES:
-        return False
-    in_shape = padded_shape(x.shape, cache, pad, mode)
-    return ((residual is None or list(residual.shape) == conv_output_shape(in_shape, weight.shape)) and weight.shape[1] == x.shape[1]
-            and in_shape[2] - pad[5] >= 2 and (x.shape[2] >= 2) == (mode == "steady")
-            and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype, x.device))
+    """Whether the channels-last path may serve this causal conv: shapes it handles
+    (`channels_last_conv_input_shape`) and a conv shape for which `selftest.channels_last_conv_is_exact` holds
+    on this device."""
+    in_shape = channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
+    return in_shape is not None and selftest.channels_last_conv_is_exact(in_shape, tuple(weight.shape), x.dtype,
+                                                                          x.device)
 
 
 def _channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
@@ -214,6 +225,31 @@ def conv_bias_is_separate(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def fused_norm_applies(x: Tensor, gamma: Tensor, act: Optional[str], op: str, tensors: tuple[Tensor, ...],
+                       dtypes: tuple[torch.dtype, ...]) -> bool:
+    """The call conditions of the fused norm + conv kernel path of `op` (a 5-D x, one gamma per channel, SiLU
+    or no activation, `use_kernel`)."""
+    return (x.dim() == 5 and gamma.numel() == x.shape[1] and act in ("silu", None)
+            and use_kernel(op, tensors, dtypes))
+
+
+def fused_norm_plan(x: Tensor, upcast: bool, act: Optional[str], x_bias: Optional[Tensor]):
+    """The norm kernel's plan where it reproduces ATen's norm of x (`layout.norm_plan`) and SiLU, if any, is
+    proven exact on this device (`selftest.silu_is_exact`); else None."""
+    plan = layout.norm_plan(x, upcast, reference_contiguous=x_bias is not None)
+    if plan is None or (act is not None and not selftest.silu_is_exact(x.device, x.dtype)):
+        return None
+    return plan
+
+
+def norm_into_padded_input(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
+                           act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str, plan,
+                           x_bias: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """The fused norm (+ SiLU) stored into the conv's padded channels-last input, and the next cache."""
+    return triton_norm.rms_norm_padded_channels_last(x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
+                                                     cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias)
+
+
 @reads_channels_last_weight("weight")
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d", mutates_args=())
 def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
@@ -241,14 +277,11 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
     if residual_bias is not None and residual is None:
         raise ValueError("rms_norm_causal_conv3d: residual_bias without a residual")
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
-    if (x.dim() == 5 and gamma.numel() == x.shape[1] and act in ("silu", None)
-            and use_kernel("rms_norm_causal_conv3d", tensors, FLOAT_DTYPES)):
-        plan = layout.norm_plan(x, upcast, reference_contiguous=x_bias is not None)
-        if (plan is not None and (act is None or selftest.silu_is_exact(x.device, x.dtype))
-                and _channels_last_conv_serves(x, cache, pad, mode, weight, residual)):
-            padded, next_cache = triton_norm.rms_norm_padded_channels_last(
-                x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
-                cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias)
+    if fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d", tensors, FLOAT_DTYPES):
+        plan = fused_norm_plan(x, upcast, act, x_bias)
+        if plan is not None and _channels_last_conv_serves(x, cache, pad, mode, weight, residual):
+            padded, next_cache = norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode,
+                                                        plan, x_bias)
             if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
                 y = _channels_last_conv_raw(padded, weight)
                 return y.contiguous(memory_format=torch.channels_last_3d), next_cache

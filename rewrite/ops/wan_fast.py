@@ -23,10 +23,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import layout, selftest, triton_conv3d, triton_norm
+from rewrite.ops import layout, triton_conv3d
 from rewrite.ops import wan as _exact  # registers rewrite::rms_norm_causal_conv3d
-from rewrite.ops.dispatch import use_kernel
-from rewrite.ops.layout import conv_output_shape, padded_shape
+from rewrite.ops.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
 
 __all__ = ["conv_reason", "rms_norm_causal_conv3d_fast"]
@@ -35,14 +34,10 @@ rewrite_ops = torch.ops.rewrite
 CL = torch.channels_last_3d
 
 
-def conv_reason(x_shape, cache_shape, pad, mode: str, weight_shape, dtype: torch.dtype) -> Optional[str]:
-    """None when the Triton conv serves this causal conv (its padded input's shape, the weight's, the dtype)
-    and `triton_conv3d.chosen` says it beats cuDNN's there; else why the ``lossless`` op runs it. Read by the
+def conv_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
+    """None when the Triton conv serves this conv (its padded input's shape, the weight's, the dtype) and
+    `triton_conv3d.chosen` says it beats cuDNN's there; else why the ``lossless`` op runs it. Read by the
     pattern's guard on the graph's shapes and by the op on its tensors."""
-    cache = None if cache_shape is None else torch.empty(cache_shape, device="meta")
-    if len(x_shape) != 5 or len(pad) != 6 or min(pad) < 0:
-        return f"not a causal conv3d of a 5-D input: x {tuple(x_shape)}, pad {pad}"
-    in_shape = padded_shape(x_shape, cache, pad, mode)
     reason = triton_conv3d.unsupported_reason(in_shape, weight_shape, dtype)
     if reason is not None:
         return reason
@@ -57,15 +52,8 @@ def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weigh
             residual: Optional[Tensor]) -> bool:
     """The shape conditions of the exact op's channels-last path (cuDNN's exactness self-check aside) and
     `conv_reason`."""
-    if (x.dim() != 5 or weight.dim() != 5 or len(pad) != 6 or min(pad) < 0 or mode not in _exact.CACHE_MODES
-            or weight.shape[1] != x.shape[1]):
-        return False
-    in_shape = padded_shape(x.shape, cache, pad, mode)
-    if residual is not None and list(residual.shape) != conv_output_shape(in_shape, weight.shape):
-        return False
-    if in_shape[2] - pad[5] < 2 or (x.shape[2] >= 2) != (mode == "steady"):
-        return False
-    return conv_reason(x.shape, None if cache is None else cache.shape, pad, mode, weight.shape, x.dtype) is None
+    in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
+    return in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype) is None
 
 
 @reads_channels_last_weight("weight")
@@ -81,14 +69,12 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
     if channels_last_out and (bias is not None or residual is not None):
         raise ValueError("rms_norm_causal_conv3d_fast: channels_last_out is for the raw conv output (no bias, no residual)")
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
-    if (x.dim() == 5 and gamma.numel() == x.shape[1] and act in ("silu", None)
-            and use_kernel("rms_norm_causal_conv3d_fast", tensors, triton_conv3d.SUPPORTED_DTYPES)
+    if (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_fast", tensors, triton_conv3d.SUPPORTED_DTYPES)
             and _serves(x, cache, pad, mode, weight, residual)):
-        plan = layout.norm_plan(x, upcast, reference_contiguous=x_bias is not None)
-        if plan is not None and (act is None or selftest.silu_is_exact(x.device, x.dtype)):
-            padded, next_cache = triton_norm.rms_norm_padded_channels_last(
-                x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
-                cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias)
+        plan = _exact.fused_norm_plan(x, upcast, act, x_bias)
+        if plan is not None:
+            padded, next_cache = _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad,
+                                                               mode, plan, x_bias)
             shape = conv_output_shape(padded.shape, weight.shape)
             if channels_last_out:
                 out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL)
