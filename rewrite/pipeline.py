@@ -24,7 +24,6 @@ def rewrite_graph(graph: CapturedGraph, level: str) -> None:
     for _, result in results:
         graph.matches.update(result.stats.get("matches", {}))
         for pattern, rejections in result.stats.get("rejected", {}).items():
-            family = graph.declined.setdefault(pattern.split("[", 1)[0], {})
-            for rejection in rejections:
-                family[rejection["reason"]] = family.get(rejection["reason"], 0) + 1
-    graph.declined = {family: reasons for family, reasons in graph.declined.items() if reasons}
+            for rejection in rejections:  # counted per family: a pattern's name is its family's plus [variant]
+                reasons = graph.declined.setdefault(pattern.split("[", 1)[0], {})
+                reasons[rejection["reason"]] = reasons.get(rejection["reason"], 0) + 1

@@ -49,6 +49,7 @@ class Runner(Protocol):
     level: str
     options: Mapping[str, Any]  # the options normalised (defaults filled in), compared by a repeated optimize
     fallbacks: FallbackLog
+    timings: TimingLog  # what the captures cost, per graph and stage (`report(...).first_call`)
 
     def install(self, module: nn.Module) -> None: ...
 
@@ -60,6 +61,8 @@ class Runner(Protocol):
     def graph_reports(self) -> list[GraphReport]: ...
 
     def cuda_graph_counts(self) -> dict[str, int]: ...
+
+    def disk_cache_summary(self) -> str | None: ...
 
 
 def loaded_class(module_name: str, class_name: str) -> type | None:

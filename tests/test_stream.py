@@ -23,6 +23,7 @@ from rewrite.runtime import stream as stream_module
 from rewrite.runtime.graphs import CudaGraphBackend
 from rewrite.runtime.runner import installed_runner
 from rewrite.runtime.stream import ClipState, StreamSession, frame_local_post_quant_conv
+from tests.test_auk_runtime import FakeStep
 from tests.threads import run_threads
 
 VERSIONS = ("wan2.1", "wan2.2")
@@ -36,23 +37,6 @@ def chunks_of(z: torch.Tensor, sizes) -> list[torch.Tensor]:
 
 def push_all(session: StreamSession, z: torch.Tensor, sizes) -> torch.Tensor:
     return torch.cat([session.push(c) for c in chunks_of(z, sizes)], 2)
-
-
-class _Replay:
-    """A 'captured' step: each replay runs the step on its static inputs and writes its outputs into the
-    same tensors every time, as a CUDA graph's outputs are (overwritten by the next replay)."""
-
-    def __init__(self, fn, inputs):
-        self.fn, self.inputs, self.outputs = fn, list(inputs), None
-
-    def replay(self):
-        new = list(self.fn(*self.inputs))
-        if self.outputs is None:
-            self.outputs = [t.clone() for t in new]
-        else:
-            for out, value in zip(self.outputs, new):
-                out.copy_(value)
-        return self.outputs
 
 
 class EagerReplays:
@@ -70,7 +54,7 @@ class EagerReplays:
 
     def capture(self, fn, inputs, pool):
         self.captures += 1
-        return _Replay(fn, inputs)
+        return FakeStep(fn, inputs)
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ class WanRunner(DecoderRunner):
         self.temporal_factor = 2 ** sum(bool(t) for t in vae.decoder.temperal_upsample)
         # per (batch, latent h, w, dtype, device); each build's timing goes to the report
         self.cuda_graphs = GraphCache(max_entries=4, on_build=self.cuda_graphs_built)
-        self._compiled_ahead: set[tuple] = set()  # CUDA-graph keys whose Triton kernels `warmup` compiled ahead
+        self._compiled_ahead: set[tuple] = set()  # CUDA-graph keys whose Triton kernels were compiled ahead
         self.use_cuda_graphs = True
         self.graph_backend = CudaGraphBackend()  # captures the steps' CUDA graphs (tests: an eager stand-in)
         self.channels_last_weights = ChannelsLastWeights()  # shared by the CUDA graphs of every shape
@@ -130,8 +130,7 @@ class WanRunner(DecoderRunner):
                     "by its first decode (pass shapes=[(latent_height, latent_width), ...])")
             logger.info("rewrite: warmup: %s", note)
             return WarmupResult([], time.perf_counter() - start, note, breakdown=self.timings.records(mark))
-        for height, width in pairs:
-            self._compile_kernels_ahead(batch, height, width, dtype, device)
+        for height, width in pairs:  # the decode compiles each size's kernels ahead (`cuda_steps`)
             z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
             sample = self.vae._decode(z).sample
             if self.fallbacks.last_path != "graphs":
@@ -144,7 +143,7 @@ class WanRunner(DecoderRunner):
 
     def _compile_kernels_ahead(self, batch: int, height: int, width: int, dtype: torch.dtype,
                                device: torch.device) -> None:
-        """Before the first CUDA-graph capture of a size: one chunk-0 and one steady step of the graphs in which
+        """Before the first CUDA-graph capture of a size (`cuda_steps`): one chunk-0 and one steady step of the graphs in which
         every Triton launch only submits its compile to a thread pool (`rewrite.ops.compile_ahead`), so the
         kernels compile in parallel instead of one by one in the capture's warm-up. Nothing is computed (the
         outputs are dropped), nothing is changed: a variant it missed is compiled by the warm-up as before."""
