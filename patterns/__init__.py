@@ -26,6 +26,8 @@ PATTERN_MODULES: tuple[str, ...] = (
     "residual_bias", "norm_input_bias",
     # after every family that builds or rewires rms_norm_causal_conv3d (channels_last only)
     "rms_norm_causal_conv3d_fast",
+    # after the fast op, whose chained pairs it fuses (channels_last only)
+    "rms_norm_causal_conv3d_pair_fast",
     # AuK: auk_alias_free lists its channels_last [fused] pattern before the lossless [exact] one (same search)
     "auk_alias_free", "auk_causal_conv1d", "auk_causal_conv_transpose1d", "auk_amp_average",
     # after the two families it combines (channels_last only)

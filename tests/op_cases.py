@@ -117,6 +117,15 @@ def _cases() -> dict[str, list[Case]]:
             rnd(16, dtype=bf), None, False, weight=10)
         add("rms_norm_causal_conv3d_fast", f"{mode}_channels_last_out", x, *norm, None, None, None, None, True,
             weight=10)
+        # the pair: the block's two convs, the second norm in the first conv's epilogue
+        cache2 = None if mode == "chunk0" else rnd(1, 16, 2, h, 5, dtype=bf)
+        second = (rnd(16, 1, 1, 1, dtype=bf), 4.0, 0.0, 1e-12, True, "silu", cache2, twin_pad, mode,
+                  rnd(16, 16, 3, 3, 3, dtype=bf, scale=0.1), rnd(16, dtype=bf))
+        for res_layout, residual_bias in ((None, False), ("frame_major", True)):
+            residual = None if res_layout is None else LAYOUTS[res_layout](rnd(1, 16, frames, h, 5, dtype=bf))
+            add("rms_norm_causal_conv3d_pair_fast", f"{mode}_x_{lay}_residual_{res_layout}_deferred_{residual_bias}",
+                x, *norm, rnd(16, dtype=bf), *second, residual, rnd(16, dtype=bf) if residual_bias else None,
+                weight=10)
 
     for res_layout, bias in itertools.product(LAYOUTS, (True, False)):
         add("conv3d_residual", f"residual_{res_layout}_bias_{bias}", rnd(1, c, 3, h + 2, w + 2),

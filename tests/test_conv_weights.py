@@ -47,15 +47,17 @@ def test_slots_are_exactly_the_weights_only_channels_last_ops_read(tiny_graphs):
         assert slots, graph.name
         for index, node in enumerate(placeholders):
             only_cl_weight = bool(node.users) and all(
-                str(u.target) in CHANNELS_LAST_OPS and u.kwargs.get("weight", u.args[_weight_index(u)]) is node
-                and sum(a is node for a in u.args) == 1 for u in node.users)
+                str(u.target) in CHANNELS_LAST_OPS and _reads_as_weight(u, node)
+                and sum(a is node for a in (*u.args, *u.kwargs.values())) == 1 for u in node.users)
             assert (index in slots) == only_cl_weight, (graph.name, node.name)
         kinds = {graph.input_kinds[i][0] for i in slots}
         assert kinds == {"param"}
 
 
-def _weight_index(node):
-    return op_info.channels_last_weight_argument(node.target)[0]
+def _reads_as_weight(node, placeholder):
+    """`placeholder` is one of the declared weight arguments of `node` (by position or keyword)."""
+    return any(node.kwargs.get(name, node.args[index] if index < len(node.args) else None) is placeholder
+               for index, name in op_info.channels_last_weight_arguments(node.target))
 
 
 def test_a_weight_also_read_elsewhere_is_not_substituted():

@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.ops import triton_conv3d, wan_fast
+from rewrite.ops import dispatch, triton_conv3d, wan_fast
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_conv3d import ConvTile
+from tests.op_cases import kernel_gates_open
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -182,3 +183,139 @@ def test_report_names_why_the_fast_conv_was_declined():
     expected = "runs on CUDA" if not INTERPRETING else "cuDNN's conv measured faster"  # the guard's first objection
     assert all(any(expected in reason for reason in reasons) for reasons in declined), declined
     assert "declined x" in str(report(vae))
+
+
+# ---- the pair op: the second norm in the first conv's epilogue ---------------------------------------------
+def _pair_inputs(mode, residual, residual_bias, dtype=torch.bfloat16, c=16, seed=3, h=3, w=19):
+    """Inputs on which every value the pair op computes before the second norm is exact: x has one non-zero
+    channel per pixel, so the first norm (no activation, scale 1, gamma 1) gives +-1 exactly; the first
+    weight is in {-1, 0, 1} and its bias an integer, so the first conv's sums (at most 27 + 4 in magnitude)
+    and its biased output are exact in every order and rounding, and so are the second norm's squares and
+    their sum. The pair op and the two ops it fuses must then agree bit for bit (the conv kernels are the
+    same, with the same tiles)."""
+    g = torch.Generator().manual_seed(seed)
+    frames = 2 if mode == "steady" else 1
+
+    def one_hot(*shape):
+        index = torch.randint(0, c, shape, generator=g)
+        signs = torch.randint(0, 2, shape, generator=g).to(torch.float32) * 2 - 1
+        magnitude = torch.rand(shape, generator=g) + 0.5
+        t = torch.nn.functional.one_hot(index, c).movedim(-1, 1).to(torch.float32) * (signs * magnitude).unsqueeze(1)
+        return t.to(dtype).to(DEVICE).contiguous()
+
+    def rnd(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=g)).to(dtype).to(DEVICE)
+
+    x = one_hot(1, frames, h, w)
+    cache = None if mode == "chunk0" else torch.sign(one_hot(1, 2, h, w))  # a normalized cache: +-1 / 0
+    weight = torch.randint(-1, 2, (c, c, 3, 3, 3), generator=g).to(dtype).to(DEVICE)
+    bias = torch.randint(-4, 5, (c,), generator=g).to(dtype).to(DEVICE)
+    gamma = torch.ones(c, 1, 1, 1, dtype=dtype, device=DEVICE)
+    gamma2 = (1 + 0.1 * torch.randn(c, 1, 1, 1, generator=g)).to(dtype).to(DEVICE)
+    cache2 = None if mode == "chunk0" else rnd(1, c, 2, h, w)
+    weight2, bias2 = rnd(c, c, 3, 3, 3, scale=(27 * c) ** -0.5), rnd(c)
+    res = rnd(1, c, frames, h, w) if residual else None
+    rb = rnd(c) if residual and residual_bias else None
+    pad = [1, 1, 1, 1, 2, 0] if mode == "chunk0" else [1, 1, 1, 1, 0, 0]
+    return (x, gamma, 1.0, 0.0, 1e-12, True, None, cache, pad, mode, weight, bias,
+            gamma2, c ** 0.5, 0.0, 1e-12, True, "silu", cache2, pad, mode, weight2, bias2, res, rb)
+
+
+def _two_ops(args):
+    """The pair op's definition: the two `rms_norm_causal_conv3d_fast` ops it fuses."""
+    (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias,
+     gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, res, rb) = args
+    fast = torch.ops.rewrite.rms_norm_causal_conv3d_fast
+    y, next_cache = fast(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, None, None, None,
+                         None, True)
+    out, next_cache2 = fast(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
+                            res, bias, rb, False)
+    return out, next_cache, next_cache2
+
+
+def _pair_fused(monkeypatch):
+    """Record whether the pair op's fused epilogue ran."""
+    calls, original = [], triton_conv3d.conv3d_channels_last_norm_padded
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(triton_conv3d, "conv3d_channels_last_norm_padded", spy)
+    return calls
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["steady", "steady_t1", "chunk0"])
+@pytest.mark.parametrize("residual,residual_bias", [(True, True), (True, False), (False, False)])
+def test_pair_op_is_the_two_ops_on_exact_values(kernel_allowed_on_cpu, monkeypatch, mode, residual, residual_bias):
+    kernel_gates_open(monkeypatch)
+    args = _pair_inputs(mode, residual, residual_bias)
+    calls = _pair_fused(monkeypatch)
+    pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
+    assert calls, "the fused epilogue did not run"
+    expected = _two_ops(args)
+    for name, a, e in zip(("out", "next_cache", "next_cache2"), pair, expected):
+        assert a.shape == e.shape and a.stride() == e.stride(), name
+        assert torch.equal(a, e), f"{name}: max difference {(a.float() - e.float()).abs().max().item()}"
+
+
+@needs_kernels
+def test_pair_op_runs_the_two_ops_where_the_epilogue_cannot_hold_every_channel(kernel_allowed_on_cpu, monkeypatch):
+    kernel_gates_open(monkeypatch)
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o: ConvTile(32, 8, 16, 4, 2))  # 16 = 2 x 8
+    args = _pair_inputs("steady", True, False)
+    calls = _pair_fused(monkeypatch)
+    pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
+    assert not calls
+    assert all(torch.equal(a, e) for a, e in zip(pair, _two_ops(args)))
+    assert "span several programs" in wan_fast.pair_reason(16, 16, (1, 16, 4, 5, 21), (16, 16, 3, 3, 3),
+                                                           torch.bfloat16, "silu")
+
+
+def test_pair_op_off_the_kernel_path_is_the_two_ops():
+    args = _pair_inputs("steady", True, True, dtype=torch.float32)  # CPU, auto backend: the lossless ops
+    pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
+    assert all(torch.equal(a, e) for a, e in zip(pair, _two_ops(args)))
+
+
+def test_pair_reason_names_the_activation():
+    assert "activation" in wan_fast.pair_reason(96, 96, (1, 96, 6, 10, 10), (96, 96, 3, 3, 3), torch.bfloat16, "gelu")
+
+
+def test_pair_pattern_fuses_every_served_conv_pair_of_a_block(monkeypatch):
+    """Structure on a CPU capture standing in for a CUDA one (the bias-deferral guards' device test patched,
+    the kernel gates open for the tiny model's 16-channel convs): every block conv pair whose convs the fast
+    op serves becomes one pair op, and no raw channels-last conv output is left feeding a fast conv."""
+    from rewrite.capture.wan import capture_wan_decoder
+    from rewrite.models.wan import build_wan
+    from rewrite.pipeline import rewrite_graph
+
+    monkeypatch.setattr(_wan_ops, "conv_bias_is_separate", lambda device: True)
+    monkeypatch.setattr(dispatch, "INTERPRETING", True)
+    kernel_gates_open(monkeypatch)
+    vae = build_wan("wan2.1", "tiny").to(torch.bfloat16)
+    fast, pair = torch.ops.rewrite.rms_norm_causal_conv3d_fast.default, torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast.default
+    fused = 0
+    for graph in capture_wan_decoder(vae.decoder, torch.bfloat16, torch.device("cpu")):
+        rewrite_graph(graph, "channels_last")
+        nodes = list(graph.graph_module.graph.nodes)
+        fused += sum(n.target is pair for n in nodes)
+        for node in nodes:
+            if node.target is fast and node.args[-1] is True:  # a raw channels-last conv output
+                readers = {u.target for item in node.users for u in item.users}
+                assert fast not in readers, (graph.name, node.name)
+    assert fused > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["steady", "chunk0"])
+def test_gpu_pair_op_on_the_wan_shape_class(monkeypatch, mode):
+    """96 channels with the measured tile (64 + 32 split, two pixel blocks per row): the exact-value check of
+    `_pair_inputs` against the two ops."""
+    args = _pair_inputs(mode, True, False, c=96, h=4, w=300)
+    calls = _pair_fused(monkeypatch)
+    pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
+    assert calls, "the fused epilogue did not run"
+    for a, e in zip(pair, _two_ops(args)):
+        assert torch.equal(a, e), (a.float() - e.float()).abs().max().item()

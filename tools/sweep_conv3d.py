@@ -142,6 +142,47 @@ def _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops) -
         timings[name] = ms
         print(f"  launch_config, {name:<22} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
               flush=True)
+    tile = triton_conv3d.launch_config(weight.shape[1], weight.shape[0])
+    if weight.shape[2] == 3 and triton_conv3d.norm_epilogue_reason(weight.shape[0], tile) is None:
+        timings.update(_norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops))
+    return timings
+
+
+def _norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops) -> dict:
+    """ms of a block's first conv feeding the second conv's padded input (steady: 2 cache frames, zero pad),
+    as the pair op does it (the norm in the conv's epilogue) and as two fast ops do (a raw channels-last
+    output, then the lossless norm kernel adding the deferred bias)."""
+    import torch
+
+    from rewrite.ops import layout, triton_norm, triton_pad
+
+    b, o, t, h, w = padded.shape[0], weight.shape[0], padded.shape[2] - 2, padded.shape[3] - 2, padded.shape[4] - 2
+    cl = torch.channels_last_3d
+    y = torch.empty((b, o, t, h, w), device="cuda", dtype=padded.dtype, memory_format=cl)
+    cache = torch.randn((b, o, 2, h, w), device="cuda", dtype=padded.dtype).contiguous(memory_format=cl)
+    gamma = 1 + 0.1 * torch.randn(o, 1, 1, 1, device="cuda", dtype=padded.dtype)
+    pad, scale = [1, 1, 1, 1, 0, 0], o ** 0.5
+    plan = layout.norm_plan(y, True, reference_contiguous=True)
+
+    def fused():
+        nxt, nxt_cache = triton_pad.causal_pad_rest_channels_last(y, cache, pad)
+        triton_conv3d.conv3d_channels_last_norm_padded(padded, weight, bias, gamma, scale, 0.0, 1e-12, True, True, nxt,
+                                                       nxt_cache, pad, 2)
+        return nxt
+
+    def two_ops():
+        triton_conv3d.conv3d_channels_last(padded, weight, None, None, y)
+        return triton_norm.rms_norm_padded_channels_last(y, gamma, scale, 0.0, 1e-12, True, True, plan.split, cache, pad,
+                                                         plan.ctas, x_bias=bias)[0]
+
+    a, e = fused(), two_ops()
+    err = (a.float() - e.float()).abs().max().item()
+    timings = {}
+    for name, run in (("norm into next input", fused), ("raw + norm kernel", two_ops)):
+        ms = triton.testing.do_bench_cudagraph(run)
+        timings[name] = ms
+        print(f"  launch_config, {name:<22} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
+              flush=True)
     return timings
 
 

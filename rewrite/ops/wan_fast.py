@@ -23,12 +23,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import layout, triton_conv3d
+from rewrite.ops import layout, triton_conv3d, triton_pad
 from rewrite.ops import wan as _exact  # registers rewrite::rms_norm_causal_conv3d
 from rewrite.ops.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
 
-__all__ = ["conv_reason", "rms_norm_causal_conv3d_fast"]
+__all__ = ["conv_reason", "pair_reason", "rms_norm_causal_conv3d_fast", "rms_norm_causal_conv3d_pair_fast"]
 
 rewrite_ops = torch.ops.rewrite
 CL = torch.channels_last_3d
@@ -92,3 +92,96 @@ def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bi
       residual_bias=None, channels_last_out=False):
     return _exact._rms_norm_causal_conv3d_fake(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight,
                                                bias, residual, x_bias, residual_bias, channels_last_out)
+
+
+# ---- two chained convs, the second's norm in the first's epilogue -------------------------------------------
+def pair_reason(first_out_channels: int, first_in_channels: int, second_in_shape, second_weight_shape,
+                dtype: torch.dtype, act: Optional[str]) -> Optional[str]:
+    """None when the first conv's kernel may normalize its output straight into the second conv's padded
+    input (one program holds all its output channels; the second conv served too, `conv_reason`); else why
+    the pair runs as two `rms_norm_causal_conv3d_fast` ops."""
+    if act not in ("silu", None):
+        return f"activation {act!r} after the second norm (SiLU or none is fused)"
+    tile = triton_conv3d.launch_config(first_in_channels, first_out_channels)
+    reason = triton_conv3d.norm_epilogue_reason(first_out_channels, tile)
+    return reason if reason is not None else conv_reason(second_in_shape, second_weight_shape, dtype)
+
+
+def _pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight):
+    return (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, None, None, None, None, True)
+
+
+def _pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
+                      residual, bias, residual_bias):
+    return (y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, bias,
+            residual_bias, False)
+
+
+@reads_channels_last_weight("weight", "weight2")
+@torch.library.custom_op("rewrite::rms_norm_causal_conv3d_pair_fast", mutates_args=())
+def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float,
+                                     upcast: bool, act: Optional[str], cache: Optional[Tensor], pad: list[int],
+                                     mode: str, weight: Tensor, bias: Optional[Tensor], gamma2: Tensor, scale2: float,
+                                     norm_bias2: float, eps2: float, upcast2: bool, act2: Optional[str],
+                                     cache2: Optional[Tensor], pad2: list[int], mode2: str, weight2: Tensor,
+                                     bias2: Optional[Tensor], residual: Optional[Tensor],
+                                     residual_bias: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """A residual block's two convs, (output, first next cache, second next cache) of::
+
+        y, next_cache = rms_norm_causal_conv3d_fast(x, gamma, ..., cache, pad, mode, weight, channels_last_out=True)
+        out, next_cache2 = rms_norm_causal_conv3d_fast(y, gamma2, ..., cache2, pad2, mode2, weight2, bias2,
+                                                       residual, x_bias=bias, residual_bias=residual_bias)
+
+    Kernel path: the first conv's program holds all its output channels, so its epilogue adds the bias,
+    rounds once, takes the second norm over the channels (+ SiLU) and stores the result straight into the
+    second conv's padded channels-last input and next cache (`triton_conv3d.conv3d_channels_last_norm_padded`;
+    the pad kernel writes the cache frames and the zero pad): y is never written or read back. Where the
+    kernel path does not serve (`pair_reason`, or the first op's conditions), the two ops above run.
+    Tolerance: the two fused ops' (their convs' sum order), and the second norm's squares summed in another
+    order than ATen's."""
+    first = _pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight)
+    if residual_bias is not None and residual is None:
+        raise ValueError("rms_norm_causal_conv3d_pair_fast: residual_bias without a residual")
+    tensors = tuple(t for t in (x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias)
+                    if t is not None)
+    plan = None
+    if (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_pair_fast", tensors,
+                                  triton_conv3d.SUPPORTED_DTYPES)
+            and gamma2.numel() == weight.shape[0] and _serves(x, cache, pad, mode, weight, None)):
+        plan = _exact.fused_norm_plan(x, upcast, act, None)
+    if plan is not None:
+        in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, None)
+        y_shape = conv_output_shape(in_shape, weight.shape)
+        y_proxy = torch.empty((), dtype=x.dtype, device=x.device).expand(y_shape)  # a shape for the checks
+        in_shape2 = _exact.channels_last_conv_input_shape(y_proxy, cache2, pad2, mode2, weight2, residual)
+        if in_shape2 is not None and pair_reason(weight.shape[0], weight.shape[1], in_shape2, weight2.shape,
+                                                 x.dtype, act2) is None:
+            padded, next_cache = _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad,
+                                                               mode, plan, None)
+            cache2_read = cache2 if mode2 != "chunk0" else None
+            padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
+            triton_conv3d.conv3d_channels_last_norm_padded(
+                padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, upcast2,
+                act2 == "silu", padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+            shape = conv_output_shape(padded2.shape, weight2.shape)
+            out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype,
+                                      device=x.device)
+            triton_conv3d.conv3d_channels_last(padded2, weight2.contiguous(memory_format=CL), bias2, residual, out,
+                                               residual_bias)
+            return out, next_cache, next_cache2
+    y, next_cache = rewrite_ops.rms_norm_causal_conv3d_fast.default(*first)
+    out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
+        *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
+                           residual, bias, residual_bias))
+    return out, next_cache, next_cache2
+
+
+@rms_norm_causal_conv3d_pair_fast.register_fake
+def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2, norm_bias2, eps2,
+      upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias):
+    y, next_cache = _exact._rms_norm_causal_conv3d_fake(
+        *_pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight))
+    out, next_cache2 = _exact._rms_norm_causal_conv3d_fake(
+        *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
+                           residual, bias, residual_bias))
+    return out, next_cache, next_cache2

@@ -35,14 +35,12 @@ def _weight_format(weight: Tensor):
 
 
 def _is_weight_argument(user: fx.Node, placeholder: fx.Node) -> bool:
-    """`placeholder` is `user`'s channels-last weight argument (positional or keyword) and no other argument."""
-    argument = op_info.channels_last_weight_argument(user.target)
-    if argument is None:
-        return False
-    index, name = argument
+    """`placeholder` is one of `user`'s channels-last weight arguments (positional or keyword) and no other
+    argument."""
     positional = [i for i, a in enumerate(user.args) if a is placeholder]
     keyword = [k for k, a in user.kwargs.items() if a is placeholder]
-    return (positional, keyword) in (([index], []), ([], [name]))
+    return any((positional, keyword) in (([index], []), ([], [name]))
+               for index, name in op_info.channels_last_weight_arguments(user.target))
 
 
 def channels_last_weight_slots(graph_module: fx.GraphModule) -> list[int]:
