@@ -1,0 +1,269 @@
+"""`rewrite.distributed.decode_sharded` over gloo: 2 and 3 ranks spawned from pytest, tiny Wan 2.1 / 2.2.
+
+Each spawn runs many cases in its ranks (start-up, ~8 s a spawn on 2 cores, dominates) and each rank
+writes what it saw; one test per spawn asserts every case (so pytest-xdist never runs a spawn twice). The
+single-process reference is decoded inside the ranks, under the same thread count as the sharded decode.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+SPAWN_LIMIT_S = 150
+
+
+# ---- in-process units ---------------------------------------------------------------------------------
+def test_split_rows_uneven_and_output_rows():
+    from rewrite.distributed import output_rows, split_rows
+    from rewrite.models.wan import build_wan
+
+    assert split_rows(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert split_rows(4, 3) == [(0, 2), (2, 3), (3, 4)]
+    assert split_rows(6, 2) == [(0, 3), (3, 6)]
+    vae = build_wan("wan2.1", "tiny")
+    assert output_rows(vae, 5, 2) == [(0, 24), (24, 40)]
+
+
+def test_position_check_finds_cpu_silu_tails():
+    import torch.nn.functional as F
+
+    from rewrite.distributed.bands import position_independent
+
+    ok, reason = position_independent(F.silu, torch.float16, torch.device("cpu"))
+    assert ok, reason
+    # the identity is trivially position independent; ATen's fp32 SiLU on AVX CPUs is not (exp differs
+    # between its vectorized body and its scalar tail): either verdict is a property of the machine
+    assert position_independent(lambda t: t.clone(), torch.float32, torch.device("cpu"))[0]
+
+
+def test_checksum_is_order_free_and_names_a_change():
+    from rewrite.distributed.decode import _checksum
+
+    t = torch.randn(1000)
+    assert [int(v) for v in _checksum(t)] == [int(v) for v in _checksum(t.clone())]
+    u = t.clone()
+    u[3], u[4] = t[4], t[3]  # a swap keeps the plain sum, not the weighted one
+    assert _checksum(u)[0] == _checksum(t)[0] and _checksum(u)[1] != _checksum(t)[1]
+
+
+# ---- spawned ranks ------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _latents(vae, batch, frames, height, width, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn((batch, vae.config.z_dim, frames, height, width), generator=g).to(dtype)
+
+
+def _vae(version, dtype):
+    from rewrite.models.wan import build_wan
+
+    return build_wan(version, "tiny").to(dtype)
+
+
+def _decode_case(version, dtype, batch, frames, height, width, output="all", tiling=False, slicing=False,
+                 optimized=False):
+    def case(rank, world):
+        from rewrite import optimize
+        from rewrite.distributed import decode_sharded
+
+        vae = _vae(version, dtype)
+        reference = _vae(version, dtype)
+        for v in (vae, reference):
+            if tiling:
+                r = v.spatial_compression_ratio
+                v.enable_tiling(tile_sample_min_height=4 * r, tile_sample_min_width=4 * r,
+                                tile_sample_stride_height=3 * r, tile_sample_stride_width=3 * r)
+            if slicing:
+                v.enable_slicing()
+        if optimized:
+            optimize(vae, "lossless")  # captures nothing until its own decode: the sharded decode uses a copy
+        before = {name for name, m in vae.named_modules() if m.__dict__.get("forward") is not None}
+        z = _latents(vae, batch, frames, height, width, dtype, seed=frames * 10 + batch)
+        with torch.no_grad():
+            video, info = decode_sharded(vae, z, output=output, return_info=True)
+            expected = reference.decode(z).sample
+        after = {name for name, m in vae.named_modules() if m.__dict__.get("forward") is not None}
+        if output == "all" or (output == "rank0" and rank == 0):
+            equal = video is not None and video.shape == expected.shape and torch.equal(video, expected)
+        elif output == "rank0":
+            equal = video is None
+        else:
+            a, b = info.output_rows[rank]
+            equal = video.shape[-2] == b - a and torch.equal(video, expected[..., a:b, :])
+        return {"equal": bool(equal), "mode": info.mode, "reason": info.reason, "local": info.band_local_ops,
+                "gathered": info.gathered_ops, "gathered_reasons": info.gathered_reasons, "tiles": info.tiles,
+                "module_unchanged": before == after}
+    return case
+
+
+def _mismatch_case(what):
+    def case(rank, world):
+        from rewrite.distributed import ShardMismatchError, decode_sharded
+
+        vae = _vae("wan2.1", torch.float32)
+        z = _latents(vae, 1, 1, 4, 4, torch.float32)
+        if rank == 1 and what == "latents":
+            z[0, 0, 0, 0, 0] += 1e-3
+        if rank == 1 and what == "shape":
+            z = _latents(vae, 1, 1, 4, 5, torch.float32)
+        if rank == 1 and what == "weights":
+            with torch.no_grad():
+                vae.decoder.up_blocks[1].resnets[0].conv2.weight.view(-1)[7] += 1e-3
+        try:
+            with torch.no_grad():
+                decode_sharded(vae, z)
+        except ShardMismatchError as error:
+            return {"raised": str(error)}
+        return {"raised": None}
+    return case
+
+
+def _failure_case(rank, world):
+    """Rank 1 raises in the middle of the decode (its third norm) and stays alive; the others must fail
+    with its error within the per-wait timeout, not hang."""
+    from rewrite.distributed import PeerFailedError, bands, decode_sharded
+
+    vae = _vae("wan2.1", torch.float32)
+    z = _latents(vae, 1, 2, 6, 4, torch.float32)
+    if rank == 1:
+        original, calls = bands.band_norm, [0]
+
+        def failing(run, m, x):
+            calls[0] += 1
+            if calls[0] == 3:
+                raise RuntimeError("injected failure on rank 1")
+            return original(run, m, x)
+        bands.band_norm = failing
+    start = time.monotonic()
+    try:
+        with torch.no_grad():
+            decode_sharded(vae, z, timeout=3)
+        outcome = {"type": None, "message": ""}
+    except PeerFailedError as error:
+        outcome = {"type": "PeerFailedError", "message": str(error)}
+    except Exception as error:  # noqa: BLE001
+        outcome = {"type": type(error).__name__, "message": str(error)}
+    outcome["seconds"] = time.monotonic() - start
+    time.sleep(1.5)  # the failing rank stays alive; rank 0 hosts the store the others read
+    return outcome
+
+
+def _cases(name):
+    f32, bf16 = torch.float32, torch.bfloat16
+    if name == "two":
+        return {
+            "wan2.1 fp32 b1 f5 5x6 all": _decode_case("wan2.1", f32, 1, 5, 5, 6),
+            "wan2.1 fp32 b1 f1 5x6 band": _decode_case("wan2.1", f32, 1, 1, 5, 6, output="band"),
+            "wan2.1 fp32 b1 f1 5x6 rank0": _decode_case("wan2.1", f32, 1, 1, 5, 6, output="rank0"),
+            "wan2.1 bf16 b2 f5 4x4 all": _decode_case("wan2.1", bf16, 2, 5, 4, 4),
+            "wan2.2 bf16 b2 f1 5x6 all": _decode_case("wan2.2", bf16, 2, 1, 5, 6),
+            "wan2.2 fp32 b1 f5 5x4 all": _decode_case("wan2.2", f32, 1, 5, 5, 4),
+            "wan2.2 fp32 b1 f1 4x6 band": _decode_case("wan2.2", f32, 1, 1, 4, 6, output="band"),
+            "wan2.1 slicing b2 f2 4x4": _decode_case("wan2.1", f32, 2, 2, 4, 4, slicing=True),
+            "wan2.1 optimized module f2 4x4": _decode_case("wan2.1", f32, 1, 2, 4, 4, optimized=True),
+            "wan2.1 3 rows, 2 ranks: single-process": _decode_case("wan2.1", f32, 1, 2, 3, 4),
+            "wan2.1 tiled f2 7x8": _decode_case("wan2.1", f32, 1, 2, 7, 8, tiling=True),
+            "wan2.2 tiled f2 7x8 rank0": _decode_case("wan2.2", f32, 1, 2, 7, 8, tiling=True, output="rank0"),
+            "mismatch latents": _mismatch_case("latents"),
+            "mismatch weights": _mismatch_case("weights"),
+            "mismatch shape": _mismatch_case("shape"),
+        }
+    return {
+        "wan2.1 bf16 b2 f5 7x6 all": _decode_case("wan2.1", bf16, 2, 5, 7, 6),
+        "wan2.2 fp32 b1 f1 6x4 band": _decode_case("wan2.2", f32, 1, 1, 6, 4, output="band"),
+        "wan2.2 bf16 b1 f5 7x4 all": _decode_case("wan2.2", bf16, 1, 5, 7, 4),
+        "wan2.1 tiled f1 7x8": _decode_case("wan2.1", f32, 1, 1, 7, 8, tiling=True),
+        "failure": _failure_case,  # last: it leaves the group with unfinished operations
+    }
+
+
+def _worker(rank, world, port, name, out_dir):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    results = {}
+    for case_name, case in _cases(name).items():
+        try:
+            results[case_name] = ("ok", case(rank, world))
+        except Exception as error:  # noqa: BLE001 - reported by the test
+            results[case_name] = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    os._exit(0)  # the failure case leaves pending operations: no destroy_process_group
+
+
+def _spawn(world, name, tmp_path):
+    context = mp.start_processes(_worker, args=(world, _free_port(), name, str(tmp_path)), nprocs=world,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + SPAWN_LIMIT_S
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            pytest.fail(f"the {world} ranks did not finish within {SPAWN_LIMIT_S} s (a hang)")
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+
+def _check_decodes(results, world):
+    problems = []
+    for name in results[0]:
+        if name.startswith("mismatch") or name == "failure":
+            continue
+        for rank in range(world):
+            status, value = results[rank][name]
+            if status != "ok":
+                problems.append(f"{name}, rank {rank}: {value}")
+                continue
+            if not value["equal"] or not value["module_unchanged"]:
+                problems.append(f"{name}, rank {rank}: {value}")
+            expected = ("single-process" if "single-process" in name else "tiles" if "tiled" in name
+                        else "bands")
+            if value["mode"] != expected:
+                problems.append(f"{name}, rank {rank}: mode {value['mode']} ({value['reason']}), expected {expected}")
+            if expected == "bands" and value["local"] == 0:
+                problems.append(f"{name}, rank {rank}: no op ran band-locally")
+    return problems
+
+
+def test_two_ranks(tmp_path):
+    results = _spawn(2, "two", tmp_path)
+    problems = _check_decodes(results, 2)
+    tiles = [results[r]["wan2.1 tiled f2 7x8"][1]["tiles"] for r in range(2)]
+    assert tiles == [[(0, 0), (0, 6), (3, 3), (6, 0), (6, 6)], [(0, 3), (3, 0), (3, 6), (6, 3)]], tiles
+    for rank in range(2):
+        messages = {k: results[rank][k] for k in ("mismatch latents", "mismatch weights", "mismatch shape")}
+        for key, needle in (("mismatch latents", "the latents (rank 0 differs from rank 1)"),
+                            ("mismatch weights", "decoder.up_blocks.1.resnets.0.conv2.weight"),
+                            ("mismatch shape", "the latent shape (rank 0: (1, 4, 1, 4, 4), rank 1: (1, 4, 1, 4, 5))")):
+            status, value = messages[key]
+            if status != "ok" or not value["raised"] or needle not in value["raised"]:
+                problems.append(f"{key}, rank {rank}: expected a ShardMismatchError naming {needle!r}; got {value}")
+    assert not problems, "\n".join(problems)
+
+
+def test_three_ranks_and_a_failing_rank(tmp_path):
+    results = _spawn(3, "three", tmp_path)
+    problems = _check_decodes(results, 3)
+    for rank in range(3):
+        status, value = results[rank]["failure"]
+        assert status == "ok", value
+        if rank == 1:
+            assert value["type"] == "RuntimeError" and "injected failure on rank 1" in value["message"], value
+        else:
+            assert value["type"] == "PeerFailedError", value
+            assert "rank 1 failed: RuntimeError: injected failure on rank 1" in value["message"], value
+            assert value["seconds"] < 15, value
+    assert not problems, "\n".join(problems)
