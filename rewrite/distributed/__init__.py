@@ -7,8 +7,17 @@ and what is verified: docs/distributed.md.
 """
 
 from rewrite.distributed.bands import split_rows
-from rewrite.distributed.comm import CollectiveError, DistributedDecodeError, PeerFailedError
-from rewrite.distributed.decode import ShardedInfo, ShardMismatchError, decode_sharded, output_rows
+from rewrite.distributed.comm import (
+    CollectiveError,
+    DistributedDecodeError,
+    PeerFailedError,
+)
+from rewrite.distributed.decode import (
+    ShardedInfo,
+    ShardMismatchError,
+    decode_sharded,
+    output_rows,
+)
 
 __all__ = [
     "CollectiveError", "DistributedDecodeError", "PeerFailedError", "ShardMismatchError", "ShardedInfo",

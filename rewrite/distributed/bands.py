@@ -57,6 +57,12 @@ _LOCAL: dict[tuple, tuple[bool, str]] = {}
 _AGREED: dict[tuple, dict[tuple, bool]] = {}
 
 
+def forget_verdicts(comm) -> None:
+    """Drop the verdicts this group agreed on (after a failed call every rank raises and calls this, so a
+    group made again under the same name starts from the same, empty, state on every rank)."""
+    _AGREED.pop((comm.name, comm._global), None)
+
+
 def split_rows(height: int, world: int) -> list[tuple[int, int]]:
     """Latent row bands [start, stop) per rank: as even as possible, the first `height % world` one row
     taller. Every band has at least one row when height >= world."""
@@ -181,7 +187,8 @@ class BandRun:
         """This rank's rows of a whole tensor (rows in dim -2), dense in its layout."""
         s, rest = divmod(out.shape[-2], self.height)
         if rest:
-            raise RuntimeError(f"sharded decode: {out.shape[-2]} rows is no multiple of the latent height {self.height}")
+            raise RuntimeError(f"sharded decode: {out.shape[-2]} rows is no multiple of the latent height "
+                               f"{self.height}")
         a, b = self.rows_at(s)[self.rank]
         return compact_like(out[..., a:b, :], out)
 

@@ -83,8 +83,8 @@ class Comm:
             return
         try:
             self.store.set(f"{self.prefix}/error/{self.rank}", f"{type(error).__name__}: {error}"[:4000])
-        except Exception:  # noqa: BLE001 - the store itself may be gone (its host rank died)
-            pass
+        except Exception as failure:  # noqa: BLE001 - the store itself may be gone (its host rank died)
+            logger.debug("rewrite.distributed: could not post the error to the store: %s", failure)
 
     def peer_errors(self) -> dict[int, str]:
         if self.store is None:
@@ -113,7 +113,7 @@ class Comm:
         for work in works if isinstance(works, (list, tuple)) else [works]:
             try:
                 work.wait() if self.timeout is None else work.wait(self.timeout)
-            except Exception as error:  # noqa: BLE001 - transport errors, timeouts
+            except Exception as error:
                 raise self._failed(what, error) from error
 
     # ---- transport ------------------------------------------------------------------------------------

@@ -26,7 +26,14 @@ import zlib
 import torch
 from torch import nn
 
-from rewrite.distributed.bands import MIN_BAND_ROWS, BandRun, band_decoder, cache_slots, split_rows
+from rewrite.distributed.bands import (
+    MIN_BAND_ROWS,
+    BandRun,
+    band_decoder,
+    cache_slots,
+    forget_verdicts,
+    split_rows,
+)
 from rewrite.distributed.comm import Comm, DistributedDecodeError, resolve_group
 from rewrite.runtime import guards
 from rewrite.runtime.locks import CAPTURE_GATE
@@ -95,9 +102,11 @@ def decode_sharded(vae: nn.Module, z: torch.Tensor, *, group=None, output: str =
     try:
         video, info = _decode(vae, z, comm, output, verify)
     except DistributedDecodeError:
+        forget_verdicts(comm)
         raise
     except Exception as error:
         comm.post_error(error)
+        forget_verdicts(comm)
         raise
     return (video, info) if return_info else video
 
