@@ -108,6 +108,23 @@ def _decode_case(version, dtype, batch, frames, height, width, output="all", til
     return case
 
 
+def _mesh_case(rank, world):
+    """`group=` a 1-D DeviceMesh (its own process group: its own verdicts)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rewrite.distributed import decode_sharded
+
+    mesh = init_device_mesh("cpu", (world,))
+    vae = _vae("wan2.1", torch.bfloat16)
+    z = _latents(vae, 1, 2, 4, 4, torch.bfloat16)
+    with torch.no_grad():
+        video, info = decode_sharded(vae, z, group=mesh, return_info=True)
+        expected = vae.decode(z).sample
+    return {"equal": bool(torch.equal(video, expected)), "mode": info.mode, "reason": info.reason,
+            "local": info.band_local_ops, "gathered": info.gathered_ops, "gathered_reasons": [], "tiles": None,
+            "module_unchanged": True}
+
+
 def _mismatch_case(what):
     def case(rank, world):
         from rewrite.distributed import ShardMismatchError, decode_sharded
@@ -211,6 +228,7 @@ def _cases(name):
             "wan2.2 fp32 b1 f1 4x6 band": _decode_case("wan2.2", f32, 1, 1, 4, 6, output="band"),
             "wan2.1 slicing b2 f2 4x4": _decode_case("wan2.1", f32, 2, 2, 4, 4, slicing=True),
             "wan2.1 optimized module f2 4x4": _decode_case("wan2.1", f32, 1, 2, 4, 4, optimized=True),
+            "wan2.1 bf16 f2 4x4 on a DeviceMesh": _mesh_case,
             "wan2.1 3 rows, 2 ranks: single-process": _decode_case("wan2.1", f32, 1, 2, 3, 4),
             "wan2.1 tiled f2 7x8": _decode_case("wan2.1", f32, 1, 2, 7, 8, tiling=True),
             "wan2.2 tiled f2 7x8 rank0": _decode_case("wan2.2", f32, 1, 2, 7, 8, tiling=True, output="rank0"),
