@@ -166,7 +166,7 @@ def _norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops) -> dict:
 
     def fused():
         nxt, nxt_cache = triton_pad.causal_pad_rest_channels_last(y, cache, pad)
-        triton_conv3d.conv3d_channels_last_norm_padded(padded, weight, bias, gamma, scale, 0.0, 1e-12, True, True, nxt,
+        triton_conv3d.conv3d_channels_last_norm_padded(padded, weight, bias, gamma, scale, 0.0, 1e-12, True, nxt,
                                                        nxt_cache, pad, 2)
         return nxt
 

@@ -24,8 +24,8 @@ rounded once to the activation dtype.
 
 Norm epilogue (`conv3d_channels_last_norm_padded`, the pair op of `rewrite.ops.wan_fast`): where one program
 holds every output channel of its pixels (the 64 + 32 split, or one channel block), it adds the bias, rounds
-once, takes the Wan RMS norm over the channels (gamma, scale, SiLU: `triton_norm.norm_values`, the norm
-kernel's arithmetic) and stores the result straight into the next causal conv's padded channels-last input and
+once, takes the Wan RMS norm over the channels (gamma, scale, SiLU) in fp32 with one rounding, and stores
+the result straight into the next causal conv's padded channels-last input and
 next cache, so the conv's own output is never written.
 
 Exactness: ``tolerance`` (level ``channels_last`` only). bf16/fp16 products are exact in fp32; the sum runs in
@@ -118,7 +118,6 @@ if triton is not None:
     import triton.language as tl
 
     from rewrite.ops.triton_math import round_to as _round
-    from rewrite.ops.triton_norm import norm_values as _norm_values
 
     # The CPU interpreter multiplies bf16 tiles as their raw bits: there the operands go through fp32 (exact).
     _INTERPRET = tl.constexpr(INTERPRETING)
@@ -165,13 +164,17 @@ if triton is not None:
         return _round(acc, dtype)
 
     @triton.jit
-    def _store_normalized(y, n0, norm, w, pad_row, next_row, IN_CACHE, gamma_ptr, C_OUT, W_OUT, scale, nbias,
-                          UPCAST: tl.constexpr, SILU: tl.constexpr, BLOCK_N: tl.constexpr):
-        """The Wan norm (+ SiLU) of the tile y (channels n0.., its pixels' channel norms `norm`) stored into
-        the next conv's padded input row (and, IN_CACHE, the next cache's row): both channels-last."""
+    def _store_normalized(y, n0, inv_norm, w, pad_row, next_row, IN_CACHE, gamma_ptr, C_OUT, W_OUT, nbias,
+                          SILU: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
+        norms) in fp32, rounded once and stored into the next conv's padded input row (and, IN_CACHE, the next
+        cache's row): both channels-last."""
         n = n0 + tl.arange(0, BLOCK_N)
         gamma = tl.load(gamma_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
-        v = _norm_values(y, norm, gamma, scale, nbias, UPCAST, SILU)
+        v = y.to(tl.float32) * inv_norm * gamma + nbias
+        if SILU:
+            v = v * tl.sigmoid(v)
+        v = _round(v, y.dtype)
         mask = (w < W_OUT)[:, None] & (n < C_OUT)[None, :]
         offsets = w[:, None] * C_OUT + n[None, :]
         tl.store(pad_row + offsets, v, mask=mask)
@@ -183,7 +186,7 @@ if triton is not None:
                        H_OUT, W_OUT, TP, HP, WP, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, WO, FT, PH,
                        PW, SLOT0, scale, nbias, eps, C_IN: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr,
                        KW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr, UPCAST: tl.constexpr, SILU: tl.constexpr,
+                       HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
                        SPLIT96: tl.constexpr, WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
         """One program: BLOCK_M output pixels of row (b, t, h) by BLOCK_N channels (SPLIT96: channels 0-63 and
@@ -226,17 +229,17 @@ if triton is not None:
                 y2 = _biased(acc2, 64, bias_ptr, C_OUT, dtype, HAS_BIAS, 32)
                 y2f = y2.to(tl.float32)
                 squares += tl.sum(y2f * y2f, axis=1)
-            norm = tl.sqrt_rn(squares)
-            norm = tl.where(norm < eps, eps, norm)[:, None]  # clamp_min: NaN stays NaN
+            norm = tl.sqrt(squares)
+            inv_norm = (scale / tl.where(norm < eps, eps, norm))[:, None]  # clamp_min: NaN stays NaN
             pad_row = out_ptr + (((b64 * TO + FT + t64) * HO + PH + h64) * WO + PW) * C_OUT
             slot = t64 - SLOT0
             in_cache = (slot >= 0) & (slot < 2)
             next_row = next_ptr + ((b64 * 2 + slot) * H_OUT + h64) * W_OUT * C_OUT
-            _store_normalized(y, n0, norm, w, pad_row, next_row, in_cache, gamma_ptr, C_OUT, W_OUT, scale, nbias,
-                              UPCAST, SILU, BLOCK_N)
+            _store_normalized(y, n0, inv_norm, w, pad_row, next_row, in_cache, gamma_ptr, C_OUT, W_OUT, nbias, SILU,
+                              BLOCK_N)
             if SPLIT96:
-                _store_normalized(y2, 64, norm, w, pad_row, next_row, in_cache, gamma_ptr, C_OUT, W_OUT, scale,
-                                  nbias, UPCAST, SILU, 32)
+                _store_normalized(y2, 64, inv_norm, w, pad_row, next_row, in_cache, gamma_ptr, C_OUT, W_OUT, nbias,
+                                  SILU, 32)
         else:
             out_row = out_ptr + (b64 * so0 + t64 * so2 + h64 * so3)
             res_row = res_ptr + (b64 * sr0 + t64 * sr2 + h64 * sr3)
@@ -271,7 +274,7 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
             out: Tensor, out_strides: tuple[int, ...], residual: Optional[Tensor], residual_bias: Optional[Tensor],
             norm: Optional[tuple] = None, wide: bool = False) -> None:
     """One `_conv3d_kernel` launch; `norm`: (gamma, next_cache, (TO, HO, WO, FT, PH, PW, SLOT0), scale, bias,
-    eps, upcast, silu) of the NORM epilogue, `out` then the next conv's padded input."""
+    eps, silu) of the NORM epilogue, `out` then the next conv's padded input."""
     batch, channels, tp, hp, wp = padded.shape
     out_channels, _, kt, kh, kw = weight.shape
     if tile.split96 and (out_channels != 96 or tile.block_n != 64):
@@ -285,15 +288,15 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
             1 if tile.split96 else triton.cdiv(out_channels, tile.block_n))
     res = residual if residual is not None else out
     if norm is None:
-        gamma, next_cache, geometry, scale, norm_bias, eps, upcast, silu = out, out, (0,) * 7, 1.0, 0.0, 0.0, False, False
+        gamma, next_cache, geometry, scale, norm_bias, eps, silu = out, out, (0,) * 7, 1.0, 0.0, 0.0, False
     else:
-        gamma, next_cache, geometry, scale, norm_bias, eps, upcast, silu = norm
+        gamma, next_cache, geometry, scale, norm_bias, eps, silu = norm
     launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, bias if bias is not None else out, res,
            residual_bias if residual_bias is not None else out, out, gamma, next_cache, out_channels, shape[2],
            shape[3], shape[4], tp, hp, wp, *out_strides, *res.stride(), *geometry, float(scale), float(norm_bias),
            float(eps), C_IN=channels, KT=kt, KH=kh, KW=kw, HAS_BIAS=bias is not None,
            HAS_RESIDUAL=residual is not None, HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None,
-           UPCAST=upcast, SILU=silu, SPLIT96=tile.split96, WIDE=wide, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+           SILU=silu, SPLIT96=tile.split96, WIDE=wide, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
            BLOCK_K=tile.block_k, STAGES=tile.stages, WARP_SPECIALIZE=tile.warp_specialize, num_warps=tile.warps,
            exact=False)
 
@@ -329,16 +332,17 @@ def norm_epilogue_reason(out_channels: int, tile: ConvTile) -> Optional[str]:
 
 
 def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optional[Tensor], gamma: Tensor,
-                                     scale: float, norm_bias: float, eps: float, upcast: bool, silu: bool,
+                                     scale: float, norm_bias: float, eps: float, silu: bool,
                                      next_padded: Tensor, next_cache: Tensor, pad: list[int], cache_frames: int,
                                      config: Optional[ConvTile] = None) -> None:
-    """``y = conv3d(padded, weight, bias)`` rounded once, then the Wan RMS norm of y over its channels (gamma,
-    scale, norm_bias, eps, upcast; SiLU if `silu`) stored straight into the next causal conv's padded input
-    `next_padded` (frame t at frame ``pad[4] + cache_frames + t``, pixel (h, w) at ``(pad[2] + h, pad[0] + w)``)
-    and y's last two frames also into `next_cache` ([B, O, 2, H, W]; for a 1-frame y, slot 1): what
-    `triton_norm.rms_norm_padded_channels_last` stores of an x equal to y. Both buffers channels-last, as
-    `triton_pad.causal_pad_rest_channels_last` allocates them (it writes their other positions). The norm's
-    squares are summed in fp32 over the tile's channels (another order than ATen's: tolerance)."""
+    """``y = conv3d(padded, weight, bias)`` rounded once, then the Wan RMS norm of y over its channels,
+    ``y / max(||y||, eps) * scale * gamma + norm_bias`` (SiLU if `silu`), stored straight into the next causal
+    conv's padded input `next_padded` (frame t at frame ``pad[4] + cache_frames + t``, pixel (h, w) at
+    ``(pad[2] + h, pad[0] + w)``) and y's last two frames also into `next_cache` ([B, O, 2, H, W]; for a
+    1-frame y, slot 1): the positions `triton_norm.rms_norm_padded_channels_last` stores of an x equal to y.
+    Both buffers channels-last, as `triton_pad.causal_pad_rest_channels_last` allocates them (it writes their
+    other positions). Tolerance: the norm runs in fp32 from y (squares summed in the tile's order, a
+    multiply by the reciprocal norm, Triton's sigmoid) and rounds once, where ATen rounds after each op."""
     shape = _checked_shapes(padded, weight, bias)
     batch, out_channels, frames, rows, columns = shape
     tile = config or launch_config(padded.shape[1], out_channels)
@@ -362,4 +366,4 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
     if batch * frames * rows * columns == 0:
         return
     _launch(padded, weight, tile, shape, bias, next_padded, (0,) * 5, None, None,
-            norm=(gamma, next_cache, geometry, scale, norm_bias, eps, upcast, silu))
+            norm=(gamma, next_cache, geometry, scale, norm_bias, eps, silu))

@@ -169,19 +169,12 @@ if triton is not None:
     @triton.jit
     def _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST: tl.constexpr, SILU: tl.constexpr):
         """`_rms_norm_epilogue_kernel`'s arithmetic on a [channels, pixels] tile (norm already clamped)."""
-        gamma = tl.load(gamma_ptr + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
-        return norm_values(x, norm, gamma, scale, bias, UPCAST, SILU)
-
-    @triton.jit
-    def norm_values(x, norm, gamma, scale, bias, UPCAST: tl.constexpr, SILU: tl.constexpr):
-        """The Wan norm's arithmetic after the channel norm, with its roundings, on a tile of x (any
-        orientation: `norm` (clamped) and the fp32 `gamma` broadcast against it); also the Triton conv's
-        fused norm epilogue (`rewrite.ops.triton_conv3d`)."""
         dtype = x.dtype
         y = tl.math.div_rn(x.to(tl.float32), norm)
         if UPCAST:
             y = _round(y, dtype).to(tl.float32)  # .to(x.dtype) after the fp32 normalize
         y = _round(y * scale, dtype).to(tl.float32)
+        gamma = tl.load(gamma_ptr + c, mask=c < C, other=0.0).to(tl.float32)[:, None]
         y = _round(y * gamma, dtype).to(tl.float32)
         y = _round(y + bias, dtype).to(tl.float32)
         if SILU:

@@ -137,8 +137,9 @@ def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, nor
     second conv's padded channels-last input and next cache (`triton_conv3d.conv3d_channels_last_norm_padded`;
     the pad kernel writes the cache frames and the zero pad): y is never written or read back. Where the
     kernel path does not serve (`pair_reason`, or the first op's conditions), the two ops above run.
-    Tolerance: the two fused ops' (their convs' sum order), and the second norm's squares summed in another
-    order than ATen's."""
+    Tolerance: the two fused ops' (their convs' sum order, one rounding of conv + bias), and the second norm
+    computed in fp32 from the first conv's rounded output with one rounding at the end (ATen rounds after
+    each op; `upcast2` is then moot)."""
     first = _pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight)
     if residual_bias is not None and residual is None:
         raise ValueError("rms_norm_causal_conv3d_pair_fast: residual_bias without a residual")
@@ -161,8 +162,9 @@ def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, nor
             cache2_read = cache2 if mode2 != "chunk0" else None
             padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
             triton_conv3d.conv3d_channels_last_norm_padded(
-                padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, upcast2,
-                act2 == "silu", padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+                padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
+                padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+            del padded  # the first conv's input: free before the second conv's output is allocated
             shape = conv_output_shape(padded2.shape, weight2.shape)
             out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype,
                                       device=x.device)
