@@ -379,6 +379,22 @@ def test_replacement_lints_propagates_symbolic_vals_and_provenance_and_is_exact(
     assert torch.equal(reference[0], rewritten[0])
 
 
+def test_replacement_vals_are_computed_without_the_fake_tensor_cache(monkeypatch):
+    """With symbolic sizes almost every cached dispatch misses and still builds an entry: the rewriter turns the
+    graph's fake mode's cache off while it computes the new nodes' values, and back on after."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gm = capture(Decoder(Block(cache=True), Block(cache=True, scale=5.0)))
+    mode = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder").fake_mode
+    mode.cache_enabled = True
+    cached = []
+    original = FakeTensorMode._cached_dispatch_impl
+    monkeypatch.setattr(FakeTensorMode, "_cached_dispatch_impl",
+                        lambda self, *args: cached.append(args[0]) or original(self, *args))
+    assert replace_matches(gm, find_matches(gm, NORM_CACHE).matches).replaced == {"rms_norm_silu_cache": 2}
+    assert cached == [] and mode.cache_enabled
+
+
 def test_pattern_definition_errors_are_clear():
     with pytest.raises(ValueError, match="exactness"):
         Pattern(name="p", search=search, replace=replace, exactness="close", level="lossless")

@@ -25,6 +25,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import disable_fake_tensor_cache
 from torch.fx.experimental.symbolic_shapes import statically_known_false
 
 from rewrite.engine.matcher import Match
@@ -57,8 +58,11 @@ def _val(arg: Any, pattern: str) -> Any:
 
 
 def _fake_value(node: fx.Node, fake_mode: Any, pattern: str) -> Any:
+    """The node's value on its inputs' fakes. Without the fake mode's dispatch cache: with symbolic sizes
+    nearly every call misses, and a miss still builds and checks an entry (full Wan 2.1's steady graph,
+    2-core CPU: passes 3.4 -> 2.1 s, the same values)."""
     args, kwargs = fx.node.map_aggregate((node.args, node.kwargs), lambda a: _val(a, pattern))
-    with fake_mode, torch.no_grad():
+    with fake_mode, disable_fake_tensor_cache(fake_mode), torch.no_grad():
         return node.target(*args, **kwargs)
 
 
