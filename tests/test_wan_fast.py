@@ -76,6 +76,37 @@ def test_kernel_matches_the_conv(b, c, o, t, h, w, tile, dtype):
     _within_one_ulp(plain, F.conv3d(padded.double(), weight.double()), plain_magnitude, terms)
 
 
+def _frame_major(t):
+    return t.permute(0, 2, 1, 3, 4).contiguous().permute(0, 2, 1, 3, 4)
+
+
+EPILOGUE_LAYOUTS = {"ncdhw": lambda t: t.contiguous(), "channels_last": lambda t: t.contiguous(memory_format=CL),
+                    "frame_major": _frame_major}
+
+
+@needs_kernels
+@pytest.mark.parametrize("out_layout,res_layout,expected_mode", [
+    ("ncdhw", "ncdhw", 2), ("channels_last", "channels_last", 1), ("ncdhw", "channels_last", 2),
+    ("channels_last", "ncdhw", 1),                       # TMA output, the residual read in its own layout
+    ("frame_major", "ncdhw", 0), ("ncdhw", "frame_major", 0),  # strides TMA does not address: pointers
+])
+@pytest.mark.parametrize("width", [40, 38])              # 38: NCDHW rows not 16-byte aligned -> pointers
+def test_kernel_epilogue_layouts(out_layout, res_layout, expected_mode, width):
+    """Every epilogue (TMA rows of either layout, per-element pointers) gives the conv within the module's
+    bound, and the router picks TMA exactly where the rows are addressable."""
+    padded, weight, bias, residual = _operands(1, 16, 16, 2, 3, width, torch.bfloat16, seed=5)
+    reference = F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
+    magnitude = (F.conv3d(padded.double().abs(), weight.double().abs()) + bias.double().abs().view(-1, 1, 1, 1)
+                 + residual.double().abs())
+    out = EPILOGUE_LAYOUTS[out_layout](torch.empty(reference.shape, dtype=torch.bfloat16, device=DEVICE))
+    res = EPILOGUE_LAYOUTS[res_layout](residual)
+    rows = [triton_conv3d._row_view(t) for t in (out, res)]
+    mode = rows[0][1] if all(r is not None for r in rows) else 0
+    assert mode == (0 if width == 38 and "ncdhw" in (out_layout, res_layout) else expected_mode)
+    triton_conv3d.conv3d_channels_last(padded, weight, bias, res, out, config=SMALL)
+    _within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
+
+
 def test_unsupported_shapes_and_dtypes_are_named():
     assert "fp32 keeps cuDNN" in triton_conv3d.unsupported_reason((1, 32, 3, 4, 4), (32, 32, 3, 3, 3), torch.float32)
     assert "multiple of 16" in triton_conv3d.unsupported_reason((1, 24, 3, 4, 4), (32, 24, 3, 3, 3), torch.bfloat16)

@@ -123,32 +123,43 @@ def main(argv=None) -> int:
     return 0
 
 
+def _epilogue_tiles(triton_conv3d, in_channels: int, out_channels: int) -> list:
+    """`launch_config`'s tile and, for 96 outputs, the 128-pixel split tiles on 8 warps (fewer registers per
+    thread: two programs fit an SM with any epilogue, docs/tuning.md section 1)."""
+    tiles = [triton_conv3d.launch_config(in_channels, out_channels)]
+    if out_channels == 96:
+        k = tiles[0].block_k
+        tiles += [triton_conv3d.ConvTile(128, 64, k, 8, 4, split96=True), triton_conv3d.ConvTile(128, 64, k, 8, 3, split96=True)]
+    return tiles
+
+
 def _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops) -> dict:
-    """ms of `launch_config`'s tile writing a contiguous (NCDHW) output, without and with bias + residual."""
+    """ms of each `_epilogue_tiles` tile writing a contiguous (NCDHW) output, without and with bias + residual
+    (NCDHW too), and (3x3x3, all channels in one program) the fused norm into the next conv's input."""
     import torch
 
     out = torch.empty(reference.shape, device="cuda", dtype=padded.dtype)
     residual = torch.randn(reference.shape, device="cuda", dtype=padded.dtype)
     bias = torch.randn(reference.shape[1], device="cuda", dtype=padded.dtype)
     timings = {}
-    for name, extra in (("ncdhw", (None, None)), ("ncdhw+bias+residual", (bias, residual))):
-        def run(extra=extra):
-            triton_conv3d.conv3d_channels_last(padded, weight, extra[0], extra[1], out)
-        run()
-        expected = reference.float() if extra[0] is None else (reference.float() + bias.float().view(-1, 1, 1, 1)
-                                                               + residual.float())
-        err = (out.float() - expected).abs().max().item()
-        ms = triton.testing.do_bench_cudagraph(run)
-        timings[name] = ms
-        print(f"  launch_config, {name:<22} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
-              flush=True)
-    tile = triton_conv3d.launch_config(weight.shape[1], weight.shape[0])
-    if weight.shape[2] == 3 and triton_conv3d.norm_epilogue_reason(weight.shape[0], tile) is None:
-        timings.update(_norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops))
+    for tile in _epilogue_tiles(triton_conv3d, weight.shape[1], weight.shape[0]):
+        for name, extra in (("ncdhw", (None, None)), ("ncdhw+bias+residual", (bias, residual))):
+            def run(extra=extra, tile=tile):
+                triton_conv3d.conv3d_channels_last(padded, weight, extra[0], extra[1], out, config=tile)
+            run()
+            expected = reference.float() if extra[0] is None else (reference.float() + bias.float().view(-1, 1, 1, 1)
+                                                                   + residual.float())
+            err = (out.float() - expected).abs().max().item()
+            ms = triton.testing.do_bench_cudagraph(run)
+            timings[f"{tuple(tile)} {name}"] = ms
+            print(f"  {str(tuple(tile)):<36} {name:<22} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
+                  flush=True)
+        if weight.shape[2] == 3 and triton_conv3d.norm_epilogue_reason(weight.shape[0], tile) is None:
+            timings.update(_norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops, tile))
     return timings
 
 
-def _norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops) -> dict:
+def _norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops, tile) -> dict:
     """ms of a block's first conv feeding the second conv's padded input (steady: 2 cache frames, zero pad),
     as the pair op does it (the norm in the conv's epilogue) and as two fast ops do (a raw channels-last
     output, then the lossless norm kernel adding the deferred bias)."""
@@ -167,11 +178,11 @@ def _norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops) -> dict:
     def fused():
         nxt, nxt_cache = triton_pad.causal_pad_rest_channels_last(y, cache, pad)
         triton_conv3d.conv3d_channels_last_norm_padded(padded, weight, bias, gamma, scale, 0.0, 1e-12, True, nxt,
-                                                       nxt_cache, pad, 2)
+                                                       nxt_cache, pad, 2, config=tile)
         return nxt
 
     def two_ops():
-        triton_conv3d.conv3d_channels_last(padded, weight, None, None, y)
+        triton_conv3d.conv3d_channels_last(padded, weight, None, None, y, config=tile)
         return triton_norm.rms_norm_padded_channels_last(y, gamma, scale, 0.0, 1e-12, True, True, plan.split, cache, pad,
                                                          plan.ctas, x_bias=bias)[0]
 
@@ -180,8 +191,8 @@ def _norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops) -> dict:
     timings = {}
     for name, run in (("norm into next input", fused), ("raw + norm kernel", two_ops)):
         ms = triton.testing.do_bench_cudagraph(run)
-        timings[name] = ms
-        print(f"  launch_config, {name:<22} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
+        timings[f"{tuple(tile)} {name}"] = ms
+        print(f"  {str(tuple(tile)):<36} {name:<22} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
               flush=True)
     return timings
 

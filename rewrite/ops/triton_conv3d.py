@@ -164,35 +164,65 @@ if triton is not None:
         return _round(acc, dtype)
 
     @triton.jit
-    def _store_normalized(y, n0, inv_norm, w, pad_row, next_row, IN_CACHE, gamma_ptr, C_OUT, W_OUT, nbias,
-                          SILU: tl.constexpr, BLOCK_N: tl.constexpr):
-        """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
-        norms) in fp32, rounded once and stored into the next conv's padded input row (and, IN_CACHE, the next
-        cache's row): both channels-last."""
-        n = n0 + tl.arange(0, BLOCK_N)
-        gamma = tl.load(gamma_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
-        v = y.to(tl.float32) * inv_norm * gamma + nbias
-        if SILU:
-            v = v * tl.sigmoid(v)
-        v = _round(v, y.dtype)
-        mask = (w < W_OUT)[:, None] & (n < C_OUT)[None, :]
-        offsets = w[:, None] * C_OUT + n[None, :]
-        tl.store(pad_row + offsets, v, mask=mask)
-        if IN_CACHE:
-            tl.store(next_row + offsets, v, mask=mask)
+    def _load_rows(desc, b, t, h, w0, n0, C, T, H, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+        """The [BLOCK_M pixels, BLOCK_N channels] tile at (b, t, h, w0.., n0..) of a tensor whose descriptor views
+        it as [B*T*H, W, C] (MODE 1, channels-last) or [B*C, T*H, W] (MODE 2, NCDHW); TMA zero-fills past W."""
+        if MODE == 1:
+            return tl.reshape(desc.load([(b * T + t) * H + h, w0, n0]), [BLOCK_M, BLOCK_N])
+        else:
+            return tl.trans(tl.reshape(desc.load([b * C + n0, t * H + h, w0]), [BLOCK_N, BLOCK_M]))
 
     @triton.jit
-    def _conv3d_kernel(a_desc, w_desc, w2_desc, bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, next_ptr, C_OUT, T_OUT,
-                       H_OUT, W_OUT, TP, HP, WP, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, WO, FT, PH,
-                       PW, SLOT0, scale, nbias, eps, C_IN: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr,
-                       KW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
-                       SPLIT96: tl.constexpr, WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    def _store_rows(desc, tile, b, t, h, w0, n0, C, T, H, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+        """`_load_rows`' tile stored (TMA clips it at the tensor's W and C)."""
+        if MODE == 1:
+            desc.store([(b * T + t) * H + h, w0, n0], tl.reshape(tile, [1, BLOCK_M, BLOCK_N]))
+        else:
+            desc.store([b * C + n0, t * H + h, w0], tl.reshape(tl.trans(tile), [BLOCK_N, 1, BLOCK_M]))
+
+    @triton.jit
+    def _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
+                       HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
+                       OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """`_epilogue` with the residual read and the output written by TMA (no per-element addresses)."""
+        n = n0 + tl.arange(0, BLOCK_N)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+        if HAS_RESIDUAL:
+            r = _load_rows(r_desc, b, t, h, w0, n0, C_OUT, T_OUT, H_OUT, RES_MODE, BLOCK_M, BLOCK_N).to(tl.float32)
+            if HAS_RES_BIAS:
+                r += tl.load(rb_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+            acc += r
+        _store_rows(o_desc, _round(acc, o_desc.dtype), b, t, h, w0, n0, C_OUT, T_OUT, H_OUT, OUT_MODE, BLOCK_M,
+                    BLOCK_N)
+
+    @triton.jit
+    def _normalized(y, n0, inv_norm, w, gamma_ptr, C_OUT, W_OUT, nbias, SILU: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The Wan norm (+ SiLU) of the fp32 tile y (channels n0..; `inv_norm` = scale / its pixels' clamped
+        channel norms) in fp32, rounded once; 0 at pixels past the row end (the next input's right pad)."""
+        n = n0 + tl.arange(0, BLOCK_N)
+        gamma = tl.load(gamma_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+        v = y * inv_norm * gamma + nbias
+        if SILU:
+            v = v * tl.sigmoid(v)
+        return tl.where((w < W_OUT)[:, None], v, 0.0)
+
+    @triton.jit
+    def _conv3d_kernel(a_desc, w_desc, w2_desc, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, bias_ptr, res_ptr,
+                       rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, TP, HP, WP, so0, so1, so2, so3, so4,
+                       sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps, C_IN: tl.constexpr,
+                       KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr,
+                       SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, SPLIT96: tl.constexpr,
+                       WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
         """One program: BLOCK_M output pixels of row (b, t, h) by BLOCK_N channels (SPLIT96: channels 0-63 and
-        64-95 in two accumulators, `w2_desc` the second's weight tile). NORM: the program holds every output
-        channel; it normalizes them into the next conv's padded input instead of storing them (module
-        docstring)."""
+        64-95 in two accumulators; the *2 descriptors are the second's tiles). Epilogues: OUT_MODE 0 stores by
+        pointers (any strides), 1 / 2 by TMA into a channels-last / NCDHW output (`o_desc`, the residual by
+        `r_desc` in RES_MODE's layout); NORM normalizes every output channel into the next conv's padded input
+        and next cache (`n_desc`, and `o_desc` then views the cache) instead (module docstring)."""
         pid_w = tl.program_id(0)
         row = tl.program_id(1)
         n0 = tl.program_id(2) * BLOCK_N
@@ -216,31 +246,39 @@ if triton is not None:
             if SPLIT96:
                 wt2 = w2_desc.load([64, tap * C_IN + c0])
                 acc2 = _dot(a, wt2.T, acc2)
-        b64 = b.to(tl.int64)
-        t64 = t.to(tl.int64)
-        h64 = h.to(tl.int64)
         w = w0 + tl.arange(0, BLOCK_M)
         if NORM:
-            dtype: tl.constexpr = out_ptr.dtype.element_ty
-            y = _biased(acc, n0, bias_ptr, C_OUT, dtype, HAS_BIAS, BLOCK_N)
-            yf = y.to(tl.float32)
-            squares = tl.sum(yf * yf, axis=1)
+            dtype: tl.constexpr = n_desc.dtype
+            y = _biased(acc, n0, bias_ptr, C_OUT, dtype, HAS_BIAS, BLOCK_N)  # the activation dtype: half the registers
+            squares = tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
             if SPLIT96:
                 y2 = _biased(acc2, 64, bias_ptr, C_OUT, dtype, HAS_BIAS, 32)
-                y2f = y2.to(tl.float32)
-                squares += tl.sum(y2f * y2f, axis=1)
+                squares += tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1)
             norm = tl.sqrt(squares)
             inv_norm = (scale / tl.where(norm < eps, eps, norm))[:, None]  # clamp_min: NaN stays NaN
-            pad_row = out_ptr + (((b64 * TO + FT + t64) * HO + PH + h64) * WO + PW) * C_OUT
-            slot = t64 - SLOT0
+            pad_row = (b * TO + FT + t) * HO + PH + h
+            slot = t - SLOT0
+            cache_row = (b * 2 + slot) * H_OUT + h
             in_cache = (slot >= 0) & (slot < 2)
-            next_row = next_ptr + ((b64 * 2 + slot) * H_OUT + h64) * W_OUT * C_OUT
-            _store_normalized(y, n0, inv_norm, w, pad_row, next_row, in_cache, gamma_ptr, C_OUT, W_OUT, nbias, SILU,
-                              BLOCK_N)
-            if SPLIT96:
-                _store_normalized(y2, 64, inv_norm, w, pad_row, next_row, in_cache, gamma_ptr, C_OUT, W_OUT, nbias,
-                                  SILU, 32)
+            if SPLIT96:  # the narrow accumulator first (fewer registers live)
+                v2 = _round(_normalized(y2.to(tl.float32), 64, inv_norm, w, gamma_ptr, C_OUT, W_OUT, nbias, SILU, 32), dtype)
+                n2_desc.store([pad_row, PW + w0, 64], tl.reshape(v2, [1, BLOCK_M, 32]))
+                if in_cache:
+                    o2_desc.store([cache_row, w0, 64], tl.reshape(v2, [1, BLOCK_M, 32]))
+            v = _round(_normalized(y.to(tl.float32), n0, inv_norm, w, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_N), dtype)
+            n_desc.store([pad_row, PW + w0, n0], tl.reshape(v, [1, BLOCK_M, BLOCK_N]))
+            if in_cache:
+                o_desc.store([cache_row, w0, n0], tl.reshape(v, [1, BLOCK_M, BLOCK_N]))
+        elif OUT_MODE != 0:
+            if SPLIT96:  # the narrow accumulator first: fewer registers live while the residual tile is
+                _epilogue_rows(acc2, 64, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
+                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_M, 32)
+            _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, HAS_BIAS,
+                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_M, BLOCK_N)
         else:
+            b64 = b.to(tl.int64)
+            t64 = t.to(tl.int64)
+            h64 = h.to(tl.int64)
             out_row = out_ptr + (b64 * so0 + t64 * so2 + h64 * so3)
             res_row = res_ptr + (b64 * sr0 + t64 * sr2 + h64 * sr3)
             _epilogue(acc, n0, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4, HAS_BIAS,
@@ -270,10 +308,31 @@ def _row_offsets_wide(shape: tuple[int, ...], *strides: tuple[int, ...]) -> bool
     return any((shape[4] - 1) * abs(s[4]) + (shape[1] - 1) * abs(s[1]) >= 2 ** 31 for s in strides)
 
 
+def _row_view(t: Tensor) -> Optional[tuple[Tensor, int]]:
+    """(3-D view, mode) of a [B, C, T, H, W] tensor for `_load_rows` / `_store_rows`: channels-last memory as
+    [B*T*H, W, C] (mode 1), NCDHW as [B*C, T*H, W] (mode 2); None for other strides or rows TMA cannot address
+    (16-byte aligned base and strides)."""
+    b, c, frames, h, w = t.shape
+    if t.is_contiguous(memory_format=torch.channels_last_3d):
+        view, mode = t.permute(0, 2, 3, 4, 1).reshape(b * frames * h, w, c), 1
+    elif t.is_contiguous():
+        view, mode = t.reshape(b * c, frames * h, w), 2
+    else:
+        return None
+    size = t.element_size()
+    if t.data_ptr() % 16 or any(s * size % 16 for s in view.stride()[:2]):
+        return None
+    return view, mode
+
+
+def _rows_descriptor(view: Tensor, mode: int, block_m: int, block_n: int):
+    return TensorDescriptor.from_tensor(view, [1, block_m, block_n] if mode == 1 else [block_n, 1, block_m])
+
+
 def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ...], bias: Optional[Tensor],
-            out: Tensor, out_strides: tuple[int, ...], residual: Optional[Tensor], residual_bias: Optional[Tensor],
-            norm: Optional[tuple] = None, wide: bool = False) -> None:
-    """One `_conv3d_kernel` launch; `norm`: (gamma, next_cache, (TO, HO, WO, FT, PH, PW, SLOT0), scale, bias,
+            out: Tensor, residual: Optional[Tensor], residual_bias: Optional[Tensor],
+            norm: Optional[tuple] = None) -> None:
+    """One `_conv3d_kernel` launch; `norm`: (gamma, next_cache, (TO, HO, FT, PH, PW, SLOT0), scale, bias,
     eps, silu) of the NORM epilogue, `out` then the next conv's padded input."""
     batch, channels, tp, hp, wp = padded.shape
     out_channels, _, kt, kh, kw = weight.shape
@@ -287,16 +346,35 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
     grid = (triton.cdiv(shape[4], tile.block_m), batch * shape[2] * shape[3],
             1 if tile.split96 else triton.cdiv(out_channels, tile.block_n))
     res = residual if residual is not None else out
+    blocks = (tile.block_n, 32 if tile.split96 else tile.block_n)
+    descriptors = [a_desc] * 6  # o, o2, r, r2, n, n2: placeholders where the epilogue reads none
+    out_mode = res_mode = 0
+    wide = False
     if norm is None:
-        gamma, next_cache, geometry, scale, norm_bias, eps, silu = out, out, (0,) * 7, 1.0, 0.0, 0.0, False
+        gamma, geometry, scale, norm_bias, eps, silu = out, (0,) * 6, 1.0, 0.0, 0.0, False
+        out_rows = _row_view(out)
+        res_rows = None if residual is None else _row_view(residual)
+        if out_rows is not None and (residual is None or res_rows is not None):
+            out_mode = out_rows[1]
+            descriptors[0:2] = [_rows_descriptor(*out_rows, tile.block_m, n) for n in blocks]
+            if res_rows is not None:
+                res_mode = res_rows[1]
+                descriptors[2:4] = [_rows_descriptor(*res_rows, tile.block_m, n) for n in blocks]
+        else:
+            strides = [out.stride()] + ([residual.stride()] if residual is not None else [])
+            wide = _row_offsets_wide(shape, *strides)
     else:
         gamma, next_cache, geometry, scale, norm_bias, eps, silu = norm
-    launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, bias if bias is not None else out, res,
-           residual_bias if residual_bias is not None else out, out, gamma, next_cache, out_channels, shape[2],
-           shape[3], shape[4], tp, hp, wp, *out_strides, *res.stride(), *geometry, float(scale), float(norm_bias),
-           float(eps), C_IN=channels, KT=kt, KH=kh, KW=kw, HAS_BIAS=bias is not None,
-           HAS_RESIDUAL=residual is not None, HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None,
-           SILU=silu, SPLIT96=tile.split96, WIDE=wide, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        padded_rows = out.permute(0, 2, 3, 4, 1).reshape(-1, out.shape[4], out_channels)
+        cache_rows = next_cache.permute(0, 2, 3, 4, 1).reshape(-1, next_cache.shape[4], out_channels)
+        descriptors[0:2] = [_rows_descriptor(cache_rows, 1, tile.block_m, n) for n in blocks]
+        descriptors[4:6] = [_rows_descriptor(padded_rows, 1, tile.block_m, n) for n in blocks]
+    launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, *descriptors, bias if bias is not None else out, res,
+           residual_bias if residual_bias is not None else out, out, gamma, out_channels, shape[2], shape[3],
+           shape[4], tp, hp, wp, *out.stride(), *res.stride(), *geometry, float(scale), float(norm_bias), float(eps),
+           C_IN=channels, KT=kt, KH=kh, KW=kw, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+           HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None, SILU=silu, OUT_MODE=out_mode,
+           RES_MODE=res_mode, SPLIT96=tile.split96, WIDE=wide, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
            BLOCK_K=tile.block_k, STAGES=tile.stages, WARP_SPECIALIZE=tile.warp_specialize, num_warps=tile.warps,
            exact=False)
 
@@ -318,9 +396,7 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
     if out.numel() == 0:
         return out
     tile = config or launch_config(padded.shape[1], out_channels)
-    strides = [out.stride()] + ([residual.stride()] if residual is not None else [])
-    _launch(padded, weight, tile, shape, bias, out, out.stride(), residual, residual_bias,
-            wide=_row_offsets_wide(shape, *strides))
+    _launch(padded, weight, tile, shape, bias, out, residual, residual_bias)
     return out
 
 
@@ -351,11 +427,10 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
         raise ValueError(f"conv3d_channels_last_norm_padded: {reason}")
     cl = torch.channels_last_3d
     wl, _, hl, _, tl_, _ = pad
-    geometry = (next_padded.shape[2], next_padded.shape[3], next_padded.shape[4], tl_ + cache_frames, hl, wl,
-                frames - 2)
+    geometry = (next_padded.shape[2], next_padded.shape[3], tl_ + cache_frames, hl, wl, frames - 2)
     expected_cache = (batch, out_channels, 2, rows, columns)
-    if (next_padded.shape[:2] != shape[:2] or geometry[3] + frames > geometry[0] or hl + rows > geometry[1]
-            or wl + columns > geometry[2] or tuple(next_cache.shape) != expected_cache
+    if (next_padded.shape[:2] != shape[:2] or geometry[2] + frames > geometry[0] or hl + rows > geometry[1]
+            or wl + columns > next_padded.shape[4] or tuple(next_cache.shape) != expected_cache
             or not (next_padded.is_contiguous(memory_format=cl) and next_cache.is_contiguous(memory_format=cl))
             or next_padded.dtype != padded.dtype or next_cache.dtype != padded.dtype):
         raise ValueError(f"conv3d_channels_last_norm_padded: next padded input {tuple(next_padded.shape)} / next "
@@ -365,5 +440,5 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
         raise ValueError(f"conv3d_channels_last_norm_padded: gamma must have {out_channels} values, got {gamma.numel()}")
     if batch * frames * rows * columns == 0:
         return
-    _launch(padded, weight, tile, shape, bias, next_padded, (0,) * 5, None, None,
+    _launch(padded, weight, tile, shape, bias, next_padded, None, None,
             norm=(gamma, next_cache, geometry, scale, norm_bias, eps, silu))
