@@ -46,6 +46,7 @@ def _norm_plan_on_cpu(x, upcast, reference_contiguous=False):
 
 def kernel_gates_open(monkeypatch) -> None:
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", frozenset({(16, 16, 27)}))  # the fast op's cases
+    monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the pair op's
     monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)

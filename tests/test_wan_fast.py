@@ -81,14 +81,17 @@ def _frame_major(t):
 
 
 EPILOGUE_LAYOUTS = {"ncdhw": lambda t: t.contiguous(), "channels_last": lambda t: t.contiguous(memory_format=CL),
-                    "frame_major": _frame_major}
+                    "frame_major": _frame_major,
+                    # w outermost: no row of w is contiguous, so the epilogue addresses elements by pointers
+                    "channels_first_w": lambda t: t.permute(4, 0, 1, 2, 3).contiguous().permute(1, 2, 3, 4, 0)}
 
 
 @needs_kernels
 @pytest.mark.parametrize("out_layout,res_layout,expected_mode", [
     ("ncdhw", "ncdhw", 2), ("channels_last", "channels_last", 1), ("ncdhw", "channels_last", 2),
     ("channels_last", "ncdhw", 1),                       # TMA output, the residual read in its own layout
-    ("frame_major", "ncdhw", 0), ("ncdhw", "frame_major", 0),  # strides TMA does not address: pointers
+    # frame-major (a per-frame conv's output) by TMA too; a layout without contiguous rows: pointers
+    ("frame_major", "ncdhw", 3), ("ncdhw", "frame_major", 2), ("ncdhw", "channels_first_w", 0),
 ])
 @pytest.mark.parametrize("width", [40, 38])              # 38: NCDHW rows not 16-byte aligned -> pointers
 def test_kernel_epilogue_layouts(out_layout, res_layout, expected_mode, width):
@@ -102,7 +105,8 @@ def test_kernel_epilogue_layouts(out_layout, res_layout, expected_mode, width):
     res = EPILOGUE_LAYOUTS[res_layout](residual)
     rows = [triton_conv3d._row_view(t) for t in (out, res)]
     mode = rows[0][1] if all(r is not None for r in rows) else 0
-    assert mode == (0 if width == 38 and "ncdhw" in (out_layout, res_layout) else expected_mode)
+    unaligned = width == 38 and {"ncdhw", "frame_major"} & {out_layout, res_layout}
+    assert mode == (0 if unaligned else expected_mode)
     triton_conv3d.conv3d_channels_last(padded, weight, bias, res, out, config=SMALL)
     _within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
 
@@ -341,8 +345,10 @@ def test_pair_op_off_the_kernel_path_is_the_two_ops():
     assert all(torch.equal(a, e) for a, e in zip(pair, _two_ops(args)))
 
 
-def test_pair_reason_names_the_activation():
+def test_pair_reason_names_the_activation_and_the_measurement():
     assert "activation" in wan_fast.pair_reason(96, 96, (1, 96, 6, 10, 10), (96, 96, 3, 3, 3), torch.bfloat16, "gelu")
+    assert "measured slower" in wan_fast.pair_reason(96, 96, (1, 96, 6, 10, 10), (96, 96, 3, 3, 3), torch.bfloat16,
+                                                     "silu")
 
 
 def test_pair_pattern_fuses_every_served_conv_pair_of_a_block(monkeypatch):
@@ -374,6 +380,7 @@ def test_pair_pattern_fuses_every_served_conv_pair_of_a_block(monkeypatch):
 @pytest.mark.parametrize("mode", ["steady", "chunk0"])
 def test_gpu_pair_op_on_the_wan_shape_class(monkeypatch, mode):
     """96 channels with the measured tile (64 + 32 split, two pixel blocks per row): `_check_pair`."""
+    monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(96, 96)}))  # measured slower: forced
     args = _pair_inputs(mode, True, False, c=96, h=4, w=300)
     calls = _pair_fused(monkeypatch)
     pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)

@@ -53,7 +53,7 @@ except ImportError:  # pragma: no cover - Triton before host tensor descriptors
     TensorDescriptor = None
 
 __all__ = ["ConvTile", "SUPPORTED_DTYPES", "chosen", "conv3d_channels_last", "conv3d_channels_last_norm_padded",
-           "launch_config", "norm_epilogue_reason", "unsupported_reason"]
+           "launch_config", "norm_epilogue_chosen", "norm_epilogue_reason", "unsupported_reason"]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 MIN_OUT_CHANNELS = 16  # the smallest tensor-core tile side
@@ -88,6 +88,17 @@ def launch_config(in_channels: int, out_channels: int) -> ConvTile:
 # (in channels, out channels, kernel taps) of the convs this kernel measured faster than cuDNN's on the H200
 # (bf16, docs/tuning.md section 1); everything else keeps cuDNN's conv.
 _FASTER_THAN_CUDNN = frozenset({(96, 96, 27)})
+
+
+# (in channels, out channels) of the convs whose fused norm epilogue (`conv3d_channels_last_norm_padded`) measured
+# faster on the H200 than the conv with a raw output plus the norm kernel. None yet: at 96 -> 96 @ 4x720x1280
+# it took 5.16 ms against 4.66 (154 registers per thread: one program per SM, docs/tuning.md section 1.6).
+_NORM_EPILOGUE_FASTER: frozenset = frozenset()
+
+
+def norm_epilogue_chosen(in_channels: int, out_channels: int) -> bool:
+    """Whether the Wan pair op fuses the next norm into this conv's epilogue (else conv, then the norm kernel)."""
+    return (in_channels, out_channels) in _NORM_EPILOGUE_FASTER
 
 
 def chosen(in_channels: int, out_channels: int, taps: int) -> bool:
@@ -167,11 +178,14 @@ if triton is not None:
     def _load_rows(desc, b, t, h, w0, n0, C, T, H, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr):
         """The [BLOCK_M pixels, BLOCK_N channels] tile at (b, t, h, w0.., n0..) of a tensor whose descriptor views
-        it as [B*T*H, W, C] (MODE 1, channels-last) or [B*C, T*H, W] (MODE 2, NCDHW); TMA zero-fills past W."""
+        it as [B*T*H, W, C] (MODE 1, channels-last), [B*C, T*H, W] (MODE 2, NCDHW) or [B*T*C, H, W] (MODE 3,
+        frame-major: a per-frame conv's output); TMA zero-fills past W."""
         if MODE == 1:
             return tl.reshape(desc.load([(b * T + t) * H + h, w0, n0]), [BLOCK_M, BLOCK_N])
-        else:
+        elif MODE == 2:
             return tl.trans(tl.reshape(desc.load([b * C + n0, t * H + h, w0]), [BLOCK_N, BLOCK_M]))
+        else:
+            return tl.trans(tl.reshape(desc.load([(b * T + t) * C + n0, h, w0]), [BLOCK_N, BLOCK_M]))
 
     @triton.jit
     def _store_rows(desc, tile, b, t, h, w0, n0, C, T, H, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -179,8 +193,10 @@ if triton is not None:
         """`_load_rows`' tile stored (TMA clips it at the tensor's W and C)."""
         if MODE == 1:
             desc.store([(b * T + t) * H + h, w0, n0], tl.reshape(tile, [1, BLOCK_M, BLOCK_N]))
-        else:
+        elif MODE == 2:
             desc.store([b * C + n0, t * H + h, w0], tl.reshape(tl.trans(tile), [BLOCK_N, 1, BLOCK_M]))
+        else:
+            desc.store([(b * T + t) * C + n0, h, w0], tl.reshape(tl.trans(tile), [BLOCK_N, 1, BLOCK_M]))
 
     @triton.jit
     def _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
@@ -310,13 +326,15 @@ def _row_offsets_wide(shape: tuple[int, ...], *strides: tuple[int, ...]) -> bool
 
 def _row_view(t: Tensor) -> Optional[tuple[Tensor, int]]:
     """(3-D view, mode) of a [B, C, T, H, W] tensor for `_load_rows` / `_store_rows`: channels-last memory as
-    [B*T*H, W, C] (mode 1), NCDHW as [B*C, T*H, W] (mode 2); None for other strides or rows TMA cannot address
-    (16-byte aligned base and strides)."""
+    [B*T*H, W, C] (mode 1), NCDHW as [B*C, T*H, W] (mode 2), frame-major (B, T, C, H, W memory) as [B*T*C, H, W]
+    (mode 3); None for other strides or rows TMA cannot address (16-byte aligned base and strides)."""
     b, c, frames, h, w = t.shape
     if t.is_contiguous(memory_format=torch.channels_last_3d):
         view, mode = t.permute(0, 2, 3, 4, 1).reshape(b * frames * h, w, c), 1
     elif t.is_contiguous():
         view, mode = t.reshape(b * c, frames * h, w), 2
+    elif t.transpose(1, 2).is_contiguous():
+        view, mode = t.transpose(1, 2).reshape(b * frames * c, h, w), 3
     else:
         return None
     size = t.element_size()

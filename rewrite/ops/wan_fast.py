@@ -98,12 +98,16 @@ def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bi
 def pair_reason(first_out_channels: int, first_in_channels: int, second_in_shape, second_weight_shape,
                 dtype: torch.dtype, act: Optional[str]) -> Optional[str]:
     """None when the first conv's kernel may normalize its output straight into the second conv's padded
-    input (one program holds all its output channels; the second conv served too, `conv_reason`); else why
-    the pair runs as two `rms_norm_causal_conv3d_fast` ops."""
+    input (one program holds all its output channels, `triton_conv3d.norm_epilogue_chosen` measured it
+    faster, the second conv is served too: `conv_reason`); else why the pair runs as two
+    `rms_norm_causal_conv3d_fast` ops."""
     if act not in ("silu", None):
         return f"activation {act!r} after the second norm (SiLU or none is fused)"
     tile = triton_conv3d.launch_config(first_in_channels, first_out_channels)
     reason = triton_conv3d.norm_epilogue_reason(first_out_channels, tile)
+    if reason is None and not triton_conv3d.norm_epilogue_chosen(first_in_channels, first_out_channels):
+        reason = (f"the fused norm epilogue measured slower than the conv plus the norm kernel for "
+                  f"{first_in_channels} -> {first_out_channels} channels")
     return reason if reason is not None else conv_reason(second_in_shape, second_weight_shape, dtype)
 
 
