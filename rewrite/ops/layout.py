@@ -95,6 +95,81 @@ def cat_memory_format(*tensors: Tensor) -> torch.memory_format:
     return formats.pop() if len(formats) == 1 else torch.contiguous_format
 
 
+def strides_memory_format(shape, strides) -> torch.memory_format:
+    """`suggest_memory_format` of a tensor of this shape and these strides (a view, say), without making it."""
+    if torch._prims_common.are_strides_like_channels_last_or_false(shape, strides):
+        return torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    return torch.contiguous_format
+
+
+# ---- plain layouts: what lets the fakes decide layouts without making tensors ------------------------------
+#: physical dim orders (as `torch.empty_permuted` takes them) of the 5-D layouts `plain_order` recognises
+CONTIGUOUS_ORDER, CHANNELS_LAST_ORDER, FRAME_MAJOR_ORDER = (0, 1, 2, 3, 4), (0, 2, 3, 4, 1), (0, 2, 1, 3, 4)
+
+
+def _expr(n):
+    """A size or stride as something `==` compares structurally (a SymInt's sympy expression): no guard."""
+    return n.node.expr if isinstance(n, torch.SymInt) else n
+
+
+def _at_least(n, low: int) -> bool:
+    """`n >= low` for a size, decided without a guard (a SymInt: from its value range)."""
+    if not isinstance(n, torch.SymInt):
+        return n >= low
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(n >= low)
+
+
+def plain_shape(shape) -> bool:
+    """A 5-D [b, c, t, h, w] shape whose plain layouts cannot be confused: a static frame count, no size 0, and
+    channels, height and width of 2 or more (known without a guard)."""
+    return (len(shape) == 5 and isinstance(shape[2], int) and all(_at_least(n, 1) for n in shape)
+            and all(_at_least(shape[d], 2) for d in (1, 3, 4)))
+
+
+def order_strides(shape, order) -> list:
+    """The strides `torch.empty_permuted(shape, order)` gives (sizes >= 1)."""
+    strides: list = [0] * len(shape)
+    step = 1
+    for d in reversed(order):
+        strides[d] = step
+        step = step * shape[d]
+    return strides
+
+
+def order_memory_format(order) -> torch.memory_format:
+    """What `suggest_memory_format` says of a tensor laid out plainly in `order`."""
+    return torch.channels_last_3d if tuple(order) == CHANNELS_LAST_ORDER else torch.contiguous_format
+
+
+def plain_order(t: Tensor) -> Optional[tuple]:
+    """The dim order in which the 5-D `t` is laid out as a fresh tensor of its shape would be, where
+    `plain_shape` holds: `CONTIGUOUS_ORDER` (a single frame's stride aside), `CHANNELS_LAST_ORDER` or, with 2 or
+    more frames, `FRAME_MAJOR_ORDER` (strides compared as expressions); else None.
+
+    ATen's layout decisions about such a tensor follow from its order alone: `suggest_memory_format` says
+    `order_memory_format(order)`, and `empty_like` of it, or of a view of some of its frames, is laid out in
+    `order` (the strides are strictly ordered: ATen's stride sort has no tie to break). The fakes use that to
+    skip making and viewing intermediate tensors."""
+    if t.dim() != 5 or not plain_shape(t.shape):
+        return None
+    shape, strides = t.shape, [_expr(s) for s in t.stride()]
+    for order in (CONTIGUOUS_ORDER, CHANNELS_LAST_ORDER, FRAME_MAJOR_ORDER):
+        if order == FRAME_MAJOR_ORDER and shape[2] < 2:
+            break
+        if all(a == _expr(b) or (order == CONTIGUOUS_ORDER and d == 2 and shape[2] == 1)
+               for d, (a, b) in enumerate(zip(strides, order_strides(shape, order)))):
+            return order
+    return None
+
+
+def empty_in_order(shape, like: Tensor, order) -> Tensor:
+    """An empty tensor of `like`'s dtype and device laid out in `order` (what `empty_like` of a tensor so laid
+    out makes)."""
+    return torch.empty_permuted(shape, order, dtype=like.dtype, device=like.device)
+
+
 def empty(shape, like: Tensor, memory_format: torch.memory_format = torch.contiguous_format) -> Tensor:
     """An empty tensor of `like`'s dtype and device in `memory_format`."""
     return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=memory_format)

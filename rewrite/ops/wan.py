@@ -80,10 +80,43 @@ def _padded_format(x: Tensor, cache: Optional[Tensor], mode: str) -> torch.memor
     return cat_memory_format(x) if mode == "chunk0" or cache is None else cat_memory_format(cache, x)
 
 
+def _plain_causal_layouts(x_shape, x_order: Optional[tuple], cache: Optional[Tensor], mode: str):
+    """(padded input's memory format, next cache's shape, what lays the next cache out) that
+    `causal_conv_input_reference` gives an x of `x_shape` laid out plainly in `x_order` (`layout.plain_order`),
+    decided from the layouts alone; None where that shortcut does not apply (the fakes then make the
+    intermediate tensors). The next cache is laid out in a dim order (mode steady: `empty_like` of x's last
+    frames keeps x's order) or in a memory format (the other modes `cat` x's last frames with zeros like them
+    in chunk 0, else with the cache's last frame, whose suggested format is read from the cache's strides: a
+    view keeps them)."""
+    if x_order is None or cache is not None and (cache.dim() != 5 or not isinstance(cache.shape[2], int)):
+        return None
+    b, c, t, h, w = x_shape
+    x_format = layout.order_memory_format(x_order)
+    own = mode == "chunk0" or cache is None
+    padded_format = x_format if own or layout.suggest_memory_format(cache) == x_format else torch.contiguous_format
+    if mode == "steady":
+        return padded_format, (b, c, min(t, 2), h, w), ("order", x_order)
+    first = x_format if own else layout.strides_memory_format(
+        (cache.shape[0], cache.shape[1], min(cache.shape[2], 1), cache.shape[3], cache.shape[4]), cache.stride())
+    return padded_format, (b, c, 2, h, w), ("format", x_format if first == x_format else torch.contiguous_format)
+
+
+def _plain_empty(shape, like: Tensor, how: tuple) -> Tensor:
+    """The empty tensor `_plain_causal_layouts` describes: ("order", dim order) or ("format", memory format)."""
+    kind, value = how
+    return layout.empty_in_order(shape, like, value) if kind == "order" else layout.empty(shape, like, value)
+
+
 def _causal_conv_input_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str) -> tuple[Tensor, Tensor]:
     """(padded input, next cache) as `causal_conv_input_reference` lays them out. The next cache: mode steady
     clones x's last two frames (their layout); the other modes `cat` two 1-frame pieces, zeros like x's last
-    frames or the cache's last frame, and x's last frames."""
+    frames or the cache's last frame, and x's last frames. A plainly laid out x (`_plain_causal_layouts`) makes
+    two tensors only: making and viewing fakes of symbolic sizes was most of what the rewrites cost."""
+    plain = _plain_causal_layouts(x.shape, layout.plain_order(x), cache, mode)
+    if plain is not None:
+        padded_format, next_shape, next_layout = plain
+        return (layout.empty(padded_shape(x.shape, cache, pad, mode), x, padded_format),
+                _plain_empty(next_shape, x, next_layout))
     padded = layout.empty(padded_shape(x.shape, cache, pad, mode), x, _padded_format(x, cache, mode))
     tail = torch.empty_like(x[:, :, -2:])
     if mode == "steady":
@@ -186,10 +219,37 @@ def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str,
     return out, channels_last_cache(next_cache)
 
 
+def _plain_causal_conv3d_fake(x: Tensor, x_order: Optional[tuple], cache: Optional[Tensor], pad: list[int],
+                              mode: str, weight: Tensor, bias: Optional[Tensor],
+                              channels_last_out: bool = False) -> Optional[tuple[Tensor, Tensor]]:
+    """`_causal_conv3d_fake`'s outputs (with `channels_last_out`, the raw output channels-last) where the conv's
+    input, x or a tensor of x's shape, dtype and device, is laid out plainly in `x_order` and its padded input
+    is contiguous, without making the padded input or the conv's output; None where that does not hold.
+
+    A conv of a contiguous input and a contiguous weight is contiguous on every backend (cuDNN and oneDNN go
+    channels-last only for a channels-last operand); the add of a residual (`_conv_add_fake`) and `_like`
+    keep it. The next cache, plainly laid out with 2 or more channels, is channels-last already (it is then
+    returned as it is) or is copied so (`layout.channels_last_cache`)."""
+    plain = _plain_causal_layouts(x.shape, x_order, cache, mode)
+    if (plain is None or plain[0] != torch.contiguous_format or weight.dim() != 5 or not isinstance(x.shape[1], int)
+            or weight.shape[1] != x.shape[1]
+            or any(t is not None and (t.dtype != x.dtype or t.device != x.device) for t in (weight, bias))):
+        return None  # a channels-last padded input, or a call the conv refuses: the general fake decides
+    _, next_shape, next_layout = plain
+    out_shape = conv_output_shape(padded_shape(x.shape, cache, pad, mode), weight.shape)
+    out = layout.empty(out_shape, x, torch.channels_last_3d if channels_last_out else torch.contiguous_format)
+    if next_layout in (("order", layout.CHANNELS_LAST_ORDER), ("format", torch.channels_last_3d)):
+        return out, _plain_empty(next_shape, x, next_layout)
+    return out, layout.empty(next_shape, x, torch.channels_last_3d)
+
+
 def _causal_conv3d_fake(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                         bias: Optional[Tensor], residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """`causal_conv3d_reference`'s output layout (the conv of the padded input, the add's), a channels-last
     next cache."""
+    fast = _plain_causal_conv3d_fake(x, layout.plain_order(x), cache, pad, mode, weight, bias)
+    if fast is not None:
+        return fast
     padded, next_cache = _causal_conv_input_fake(x, cache, pad, mode)
     out = aten.conv3d.default(padded, aten.contiguous.default(weight), bias)
     out = _like(out) if residual is None else _conv_add_fake(out)
@@ -295,6 +355,13 @@ def _rms_norm_causal_conv3d_fake(x, gamma, scale, norm_bias, eps, upcast, act, c
     """The outputs `rms_norm_causal_conv3d_reference` returns, as empty tensors of their layouts (also the
     fake of the ``channels_last`` twin, `rewrite.ops.wan_fast`)."""
     # as the reference: a deferred bias completed on the contiguous tensor, the norm in its input's layout
+    if x_bias is None:
+        normalized_order = layout.plain_order(x)  # empty_like of a plainly laid out tensor: laid out the same
+    else:
+        normalized_order = layout.CONTIGUOUS_ORDER if x.dim() == 5 and layout.plain_shape(x.shape) else None
+    fast = _plain_causal_conv3d_fake(x, normalized_order, cache, pad, mode, weight, bias, channels_last_out)
+    if fast is not None:
+        return fast
     normalized = torch.empty_like(x) if x_bias is None else layout.empty(x.shape, x)
     if residual is not None and residual_bias is not None:
         residual = layout.empty(residual.shape, residual)
