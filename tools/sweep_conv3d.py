@@ -124,12 +124,14 @@ def main(argv=None) -> int:
 
 
 def _epilogue_tiles(triton_conv3d, in_channels: int, out_channels: int) -> list:
-    """`launch_config`'s tile and, for 96 outputs, the 128-pixel split tiles on 8 warps (fewer registers per
-    thread: two programs fit an SM with any epilogue, docs/tuning.md section 1)."""
+    """`launch_config`'s tile and, for 96 outputs, the same capped at 128 registers per thread (ptxas spills the
+    rest: two programs fit an SM with any epilogue) and the 128-pixel split tile on 8 warps (docs/tuning.md
+    section 1.6)."""
     tiles = [triton_conv3d.launch_config(in_channels, out_channels)]
     if out_channels == 96:
         k = tiles[0].block_k
-        tiles += [triton_conv3d.ConvTile(128, 64, k, 8, 4, split96=True), triton_conv3d.ConvTile(128, 64, k, 8, 3, split96=True)]
+        tiles += [triton_conv3d.ConvTile(256, 64, k, 8, 4, split96=True, max_registers=128),
+                  triton_conv3d.ConvTile(128, 64, k, 8, 4, split96=True)]
     return tiles
 
 

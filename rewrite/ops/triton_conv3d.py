@@ -62,7 +62,8 @@ MIN_OUT_CHANNELS = 16  # the smallest tensor-core tile side
 class ConvTile(NamedTuple):
     """A launch configuration: `block_m` output pixels x `block_n` output channels per program (`split96`: 64 +
     32 channels in two accumulators), `block_k` input channels per step, `warps`, pipeline `stages`,
-    `warp_specialize` (Triton's warp-specialized loop: producer warps issue the TMA loads)."""
+    `warp_specialize` (Triton's warp-specialized loop: producer warps issue the TMA loads), `max_registers`
+    (Triton's `maxnreg`; ignored by the interpreter)."""
 
     block_m: int
     block_n: int
@@ -71,6 +72,7 @@ class ConvTile(NamedTuple):
     stages: int
     split96: bool = False
     warp_specialize: bool = False
+    max_registers: Optional[int] = None  # ptxas's cap per thread (spilling past it): 128 lets two programs share an SM
 
 
 def _block_k(channels: int) -> int:
@@ -215,15 +217,27 @@ if triton is not None:
                     BLOCK_N)
 
     @triton.jit
-    def _normalized(y, n0, inv_norm, w, gamma_ptr, C_OUT, W_OUT, nbias, SILU: tl.constexpr, BLOCK_N: tl.constexpr):
-        """The Wan norm (+ SiLU) of the fp32 tile y (channels n0..; `inv_norm` = scale / its pixels' clamped
-        channel norms) in fp32, rounded once; 0 at pixels past the row end (the next input's right pad)."""
+    def _inverse_norm(squares, scale, eps):
+        """`scale / max(sqrt(squares), eps)` per pixel, as a column to broadcast (clamp_min: NaN stays NaN)."""
+        norm = tl.sqrt(squares)
+        return (scale / tl.where(norm < eps, eps, norm))[:, None]
+
+    @triton.jit
+    def _store_normalized(y, n0, inv_norm, w, pad_row, pad_col, cache_row, cache_col, IN_CACHE, pad_desc,
+                          cache_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+        """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
+        norms) in fp32, rounded once, stored by TMA into the next conv's padded input row (0 past the row end:
+        its right pad) and, IN_CACHE, the next cache's row (both channels-last)."""
         n = n0 + tl.arange(0, BLOCK_N)
         gamma = tl.load(gamma_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
-        v = y * inv_norm * gamma + nbias
+        v = y.to(tl.float32) * inv_norm * gamma + nbias
         if SILU:
             v = v * tl.sigmoid(v)
-        return tl.where((w < W_OUT)[:, None], v, 0.0)
+        v = tl.reshape(_round(tl.where((w < W_OUT)[:, None], v, 0.0), y.dtype), [1, BLOCK_M, BLOCK_N])
+        pad_desc.store([pad_row, pad_col, n0], v)
+        if IN_CACHE:
+            cache_desc.store([cache_row, cache_col, n0], v)
 
     @triton.jit
     def _conv3d_kernel(a_desc, w_desc, w2_desc, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, bias_ptr, res_ptr,
@@ -265,26 +279,28 @@ if triton is not None:
         w = w0 + tl.arange(0, BLOCK_M)
         if NORM:
             dtype: tl.constexpr = n_desc.dtype
-            y = _biased(acc, n0, bias_ptr, C_OUT, dtype, HAS_BIAS, BLOCK_N)  # the activation dtype: half the registers
-            squares = tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
-            if SPLIT96:
-                y2 = _biased(acc2, 64, bias_ptr, C_OUT, dtype, HAS_BIAS, 32)
-                squares += tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1)
-            norm = tl.sqrt(squares)
-            inv_norm = (scale / tl.where(norm < eps, eps, norm))[:, None]  # clamp_min: NaN stays NaN
             pad_row = (b * TO + FT + t) * HO + PH + h
             slot = t - SLOT0
             cache_row = (b * 2 + slot) * H_OUT + h
             in_cache = (slot >= 0) & (slot < 2)
-            if SPLIT96:  # the narrow accumulator first (fewer registers live)
-                v2 = _round(_normalized(y2.to(tl.float32), 64, inv_norm, w, gamma_ptr, C_OUT, W_OUT, nbias, SILU, 32), dtype)
-                n2_desc.store([pad_row, PW + w0, 64], tl.reshape(v2, [1, BLOCK_M, 32]))
-                if in_cache:
-                    o2_desc.store([cache_row, w0, 64], tl.reshape(v2, [1, BLOCK_M, 32]))
-            v = _round(_normalized(y.to(tl.float32), n0, inv_norm, w, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_N), dtype)
-            n_desc.store([pad_row, PW + w0, n0], tl.reshape(v, [1, BLOCK_M, BLOCK_N]))
-            if in_cache:
-                o_desc.store([cache_row, w0, n0], tl.reshape(v, [1, BLOCK_M, BLOCK_N]))
+            if SPLIT96:  # rounded at once (half the registers of the fp32 sums), stored 32 channels at a time
+                y = _biased(acc, 0, bias_ptr, C_OUT, dtype, HAS_BIAS, 64)
+                y2 = _biased(acc2, 64, bias_ptr, C_OUT, dtype, HAS_BIAS, 32)
+                squares = (tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
+                           + tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1))
+                inv_norm = _inverse_norm(squares, scale, eps)
+                _store_normalized(y2, 64, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, o2_desc,
+                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_M, 32)
+                ya, yb = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, 32]), [0, 2, 1]))
+                _store_normalized(ya, 0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, o2_desc,
+                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_M, 32)
+                _store_normalized(yb, 32, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, o2_desc,
+                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_M, 32)
+            else:
+                y = _biased(acc, n0, bias_ptr, C_OUT, dtype, HAS_BIAS, BLOCK_N)
+                inv_norm = _inverse_norm(tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1), scale, eps)
+                _store_normalized(y, n0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n_desc, o_desc,
+                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_M, BLOCK_N)
         elif OUT_MODE != 0:
             if SPLIT96:  # the narrow accumulator first: fewer registers live while the residual tile is
                 _epilogue_rows(acc2, 64, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
@@ -394,7 +410,7 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
            HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None, SILU=silu, OUT_MODE=out_mode,
            RES_MODE=res_mode, SPLIT96=tile.split96, WIDE=wide, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
            BLOCK_K=tile.block_k, STAGES=tile.stages, WARP_SPECIALIZE=tile.warp_specialize, num_warps=tile.warps,
-           exact=False)
+           exact=False, **({"maxnreg": tile.max_registers} if tile.max_registers and not INTERPRETING else {}))
 
 
 def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
