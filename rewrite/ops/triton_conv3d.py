@@ -53,7 +53,8 @@ except ImportError:  # pragma: no cover - Triton before host tensor descriptors
     TensorDescriptor = None
 
 __all__ = ["ConvTile", "SUPPORTED_DTYPES", "chosen", "conv3d_channels_last", "conv3d_channels_last_norm_padded",
-           "launch_config", "norm_epilogue_chosen", "norm_epilogue_reason", "unsupported_reason"]
+           "launch_config", "norm_epilogue_chosen", "norm_epilogue_reason", "norm_launch_config",
+           "unsupported_reason"]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 MIN_OUT_CHANNELS = 16  # the smallest tensor-core tile side
@@ -92,10 +93,16 @@ def launch_config(in_channels: int, out_channels: int) -> ConvTile:
 _FASTER_THAN_CUDNN = frozenset({(96, 96, 27)})
 
 
-# (in channels, out channels) of the convs whose fused norm epilogue (`conv3d_channels_last_norm_padded`) measured
-# faster on the H200 than the conv with a raw output plus the norm kernel. None yet: at 96 -> 96 @ 4x720x1280
-# it took 5.16 ms against 4.66 (154 registers per thread: one program per SM, docs/tuning.md section 1.6).
-_NORM_EPILOGUE_FASTER: frozenset = frozenset()
+def norm_launch_config(in_channels: int, out_channels: int) -> ConvTile:
+    """The tile of the fused norm epilogue (`conv3d_channels_last_norm_padded`): `launch_config`'s, capped at 128
+    registers per thread so that two programs share an SM (docs/tuning.md section 1.6)."""
+    return launch_config(in_channels, out_channels)._replace(max_registers=128)
+
+
+# (in channels, out channels) of the convs whose fused norm epilogue measured faster on the H200 than the conv
+# with a raw output plus the norm kernel: 96 -> 96 @ 4x720x1280, 4.01 ms against 4.52-4.56 with the capped tile
+# (5.07 uncapped: 139 registers, one program per SM; docs/tuning.md section 1.6).
+_NORM_EPILOGUE_FASTER: frozenset = frozenset({(96, 96)})
 
 
 def norm_epilogue_chosen(in_channels: int, out_channels: int) -> bool:
@@ -455,7 +462,7 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
     multiply by the reciprocal norm, Triton's sigmoid) and rounds once, where ATen rounds after each op."""
     shape = _checked_shapes(padded, weight, bias)
     batch, out_channels, frames, rows, columns = shape
-    tile = config or launch_config(padded.shape[1], out_channels)
+    tile = config or norm_launch_config(padded.shape[1], out_channels)
     reason = norm_epilogue_reason(out_channels, tile)
     if reason is not None:
         raise ValueError(f"conv3d_channels_last_norm_padded: {reason}")

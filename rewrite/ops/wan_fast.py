@@ -103,7 +103,7 @@ def pair_reason(first_out_channels: int, first_in_channels: int, second_in_shape
     `rms_norm_causal_conv3d_fast` ops."""
     if act not in ("silu", None):
         return f"activation {act!r} after the second norm (SiLU or none is fused)"
-    tile = triton_conv3d.launch_config(first_in_channels, first_out_channels)
+    tile = triton_conv3d.norm_launch_config(first_in_channels, first_out_channels)
     reason = triton_conv3d.norm_epilogue_reason(first_out_channels, tile)
     if reason is None and not triton_conv3d.norm_epilogue_chosen(first_in_channels, first_out_channels):
         reason = (f"the fused norm epilogue measured slower than the conv plus the norm kernel for "
