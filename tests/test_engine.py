@@ -219,6 +219,38 @@ def test_multi_output_pattern_replaces_both_outputs():
         assert torch.equal(a, b)
 
 
+def test_later_anchors_try_only_candidates_that_match_alone(monkeypatch):
+    """A multi-output pattern: the same matches as SubgraphMatcher's plain backtracking, with fewer node
+    comparisons (each later anchor's candidates are cut to those that match alone first)."""
+    from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
+
+    from rewrite.engine import matcher
+
+    class TwoSinks(Block):  # the norm's output and a copy of its input's last frames: two pattern sinks
+        def forward(self, x):  # (and copies of other frames, which the second sink's candidates include)
+            return self.act(self.norm1(x)), x[:, :, -2:].clone(), *(x[:, :, i : i + 1].clone() for i in range(3))
+
+    def search_two(x, gamma, scale, bias):
+        return search(x, gamma, scale, bias, "silu"), aten.clone.default(aten.slice.Tensor(x, 2, -2, MAX))
+
+    two = Pattern(name="two_sinks", search=search_two, replace=replace_with_cache, exactness="exact",
+                  level="lossless", scalars=("scale", "bias"))
+    gm = capture(Decoder(*(TwoSinks(scale=s) for s in (2.0, 3.0, 4.0, 5.0))))
+    calls = []
+    original = SubgraphMatcher._match_nodes
+    monkeypatch.setattr(SubgraphMatcher, "_match_nodes", lambda self, *args: calls.append(1) or original(self, *args))
+
+    def found():
+        calls.clear()
+        result = find_matches(gm, two)
+        return [[(p.name, g.name) for p, g in m.nodes.items()] for m in result.matches], len(calls)
+
+    cut, cut_calls = found()
+    monkeypatch.setattr(matcher._LiteralPlaceholderMatcher, "match", SubgraphMatcher.match)
+    plain, plain_calls = found()
+    assert len(cut) == 4 and cut == plain and cut_calls < plain_calls
+
+
 def test_outside_user_placed_between_the_outputs_is_reordered_after_the_replacement():
     class ScaledThenCached(nn.Module):
         def __init__(self):

@@ -172,10 +172,32 @@ class _LiteralPlaceholderMatcher(SubgraphMatcher):
     def __init__(self, pattern_graph: fx.Graph) -> None:
         super().__init__(pattern_graph, match_output=False, match_placeholder=False,
                          remove_overlapping_matches=False, ignore_literals=False)
+        self._anchor_candidates: dict[fx.Node, set[fx.Node]] | None = None
+
+    def match(self, graph: fx.Graph, node_name_match: str = "") -> list[InternalMatch]:
+        """SubgraphMatcher's matches. For a pattern of several outputs its backtracking tries, for every partial
+        match of the earlier anchors, every candidate of the next one; the later anchors' candidates are first
+        cut to the nodes each matches alone (a necessary condition: the same matches, in the same order)."""
+        self._anchor_candidates = None
+        if len(self.pattern_anchors) > 1:
+            candidates = {}
+            for anchor in self.pattern_anchors[1:]:
+                candidates[anchor] = {gn for gn in graph.nodes if self._nodes_are_equal(anchor, gn, node_name_match)
+                                      and self._match_nodes(anchor, gn, InternalMatch(anchors=self.pattern_anchors),
+                                                            node_name_match)}
+            if not all(candidates.values()):  # (SubgraphMatcher would drop the anchor, then fail: see find_matches)
+                return []
+            self._anchor_candidates = candidates
+        try:
+            return super().match(graph, node_name_match)
+        finally:
+            self._anchor_candidates = None
 
     def _nodes_are_equal(self, pn: fx.Node, gn: fx.Node, node_name_match: str = "") -> bool:
         if _is_literal_placeholder(pn):
             return False
+        if self._anchor_candidates is not None and pn in self._anchor_candidates:
+            return gn in self._anchor_candidates[pn]
         return super()._nodes_are_equal(pn, gn, node_name_match)
 
     def _match_literals(self, pn: Any, gn: Any, match: InternalMatch) -> bool:
