@@ -15,6 +15,8 @@ post_quant_conv check, the caching allocator's blocks), then `--repeat` timed ro
   session   `rewrite.stream(vae, ...)`: a new clip, its latent frames pushed one at a time; the seconds of
             every push until its frames are returned (on the device: CUDA-synchronized)
 
+A session push raises where the per-frame post_quant_conv would differ from the whole clip's
+(`rewrite.runtime.stream.frame_local_post_quant_conv`); the tool then reports why and times the rest.
 Times are `time.perf_counter` around `torch.cuda.synchronize()` on CUDA (plain on CPU); the summary is the
 median over the rounds. Every round's stream and session pieces, concatenated along the frames, are checked
 `torch.equal` to that round's decode. Prints a table; `--json PATH` also writes the results.
@@ -117,8 +119,12 @@ def measure(args) -> dict:
         # untimed first round: what a first use of each way still does (checks, allocator blocks) is not timed
         _, result["first_round_decode_s"] = _timed(lambda: vae.decode(z).sample, device)
         result["first_round_stream_first_piece_s"], result["first_round_stream_s"], _ = _stream_round(vae, z, device)
-        pushes, result["first_round_session_s"], _ = _session_round(vae, z, device)
-        result["first_round_session_first_push_s"] = pushes[0]
+        try:  # a push raises where the per-frame post_quant_conv would differ from the whole clip's
+            pushes, result["first_round_session_s"], _ = _session_round(vae, z, device)
+            result["first_round_session_first_push_s"], result["session_error"] = pushes[0], None
+        except RuntimeError as error:
+            result["first_round_session_s"] = result["first_round_session_first_push_s"] = None
+            result["session_error"] = str(error)
         rounds = {"decode_s": [], "stream_s": [], "stream_first_piece_s": [], "session_s": [],
                   "session_first_push_s": [], "session_later_push_s": []}
         stream_equal = session_equal = True
@@ -130,22 +136,25 @@ def measure(args) -> dict:
             rounds["stream_s"].append(seconds)
             stream_equal = stream_equal and torch.equal(streamed, reference)
             del streamed
-            pushes, seconds, pushed = _session_round(vae, z, device)
-            rounds["session_s"].append(seconds)
-            rounds["session_first_push_s"].append(pushes[0])
-            rounds["session_later_push_s"].extend(pushes[1:])
-            session_equal = session_equal and torch.equal(pushed, reference)
-            del pushed, reference
+            if result["session_error"] is None:
+                pushes, seconds, pushed = _session_round(vae, z, device)
+                rounds["session_s"].append(seconds)
+                rounds["session_first_push_s"].append(pushes[0])
+                rounds["session_later_push_s"].extend(pushes[1:])
+                session_equal = session_equal and torch.equal(pushed, reference)
+                del pushed
+            del reference
         result["path"] = _path_of(report(vae))
     result["rounds"] = rounds
     for key in ("decode_s", "stream_s", "stream_first_piece_s", "session_s", "session_first_push_s"):
-        result[key] = _median(rounds[key])
+        result[key] = _median(rounds[key]) if rounds[key] else None
     later = rounds["session_later_push_s"]
     result["session_later_push_median_s"] = _median(later) if later else None
     result["session_later_push_max_s"] = max(later) if later else None
     result["stream_over_decode"] = result["stream_s"] / result["decode_s"]
-    result["session_over_decode"] = result["session_s"] / result["decode_s"]
-    result["stream_bit_identical"], result["session_bit_identical"] = stream_equal, session_equal
+    served = result["session_error"] is None
+    result["session_over_decode"] = result["session_s"] / result["decode_s"] if served else None
+    result["stream_bit_identical"], result["session_bit_identical"] = stream_equal, session_equal if served else None
     if device.type == "cuda":
         result["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return result
@@ -165,10 +174,14 @@ def format_table(r: dict) -> str:
             ("session", r["session_s"], r["session_over_decode"], _ms(r["session_first_push_s"]),
              "torch.equal" if r["session_bit_identical"] else "DIFFERS")]
     lines = [head, f"{'way':8s} {'total':>10s} {'/ decode':>9s} {'first piece':>12s}  frames"]
-    lines += [f"{name:8s} {seconds:>8.3f} s {ratio:>8.3f}x {first:>12s}  {equal}" for name, seconds, ratio, first, equal in rows]
-    lines.append(f"session pushes after the first: median {_ms(r['session_later_push_median_s'])}, "
-                 f"max {_ms(r['session_later_push_max_s'])}; untimed first round: first push "
-                 f"{_ms(r['first_round_session_first_push_s'])}, session {r['first_round_session_s']:.3f} s")
+    lines += [f"{name:8s} {seconds:>8.3f} s {ratio:>8.3f}x {first:>12s}  {equal}"
+              for name, seconds, ratio, first, equal in rows if seconds is not None]
+    if r["session_error"] is not None:
+        lines.append(f"session: not served ({r['session_error']})")
+    else:
+        lines.append(f"session pushes after the first: median {_ms(r['session_later_push_median_s'])}, "
+                     f"max {_ms(r['session_later_push_max_s'])}; untimed first round: first push "
+                     f"{_ms(r['first_round_session_first_push_s'])}, session {r['first_round_session_s']:.3f} s")
     lines.append(f"path: {r['path']}")
     return "\n".join(lines)
 
@@ -180,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2, default=str)
-    return 0 if result["stream_bit_identical"] and result["session_bit_identical"] else 1
+    return 0 if result["stream_bit_identical"] and result["session_bit_identical"] is not False else 1
 
 
 if __name__ == "__main__":
