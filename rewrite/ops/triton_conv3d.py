@@ -20,13 +20,16 @@ tile directly (rows past the row end are other pixels or zero fill: their output
 the weight tile ``[BLOCK_N, BLOCK_K]`` is a TMA load of the ``[O, kt*kh*kw*C]`` view of the channels-last
 weight (K-major, the layout the tensor cores read). The reduction runs tap by tap, channel block by channel
 block, in fp32; bias, the residual and its deferred bias are added to the fp32 accumulator and the sum is
-rounded once to the activation dtype.
+rounded once to the activation dtype. Outputs and residuals whose rows TMA can address (channels-last,
+NCDHW or frame-major, `_row_view`) are read and written through tensor descriptors, others by per-element
+pointers: the descriptors keep the epilogue under 128 registers per thread, so two programs share an SM and
+one's epilogue overlaps the other's main loop (docs/tuning.md section 1.6).
 
 Norm epilogue (`conv3d_channels_last_norm_padded`, the pair op of `rewrite.ops.wan_fast`): where one program
 holds every output channel of its pixels (the 64 + 32 split, or one channel block), it adds the bias, rounds
 once, takes the Wan RMS norm over the channels (gamma, scale, SiLU) in fp32 with one rounding, and stores
-the result straight into the next causal conv's padded channels-last input and
-next cache, so the conv's own output is never written.
+the result by TMA straight into the next causal conv's padded channels-last input and next cache, so the
+conv's own output is never written (`norm_launch_config`: the tile capped at 128 registers).
 
 Exactness: ``tolerance`` (level ``channels_last`` only). bf16/fp16 products are exact in fp32; the sum runs in
 another order than cuDNN's, and bias and residual are added before the one rounding (cuDNN + ATen round
