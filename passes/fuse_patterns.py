@@ -5,8 +5,8 @@ registry order, each pattern re-matched on the graph as the previous ones left i
 Exactness: as declared by each pattern (``exact`` at ``lossless``; ``tolerance`` patterns only at levels
 that allow them, by their declared level).
 Requires: canonicalize ran (patterns are written against the canonical form) and every node has
-``meta['val']``. Ensures: the graph lints; every new node has ``val``, the anchor's ``nn_module_stack`` and
-``meta['rewrite_pattern']``.
+``meta['val']``. Ensures: the graph lints and the module is recompiled once, after the last pattern; every
+new node has ``val``, the anchor's ``nn_module_stack`` and ``meta['rewrite_pattern']``.
 Stats: ``matches`` (pattern -> replaced), ``rejected`` (pattern -> [{node, reason}]), ``provenance``
 (pattern -> [{node, module, type, cross_check}]), ``nodes_added``, ``nodes_erased``.
 Observable: ``ctx.match_observer(pattern, match_result)`` runs before each pattern's matches are replaced.
@@ -35,7 +35,7 @@ def fuse_patterns(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
             {"node": m.anchor.name, "module": m.module_path, "type": m.module_type, "cross_check": m.cross_check()}
             for m in result.matches]
         stats["rejected"][pattern.name] = [{"node": r.match.anchor.name, "reason": r.reason} for r in result.rejected]
-        counts = replace_matches(gm, result.matches)
+        counts = replace_matches(gm, result.matches, recompile=False)  # once, below: matching reads the graph
         stats["matches"][pattern.name] = counts.total
         stats["nodes_added"] += counts.nodes_added
         stats["nodes_erased"] += counts.nodes_erased
@@ -43,4 +43,6 @@ def fuse_patterns(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         if disagreeing:
             ctx.log.append(f"fuse_patterns: {pattern.name} matched outside {pattern.module_types} at {disagreeing}")
     changed = any(stats["matches"].values())
+    if changed:
+        gm.recompile()
     return PassResult(gm, changed, stats)

@@ -147,8 +147,10 @@ def _stable_topological_order(graph: fx.Graph) -> None:
         previous.append(node)
 
 
-def replace_matches(gm: fx.GraphModule, matches: Iterable[Match]) -> RewriteCounts:
-    """Replace every match in ``gm`` (disjoint, from ``find_matches`` on this graph); return the counts."""
+def replace_matches(gm: fx.GraphModule, matches: Iterable[Match], recompile: bool = True) -> RewriteCounts:
+    """Replace every match in ``gm`` (disjoint, from ``find_matches`` on this graph); return the counts.
+    ``recompile=False`` leaves ``gm``'s code stale for a caller that edits the graph further and recompiles
+    once (matching reads the graph, not the code)."""
     graph = gm.graph
     counts = RewriteCounts()
     replaced: collections.Counter[str] = collections.Counter()
@@ -169,5 +171,6 @@ def replace_matches(gm: fx.GraphModule, matches: Iterable[Match]) -> RewriteCoun
         if _misordered(graph):
             _stable_topological_order(graph)
         graph.lint()
-        gm.recompile()
+        if recompile:
+            gm.recompile()
     return counts
