@@ -17,7 +17,7 @@ from rewrite.ops import dispatch, triton_conv3d, wan_fast
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_conv3d import ConvTile
-from tests.op_cases import kernel_gates_open
+from tests.op_cases import channels_last, frame_major, kernel_gates_open
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -76,12 +76,7 @@ def test_kernel_matches_the_conv(b, c, o, t, h, w, tile, dtype):
     _within_one_ulp(plain, F.conv3d(padded.double(), weight.double()), plain_magnitude, terms)
 
 
-def _frame_major(t):
-    return t.permute(0, 2, 1, 3, 4).contiguous().permute(0, 2, 1, 3, 4)
-
-
-EPILOGUE_LAYOUTS = {"ncdhw": lambda t: t.contiguous(), "channels_last": lambda t: t.contiguous(memory_format=CL),
-                    "frame_major": _frame_major,
+EPILOGUE_LAYOUTS = {"ncdhw": lambda t: t.contiguous(), "channels_last": channels_last, "frame_major": frame_major,
                     # w outermost: no row of w is contiguous, so the epilogue addresses elements by pointers
                     "channels_first_w": lambda t: t.permute(4, 0, 1, 2, 3).contiguous().permute(1, 2, 3, 4, 0)}
 

@@ -47,6 +47,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from rewrite.ops import layout
 from rewrite.ops.dispatch import INTERPRETING, triton
 from rewrite.ops.triton_launch import launch
 
@@ -153,9 +154,15 @@ if triton is not None:
             return tl.dot(a, b, acc)
 
     @triton.jit
+    def _per_channel(ptr, n, C_OUT):
+        """A per-channel vector (bias, deferred bias, gamma) at channels n as an fp32 row to broadcast."""
+        return tl.load(ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+
+    @triton.jit
     def _offsets(w, n, s_w, s_n, WIDE: tl.constexpr):
         """The [BLOCK_M, BLOCK_N] in-row offsets of pixels w and channels n: int32 unless WIDE (an offset within
-        one output row reaches 2^31); the row's own offset is one int64 scalar added to the base pointer."""
+        one output row reaches 2^31); the row's own offset is one int64 scalar added to the base pointer. (int64
+        tiles: 304 bytes of spills with a residual on sm_90, against 16.)"""
         if WIDE:
             return w.to(tl.int64)[:, None] * s_w + n.to(tl.int64)[None, :] * s_n
         else:
@@ -166,15 +173,15 @@ if triton is not None:
                   HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
                   BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
         """Add bias / residual (+ its deferred bias) to the fp32 tile of channels n0.. and store it rounded once
-        (`out_row` / `res_row`: the output / residual pointers advanced to the program's row)."""
+        (`out_row` / `res_row`: the output / residual pointers advanced to the program's row; any strides)."""
         n = n0 + tl.arange(0, BLOCK_N)
         mask = (w < W_OUT)[:, None] & (n < C_OUT)[None, :]
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+            acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
             r = tl.load(res_row + _offsets(w, n, sr4, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
             if HAS_RES_BIAS:
-                r += tl.load(rb_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+                r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
         tl.store(out_row + _offsets(w, n, so4, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
 
@@ -183,7 +190,7 @@ if triton is not None:
         """The conv output of channels n0.. rounded once to the activation dtype, its bias added first."""
         n = n0 + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+            acc += _per_channel(bias_ptr, n, C_OUT)
         return _round(acc, dtype)
 
     @triton.jit
@@ -217,11 +224,11 @@ if triton is not None:
         """`_epilogue` with the residual read and the output written by TMA (no per-element addresses)."""
         n = n0 + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+            acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
             r = _load_rows(r_desc, b, t, h, w0, n0, C_OUT, T_OUT, H_OUT, RES_MODE, BLOCK_M, BLOCK_N).to(tl.float32)
             if HAS_RES_BIAS:
-                r += tl.load(rb_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+                r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
         _store_rows(o_desc, _round(acc, o_desc.dtype), b, t, h, w0, n0, C_OUT, T_OUT, H_OUT, OUT_MODE, BLOCK_M,
                     BLOCK_N)
@@ -239,8 +246,7 @@ if triton is not None:
         """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
         norms) in fp32, rounded once, stored by TMA into the next conv's padded input row (0 past the row end:
         its right pad) and, IN_CACHE, the next cache's row (both channels-last)."""
-        n = n0 + tl.arange(0, BLOCK_N)
-        gamma = tl.load(gamma_ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
+        gamma = _per_channel(gamma_ptr, n0 + tl.arange(0, BLOCK_N), C_OUT)
         v = y.to(tl.float32) * inv_norm * gamma + nbias
         if SILU:
             v = v * tl.sigmoid(v)
@@ -345,11 +351,6 @@ def _checked_shapes(padded: Tensor, weight: Tensor, bias: Optional[Tensor]) -> t
     return batch, out_channels, tp - kt + 1, hp - kh + 1, wp - kw + 1
 
 
-def _row_offsets_wide(shape: tuple[int, ...], *strides: tuple[int, ...]) -> bool:
-    """Whether an offset within one output row (w, channel) of a tensor of these strides reaches 2^31."""
-    return any((shape[4] - 1) * abs(s[4]) + (shape[1] - 1) * abs(s[1]) >= 2 ** 31 for s in strides)
-
-
 def _row_view(t: Tensor) -> Optional[tuple[Tensor, int]]:
     """(3-D view, mode) of a [B, C, T, H, W] tensor for `_load_rows` / `_store_rows`: channels-last memory as
     [B*T*H, W, C] (mode 1), NCDHW as [B*C, T*H, W] (mode 2), frame-major (B, T, C, H, W memory) as [B*T*C, H, W]
@@ -359,7 +360,7 @@ def _row_view(t: Tensor) -> Optional[tuple[Tensor, int]]:
         view, mode = t.permute(0, 2, 3, 4, 1).reshape(b * frames * h, w, c), 1
     elif t.is_contiguous():
         view, mode = t.reshape(b * c, frames * h, w), 2
-    elif t.transpose(1, 2).is_contiguous():
+    elif layout.frame_major(t):
         view, mode = t.transpose(1, 2).reshape(b * frames * c, h, w), 3
     else:
         return None
@@ -371,6 +372,11 @@ def _row_view(t: Tensor) -> Optional[tuple[Tensor, int]]:
 
 def _rows_descriptor(view: Tensor, mode: int, block_m: int, block_n: int):
     return TensorDescriptor.from_tensor(view, [1, block_m, block_n] if mode == 1 else [block_n, 1, block_m])
+
+
+def _row_offsets_wide(shape: tuple[int, ...], *strides: tuple[int, ...]) -> bool:
+    """Whether an offset within one output row (w, channel) of a tensor of these strides reaches 2^31."""
+    return any((shape[4] - 1) * abs(s[4]) + (shape[1] - 1) * abs(s[1]) >= 2 ** 31 for s in strides)
 
 
 def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ...], bias: Optional[Tensor],
@@ -407,12 +413,10 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
         else:
             strides = [out.stride()] + ([residual.stride()] if residual is not None else [])
             wide = _row_offsets_wide(shape, *strides)
-    else:
+    else:  # both buffers channels-last (the caller checked): mode 1 rows
         gamma, next_cache, geometry, scale, norm_bias, eps, silu = norm
-        padded_rows = out.permute(0, 2, 3, 4, 1).reshape(-1, out.shape[4], out_channels)
-        cache_rows = next_cache.permute(0, 2, 3, 4, 1).reshape(-1, next_cache.shape[4], out_channels)
-        descriptors[0:2] = [_rows_descriptor(cache_rows, 1, tile.block_m, n) for n in blocks]
-        descriptors[4:6] = [_rows_descriptor(padded_rows, 1, tile.block_m, n) for n in blocks]
+        descriptors[0:2] = [_rows_descriptor(*_row_view(next_cache), tile.block_m, n) for n in blocks]
+        descriptors[4:6] = [_rows_descriptor(*_row_view(out), tile.block_m, n) for n in blocks]
     launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, *descriptors, bias if bias is not None else out, res,
            residual_bias if residual_bias is not None else out, out, gamma, out_channels, shape[2], shape[3],
            shape[4], tp, hp, wp, *out.stride(), *res.stride(), *geometry, float(scale), float(norm_bias), float(eps),

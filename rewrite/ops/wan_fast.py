@@ -121,6 +121,26 @@ def _pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2
             residual_bias, False)
 
 
+def _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2, weight2,
+                        residual, tensors):
+    """(x's norm plan, a tensor of the first conv's output shape for the shape checks) where the pair op's
+    kernel path serves the call (the first op's fused-norm conditions, both convs served, `pair_reason`); else
+    None: the two ops run."""
+    if not (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_pair_fast", tensors,
+                                      triton_conv3d.SUPPORTED_DTYPES) and gamma2.numel() == weight.shape[0]):
+        return None
+    in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, None)
+    if in_shape is None or conv_reason(in_shape, weight.shape, x.dtype) is not None:
+        return None
+    y_proxy = torch.empty((), dtype=x.dtype, device=x.device).expand(conv_output_shape(in_shape, weight.shape))
+    in_shape2 = _exact.channels_last_conv_input_shape(y_proxy, cache2, pad2, mode2, weight2, residual)
+    if in_shape2 is None or pair_reason(weight.shape[0], weight.shape[1], in_shape2, weight2.shape, x.dtype,
+                                        act2) is not None:
+        return None
+    plan = _exact.fused_norm_plan(x, upcast, act, None)
+    return None if plan is None else (plan, y_proxy)
+
+
 @reads_channels_last_weight("weight", "weight2")
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d_pair_fast", mutates_args=())
 def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float,
@@ -149,32 +169,23 @@ def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, nor
         raise ValueError("rms_norm_causal_conv3d_pair_fast: residual_bias without a residual")
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias)
                     if t is not None)
-    plan = None
-    if (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_pair_fast", tensors,
-                                  triton_conv3d.SUPPORTED_DTYPES)
-            and gamma2.numel() == weight.shape[0] and _serves(x, cache, pad, mode, weight, None)):
-        plan = _exact.fused_norm_plan(x, upcast, act, None)
-    if plan is not None:
-        in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, None)
-        y_shape = conv_output_shape(in_shape, weight.shape)
-        y_proxy = torch.empty((), dtype=x.dtype, device=x.device).expand(y_shape)  # a shape for the checks
-        in_shape2 = _exact.channels_last_conv_input_shape(y_proxy, cache2, pad2, mode2, weight2, residual)
-        if in_shape2 is not None and pair_reason(weight.shape[0], weight.shape[1], in_shape2, weight2.shape,
-                                                 x.dtype, act2) is None:
-            padded, next_cache = _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad,
-                                                               mode, plan, None)
-            cache2_read = cache2 if mode2 != "chunk0" else None
-            padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
-            triton_conv3d.conv3d_channels_last_norm_padded(
-                padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
-                padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
-            del padded  # the first conv's input: free before the second conv's output is allocated
-            shape = conv_output_shape(padded2.shape, weight2.shape)
-            out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype,
-                                      device=x.device)
-            triton_conv3d.conv3d_channels_last(padded2, weight2.contiguous(memory_format=CL), bias2, residual, out,
-                                               residual_bias)
-            return out, next_cache, next_cache2
+    served = _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2,
+                                 weight2, residual, tensors)
+    if served is not None:
+        plan, y_proxy = served
+        padded, next_cache = _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad,
+                                                           mode, plan, None)
+        cache2_read = cache2 if mode2 != "chunk0" else None
+        padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
+        triton_conv3d.conv3d_channels_last_norm_padded(
+            padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
+            padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+        del padded  # the first conv's input: free before the second conv's output is allocated
+        shape = conv_output_shape(padded2.shape, weight2.shape)
+        out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
+        triton_conv3d.conv3d_channels_last(padded2, weight2.contiguous(memory_format=CL), bias2, residual, out,
+                                           residual_bias)
+        return out, next_cache, next_cache2
     y, next_cache = rewrite_ops.rms_norm_causal_conv3d_fast.default(*first)
     out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
         *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
