@@ -29,6 +29,10 @@ class FakeAsyncMode:
         self.executor, self.exited, self.fail = executor, False, fail
         FakeAsyncMode.instances.append(self)
 
+    def submit(self, key, compile_fn, finalize_fn, cleanup_fn):
+        self.submitted = (key, compile_fn, finalize_fn, cleanup_fn)
+        return "future"
+
     def __enter__(self):
         return self
 
@@ -82,6 +86,28 @@ def test_inactive_without_async_compilation(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_compile_jobs_also_build_the_launcher(fake_triton, monkeypatch):
+    """The pool's compile job is Triton's compile followed by building that kernel's launcher; the callbacks
+    pass through unchanged."""
+    built = []
+    monkeypatch.setattr(compile_ahead, "_build_launcher", lambda kernel: built.append(kernel) or kernel)
+    with compile_ahead.compile_ahead(workers=1):
+        mode = fake_triton.instances[-1]
+        finalize, cleanup = object(), object()
+        assert mode.submit("key", lambda: "compiled kernel", finalize, cleanup) == "future"
+    key, job, *callbacks = mode.submitted
+    assert (key, callbacks) == ("key", [finalize, cleanup]) and built == []
+    assert job() == "compiled kernel" and built == ["compiled kernel"]
+
+
+def test_a_launcher_that_cannot_be_built_is_left_to_the_launch(caplog):
+    """A kernel object the driver cannot build a launcher for comes back unchanged, with a debug line."""
+    kernel = object()
+    with caplog.at_level(logging.DEBUG, logger="rewrite.ops.compile_ahead"):
+        assert compile_ahead._build_launcher(kernel) is kernel
+    assert "building the launcher ahead failed" in caplog.text
+
+
 def test_kernels_compiled_ahead_then_run_correctly():
     """On CUDA: the conv launched inside the context only compiles (no error, nothing required of its
     output); the same call afterwards runs the compiled kernel: within TF32 tolerance of an fp64 conv, per sample

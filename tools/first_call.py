@@ -8,7 +8,7 @@ to $OUT, or the current directory without it):
     python -m rewrite.tools.first_call --model wan2.1 --cases cold,disk_cold,disk_warm,warmup   # fewer cases
     python -m rewrite.tools.first_call --device cpu --config tiny --latent 4x6 --other 6x8 --latent-frames 3   # dry run
 
-Each case runs in a new Python process (bf16, lossless, 720x1280, 81 frames = 21 latent frames of 90x160):
+Each case runs in a new Python process (bf16, lossless, 720x1280, 81 frames = 21 latent frames of 90x160 for Wan 2.1, 45x80 for Wan 2.2):
 
   cold                   empty Triton cache, no disk cache (what a new container pays today)
   triton_warm            Triton's cache warm (from `cold`), no disk cache (the 37.4 s of issue 20)
@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+#: latent sizes of 720x1280 and 480x832 pixels: Wan 2.1 compresses 8x spatially, Wan 2.2 16x
+DEFAULT_LATENTS = {"wan2.1": ("90x160", "60x104"), "wan2.2": ("45x80", "30x52")}
 CASES = ("cold", "triton_warm", "disk_cold", "disk_warm", "disk_warm_triton_cold", "warmup", "second_size")
 
 
@@ -158,14 +160,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=300, help="seconds per case")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--config", default="full", choices=("full", "tiny"))
-    parser.add_argument("--latent", default="90x160", help="latent HxW of the main decode (720x1280 pixels)")
-    parser.add_argument("--other", default="60x104", help="latent HxW of case second_size's other size")
+    parser.add_argument("--latent", help="latent HxW of the main decode (default: 720x1280 pixels, 90x160 for "
+                        "wan2.1, 45x80 for wan2.2)")
+    parser.add_argument("--other", help="latent HxW of case second_size's other size (default: 480x832 pixels)")
     parser.add_argument("--latent-frames", type=int, default=21, help="latent frames (21: 81 pixel frames)")
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--case")
     parser.add_argument("--disk-cache")
     parser.add_argument("--no-disk-listing", dest="disk_listing", action="store_false")
     args = parser.parse_args()
+    main_size, other_size = DEFAULT_LATENTS[args.model]
+    args.latent, args.other = args.latent or main_size, args.other or other_size
     if args.child:
         print(json.dumps(child(args)), flush=True)
     else:
