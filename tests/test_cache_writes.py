@@ -93,3 +93,17 @@ def test_a_copy_waits_for_readers_of_views_of_its_cache():
     x, c0 = torch.arange(4.0), torch.arange(4.0) + 10
     (y,) = module(x, c0)
     assert torch.equal(y, torch.tensor([20.0, 22.0])) and torch.equal(c0, x * 3)
+
+
+def test_the_in_place_steady_step_is_built_once_per_graph():
+    """`steady_in_place` (what the CUDA-graph capture and the compile-ahead pass both run) returns the same
+    in-place step for the same steady graph, and a step whose graph copies every new cache into its input."""
+    from rewrite.runtime.wan import steady_in_place
+
+    vae = build_wan("wan2.1", "tiny")
+    _, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    step, late = steady_in_place(steady)
+    assert steady_in_place(steady)[0] is step and late == []
+    copies = [n for n in step.graph_module.graph.nodes if n.target is aten.copy_.default]
+    assert len(copies) == len(steady.user_input_names) - 1
+    assert step.graph_module is not steady.graph_module

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import weakref
 
 import torch
 from torch import nn
@@ -160,9 +161,10 @@ class WanRunner(DecoderRunner):
             start = time.perf_counter()
             try:
                 with compile_ahead.compile_ahead() as active:
-                    if active:
+                    if active:  # the steady step as captured: its new caches are not all alive at once
                         _, *caches = chunk0(chunk0.weights(decoder), x)
-                        steady(steady.weights(decoder), x, *caches)
+                        del _
+                        steady_in_place(steady)[0](steady.weights(decoder), x, *caches)
             except Exception as error:  # noqa: BLE001 - only a speed-up: the capture compiles what is missing
                 logger.warning("rewrite: compiling the Triton kernels ahead failed (%s: %s); they compile during the "
                                "capture", type(error).__name__, error)
@@ -363,11 +365,10 @@ class _WanCudaGraphs:
                 static.copy_(value)
             return [y]
 
-        module, late = write_caches_in_place(steady.graph_module, steady.user_input_names)
-        steady_in_place = dataclasses.replace(steady, graph_module=module)
+        step_in_place, late = steady_in_place(steady)
 
         def following(x, *caches):
-            y, *new = steady_in_place(weights, x, *caches)  # writes the other caches itself
+            y, *new = step_in_place(weights, x, *caches)  # writes the other caches itself
             for index, value in zip(late, new):
                 caches[index].copy_(value)
             return [y]
@@ -391,6 +392,20 @@ class _WanCudaGraphs:
     def next(self, x: torch.Tensor) -> torch.Tensor:
         self.x.copy_(x)
         return self._next.replay()[0]
+
+
+_IN_PLACE_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def steady_in_place(steady):
+    """`steady` with its new caches written into its cache inputs early (`write_caches_in_place`), and the
+    indices of the caches it still returns; built once per steady graph (the capture and the compile-ahead
+    pass run the same step, so the pass's peak memory is the capture's)."""
+    built = _IN_PLACE_STEPS.get(steady.graph_module)
+    if built is None:
+        module, late = write_caches_in_place(steady.graph_module, steady.user_input_names)
+        built = _IN_PLACE_STEPS[steady.graph_module] = (dataclasses.replace(steady, graph_module=module), late)
+    return built
 
 
 @torch.compiler.disable  # torch.compile on top runs this as it is: the graphs are already compiled
