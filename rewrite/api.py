@@ -16,42 +16,77 @@ from rewrite.levels import LEVELS, check_level
 from rewrite.pipeline import rewrite_graph
 from rewrite.reporting import Report, WarmupResult
 from rewrite.runtime.runner import installed_runner
-from rewrite.supported import runner_class_for
+from rewrite.supported import model_for
 
 logger = logging.getLogger("rewrite")
 
 
-def optimize(module: nn.Module, level: str = "lossless", **options) -> nn.Module:
+def optimize(module: nn.Module, level: str = "lossless", *, group=None, output: str | None = None,
+             **options) -> nn.Module:
     """Rewrite `module`'s decoder at `level` ("off", "lossless" (default), "channels_last").
 
     Returns the same object. Parameters stay the same tensor objects and `state_dict()` is unchanged.
+    Wan only: `group=` a `torch.distributed` ProcessGroup or a 1-D DeviceMesh makes `module.decode(z)` a
+    collective of that group's ranks (`rewrite.distributed.decode_sharded`, `output=` "all" (default),
+    "rank0" or "band" as there; `rewrite.distributed.sharding`); a later call without `group=` (or at
+    "off") makes it a local decode again.
     `options` go to the model's runner: for `AuKVAE`, `compile_shapes` (buckets in latent frames, default
     (160, 320, 640)), `tile_frames` (default the largest bucket), `max_graphs` (exact-length CUDA graphs
     kept before the generation is retired, default 8) and `cudnn_benchmark` (channels_last only: cuDNN times
     its algorithms during capture, default False). Both models: `cache_dir`, a directory where the rewritten
     graphs and the self-check verdicts are kept for later processes (`rewrite.runtime.disk_cache`; default
     None: the ``REWRITE_CACHE_DIR`` environment variable, off when unset; False: off).
-    Raises TypeError for an unsupported module or an option the model does not take, ValueError for an
-    unknown level or a bad option value.
+    Raises TypeError for an unsupported module, an option the model does not take or a `group=` that is no
+    ProcessGroup or DeviceMesh, ValueError for an unknown level, a bad option value or a mesh that is not 1-D.
     """
     check_level(level)
-    runner_class = runner_class_for(module)
+    model = model_for(module)
+    sharding = _sharding_for(module, model.family, level, group, output)
+    runner_class = model.runner_class()
     # Built first: a bad option raises before anything installed is touched (at "off" too: an option
     # misspelt there would be one misspelt at the other levels).
     runner = runner_class(module, LEVELS[-1] if level == "off" else level, rewrite_graph, **options)
     if level == "off":
         runner = None
+    fresh = _install_runner(module, runner_class, runner, options)
+    _set_sharding(module, sharding)
+    if fresh or sharding is not None:
+        logger.info("rewrite: %s optimized at level %r%s", type(module).__name__, level,
+                    "" if sharding is None else f", decode sharded (output={sharding.output!r})")
+    return module
+
+
+def _sharding_for(module: nn.Module, family: str, level: str, group, output):
+    """`rewrite.distributed.sharding.sharding_for`; None, importing nothing, without `group=` or `output=`."""
+    if group is None and output is None:
+        return None
+    from rewrite.distributed.sharding import sharding_for
+
+    return sharding_for(module, family, level, group, output)
+
+
+def _set_sharding(module: nn.Module, sharding) -> None:
+    """`rewrite.distributed.sharding.set_sharding`, imported only where it has something to do (a sharding
+    to install, or an instance `decode`, its `ENTRY_POINT`, that may be one to remove)."""
+    if sharding is not None or "decode" in module.__dict__:
+        from rewrite.distributed.sharding import set_sharding
+
+        set_sharding(module, sharding)
+
+
+def _install_runner(module: nn.Module, runner_class: type, runner, options: dict) -> bool:
+    """Install `runner` (None: none) in place of the module's runner, keeping the previous one where it is
+    configured the same (its graphs captured so far). Whether `runner` itself was installed."""
     previous = installed_runner(module)
     if previous is not None:
         runner_class.uninstall(module)
         if runner is not None and _same_configuration(previous, runner, options):
             previous.install(module)  # keep the graphs captured so far
-            return module
+            return False
     if runner is None:
-        return module
+        return False
     runner.install(module)
-    logger.info("rewrite: %s optimized at level %r", type(module).__name__, level)
-    return module
+    return True
 
 
 def _same_configuration(previous, runner, options: dict) -> bool:

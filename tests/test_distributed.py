@@ -54,6 +54,35 @@ def test_checksum_is_order_free_and_names_a_change():
     assert _checksum(u)[0] == _checksum(t)[0] and _checksum(u)[1] != _checksum(t)[1]
 
 
+def test_optimize_group_errors_copies_and_pickles_in_process():
+    """No process group here: a bad `group=`/`output=` raises before the installed runner changes; the
+    installed `vae.decode` (set directly, with a stand-in group) survives a deepcopy sharing its group, and
+    a pickle refuses it with the remedy."""
+    import copy
+    import pickle
+
+    from rewrite import optimize
+    from rewrite.distributed.sharding import Sharding, installed_sharding, set_sharding
+    from rewrite.models.wan import build_wan
+
+    vae = optimize(build_wan("wan2.1", "tiny"), "lossless")
+    runner = vae.__dict__["_rewrite_runner"]
+    with pytest.raises(TypeError, match="group= must be a torch.distributed ProcessGroup or a 1-D DeviceMesh"):
+        optimize(vae, "channels_last", group="world")
+    with pytest.raises(ValueError, match="output='band' is for a sharded decode; it needs group="):
+        optimize(vae, "channels_last", output="band")
+    assert vae.__dict__["_rewrite_runner"] is runner and "decode" not in vae.__dict__
+    sharding = Sharding(object(), "all")
+    set_sharding(vae, sharding)
+    twin = copy.deepcopy(vae)
+    assert installed_sharding(twin) is sharding and twin.decode.args[0] is twin
+    with pytest.raises(TypeError, match=r"cannot be pickled .* without group= first"):
+        pickle.dumps(vae)
+    optimize(vae, "lossless")
+    assert installed_sharding(vae) is None and "decode" not in vae.__dict__
+    assert vae.__dict__["_rewrite_runner"] is runner  # the same configuration: the runner is kept
+
+
 # ---- spawned ranks ------------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
@@ -179,6 +208,68 @@ def _failure_case(rank, world):
     return outcome
 
 
+def _optimize_case(version, reference_level):
+    """`optimize(vae, "lossless", group=...)`: a plain `vae.decode` is the sharded decode (outputs "all" and
+    "band"; the runner's `last_path` stays "none" while only the band mode, on a copy of the decoder, ran);
+    a call that decode_sharded decodes single-process (autograd on) goes through the class decode and the
+    runner; bad groups raise and change nothing; optimizing without group= restores the class decode.
+    The reference is the single-process decode at `reference_level`: "lossless" captures its graphs (~8 s
+    on 2 cores), "off" (diffusers, which lossless equals) captures nothing."""
+    def case(rank, world):
+        import copy
+
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+
+        from rewrite import optimize, report
+        from rewrite.distributed import output_rows
+        from rewrite.distributed.sharding import installed_sharding
+        from rewrite.models.auk import AuKConfig, AuKVAE
+        from rewrite.reporting import FallbackLog
+
+        f32, group = torch.float32, dist.group.WORLD
+        reference = optimize(_vae(version, f32), reference_level)
+        z = _latents(reference, 1, 2, 5, 4, f32, seed=3)  # one latent size: a new one costs the runner seconds
+        seen = {}
+        with torch.no_grad():
+            expected = reference.decode(z).sample
+            vae = copy.deepcopy(reference)  # with its captured graphs: one capture per case at most
+            if "_rewrite_runner" in vae.__dict__:
+                vae.__dict__["_rewrite_runner"].fallbacks = FallbackLog()  # last_path "none" until the runner runs
+            tensors = dict(vae.state_dict(keep_vars=True))
+            optimize(vae, "lossless", group=group)
+            seen["all"] = torch.equal(vae.decode(z).sample, expected)
+            seen["bands ran"] = report(vae).last_path == "none"
+            optimize(vae, "lossless", group=group, output="band")
+            a, b = output_rows(vae, z.shape[3], world)[rank]
+            (band,) = vae.decode(z, return_dict=False)
+            seen["band"] = band.shape[-2] == b - a and torch.equal(band, expected[..., a:b, :])
+            with torch.enable_grad():  # a guard: single-process, through the class decode and the runner
+                seen["single-process"] = torch.equal(vae.decode(z).sample, expected[..., a:b, :])
+            seen["through the runner"] = report(vae).last_path == "reference"  # its autograd guard
+            errors = {}
+            mesh = DeviceMesh("cpu", torch.arange(world).reshape(1, world), _init_backend=False)
+            for name, call in (("string", lambda: optimize(vae, "lossless", group="world")),
+                               ("2-D mesh", lambda: optimize(vae, "lossless", group=mesh)),
+                               ("output", lambda: optimize(vae, "lossless", group=group, output="rows")),
+                               ("off", lambda: optimize(vae, "off", group=group)),
+                               ("auk", lambda: optimize(AuKVAE(AuKConfig.tiny()), "lossless", group=group))):
+                try:
+                    call()
+                    errors[name] = "no error"
+                except (TypeError, ValueError) as error:
+                    errors[name] = f"{type(error).__name__}: {error}"
+            seen["errors"] = errors
+            seen["unchanged by the errors"] = installed_sharding(vae).output == "band"
+            optimize(vae, "lossless")
+            with torch.set_grad_enabled(reference_level == "off"):  # no graphs captured: the reference path
+                seen["plain"] = ("decode" not in vae.__dict__ and vae.decode.__func__ is type(vae).decode
+                                 and torch.equal(vae.decode(z).sample, expected))
+        seen["same tensors"] = all(t is tensors[k] for k, t in vae.state_dict(keep_vars=True).items())
+        return seen
+    return case
+
+
 def _gpu_case(version, height, width, frames):
     """Full-size decoder on CUDA (every rank on cuda:0 over gloo): the sharded decode against this
     process's single-process decode and the `lossless` one; what ran on the band and what was gathered."""
@@ -232,6 +323,8 @@ def _cases(name):
             "wan2.1 3 rows, 2 ranks: single-process": _decode_case("wan2.1", f32, 1, 2, 3, 4),
             "wan2.1 tiled f2 7x8": _decode_case("wan2.1", f32, 1, 2, 7, 8, tiling=True),
             "wan2.2 tiled f2 7x8 rank0": _decode_case("wan2.2", f32, 1, 2, 7, 8, tiling=True, output="rank0"),
+            "optimize group= wan2.1": _optimize_case("wan2.1", "lossless"),
+            "optimize group= wan2.2": _optimize_case("wan2.2", "off"),
             "mismatch latents": _mismatch_case("latents"),
             "mismatch weights": _mismatch_case("weights"),
             "mismatch shape": _mismatch_case("shape"),
@@ -277,7 +370,7 @@ def _spawn(world, name, tmp_path, limit=SPAWN_LIMIT_S):
 def _check_decodes(results, world):
     problems = []
     for name in results[0]:
-        if name.startswith("mismatch") or name == "failure":
+        if name.startswith(("mismatch", "optimize")) or name == "failure":
             continue
         for rank in range(world):
             status, value = results[rank][name]
@@ -308,7 +401,35 @@ def test_two_ranks(tmp_path):
             status, value = messages[key]
             if status != "ok" or not value["raised"] or needle not in value["raised"]:
                 problems.append(f"{key}, rank {rank}: expected a ShardMismatchError naming {needle!r}; got {value}")
+    problems += _check_optimize(results, 2)
     assert not problems, "\n".join(problems)
+
+
+#: what `optimize` says for each bad call of `_optimize_case`
+OPTIMIZE_ERRORS = {
+    "string": "TypeError: optimize: group= must be a torch.distributed ProcessGroup or a 1-D DeviceMesh; got str",
+    "2-D mesh": "ValueError: optimize: group= takes a 1-D DeviceMesh; got one of 2 dimensions (1, 2)",
+    "output": "ValueError: optimize: output must be one of 'all', 'rank0', 'band'; got 'rows'",
+    "off": "ValueError: optimize: level 'off' leaves the module as diffusers made it",
+    "auk": "TypeError: optimize: group= is for the Wan VAE (diffusers AutoencoderKLWan); got AuKVAE",
+}
+
+
+def _check_optimize(results, world):
+    problems = []
+    for version in ("wan2.1", "wan2.2"):
+        for rank in range(world):
+            status, seen = results[rank][f"optimize group= {version}"]
+            if status != "ok":
+                problems.append(f"optimize group= {version}, rank {rank}: {seen}")
+                continue
+            errors = seen.pop("errors")
+            if not all(seen.values()):
+                problems.append(f"optimize group= {version}, rank {rank}: {seen}")
+            for name, needle in OPTIMIZE_ERRORS.items():
+                if not errors[name].startswith(needle):
+                    problems.append(f"optimize group= {version}, rank {rank}, {name}: {errors[name]!r}")
+    return problems
 
 
 def test_three_ranks_and_a_failing_rank(tmp_path):
