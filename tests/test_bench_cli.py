@@ -12,6 +12,8 @@ import contextlib
 import io
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 import rewrite
-from rewrite.tools import bench
+from rewrite.tools import bench, bench_distributed
 
 AUK_ARGS = ["--model", "auk", "--config", "tiny", "--seconds", "0.2,0.5", "--levels", "off,lossless",
             "--repeat", "1", "--warmup", "0", "--json", "-"]
@@ -139,6 +141,7 @@ def test_wan_json_layout_and_table(wan_run):
         (["--model", "wan2.1", "--frames", "80"], "--frames must be 1 + 4k"),
         (["--model", "auk", "--repeat", "0"], "--repeat and --batch must be >= 1"),
         (["--model", "mp3"], "invalid choice: 'mp3'"),
+        (["--backend", "gloo"], "--backend is for runs under torchrun"),
     ],
 )
 def test_bad_arguments(argv, message, capsys):
@@ -234,3 +237,47 @@ def test_bad_output_arguments_stop_before_the_run(make_argv, message, tmp_path, 
         bench.parse_args(make_argv(tmp_path))
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ torchrun
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "auk"], "under torchrun the bench runs the sharded Wan decode"),
+    (["--levels", "off"], "--levels must include lossless"),
+    (["--backend", "nccl", "--device", "cpu"], "--backend nccl needs --device cuda"),
+])
+def test_bad_arguments_under_torchrun(argv, message, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_torchrun_two_ranks_against_one_gpu(tmp_path):
+    """``torchrun --standalone --nproc-per-node 2 -m rewrite.tools.bench`` (as ``python -m
+    torch.distributed.run``), gloo on the CPU, the smallest Wan case: rank 0 alone prints the table and
+    writes the JSON, with the one-GPU lossless row, the sharded row, both times and bit-identical output.
+    No timing is asserted (two ranks share two cores)."""
+    out = tmp_path / "distributed.json"
+    argv = ["--model", "wan2.1", "--config", "tiny", "--size", "32x32", "--frames", "5", "--dtype", "float32",
+            "--levels", "lossless", "--repeat", "1", "--warmup", "0", "--device", "cpu", "--backend", "gloo",
+            "--json", str(out)]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "rewrite.tools.bench", *argv]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert done.stdout.count("wan2.1 tiny 32x32x5 float32 on cpu") == 1  # rank 0 alone prints
+    summary = json.loads(out.read_text())
+    assert [r["level"] for r in summary["levels"]] == ["lossless", "lossless x2"]
+    one, sharded = summary["levels"]
+    assert one["path"].startswith("graphs") and sharded["path"] == "sharded: bands"
+    assert sharded["bit_identical"] is True and sharded["max_abs"] == 0.0
+    d = summary["distributed"]
+    assert d["world_size"] == 2 and d["backend"] == "gloo" and d["mode"] == "bands" and d["bit_identical"] is True
+    assert d["latent_rows"] == [[0, 2], [2, 4]] and d["baseline"] == bench_distributed.BASELINE
+    assert d["one_gpu_lossless_s"] == one["best_s"] > 0 and d["sharded_s"] == sharded["best_s"] > 0
+    assert d["speedup_vs_one_gpu"] == pytest.approx(one["best_s"] / sharded["best_s"])
+    assert "2 ranks (gloo, bands, output rank0)" in done.stdout and "bit-identical True" in done.stdout

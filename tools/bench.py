@@ -11,6 +11,9 @@ The models are those of `rewrite.supported` (which also builds them); a bench ad
 (`WanBench`, `AuKBench`) checks its own arguments, makes the inputs and says how to decode and compare;
 `bench_levels` is the one timing loop both share.
 
+Under ``torchrun --nproc-per-node N`` (WORLD_SIZE > 1) a Wan run times one GPU (rank 0 alone, the levels
+above) against the sharded ``lossless`` decode over the N ranks, in the same run (`bench_distributed`).
+
 ``--plot FILE.png`` draws the best time per level and input, each bar labelled with its speedup and its
 exactness (bit-identical, else PSNR or SNR); ``--from results.json`` (repeatable, one panel per file) prints
 and plots results a run saved with ``--json`` instead of running. The plot needs matplotlib
@@ -31,6 +34,7 @@ from pathlib import Path
 import torch
 
 from rewrite import supported
+from rewrite.tools import bench_distributed
 
 DTYPES = supported.DTYPES
 
@@ -221,6 +225,8 @@ def parse_args(argv):
     parser.add_argument("--repeat", type=int, default=3, help="timed calls per level (best is reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls after the first call")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backend", choices=bench_distributed.BACKENDS, default=None,
+                        help="under torchrun: the process group's backend (default nccl on CUDA, gloo on the CPU)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
     parser.add_argument("--profile", action="store_true", help="per-kernel table of one call per level")
     parser.add_argument("--plot", metavar="FILE", type=Path,
@@ -240,6 +246,7 @@ def parse_args(argv):
     adapter = ADAPTERS[args.model]
     args.dtype = adapter.default_dtype if args.dtype is None else args.dtype
     adapter.check_args(parser, args)
+    bench_distributed.check_args(parser, args)
     if args.repeat < 1 or args.warmup < 0 or args.batch < 1:
         parser.error("--repeat and --batch must be >= 1, --warmup >= 0")
     return args
@@ -419,12 +426,21 @@ def _level_header(bench) -> str:
             f"{'equal':>7}{'max abs':>10}{bench.quality_title:>9}  path")
 
 
+def _distributed_line(d: dict) -> str:
+    """The one-GPU against N-rank line of a run under torchrun."""
+    return (f"{d['world_size']} ranks ({d['backend']}, {d['mode']}, output {d['output']}): {d['sharded_s']:.3f} s "
+            f"against one GPU lossless {d['one_gpu_lossless_s']:.3f} s = {d['speedup_vs_one_gpu']:.2f}x, "
+            f"bit-identical {d['bit_identical']}; one GPU: {d['baseline']}")
+
+
 def format_table(summary: dict) -> str:
     bench = ADAPTERS[summary["model"]]
     on = f"on {summary['device']} (torch {summary['torch']}, triton {summary['triton']})"
     if "clips" not in summary:  # Wan: one video shape
         head = f"{summary['model']} {summary['config']} {summary['size']}x{summary['frames']} {summary['dtype']} {on}"
         lines = [head, _level_header(bench)] + [_level_row(r, bench) for r in summary["levels"]]
+        if "distributed" in summary:
+            lines.append(_distributed_line(summary["distributed"]))
         for level, table in summary["profiles"].items():
             lines += ["", f"profile at level {level}:", table]
         return "\n".join(lines)
@@ -505,7 +521,13 @@ def main(argv: list[str] | None = None) -> int:
         summaries = args.results
         print("\n\n".join(format_table(summary) for summary in summaries))
     else:
-        summaries = [run(args)]
+        if bench_distributed.under_torchrun():
+            summary = bench_distributed.run_distributed(args, sys.modules[__name__])
+        else:
+            summary = run(args)
+        if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+            return 0
+        summaries = [summary]
         print(format_table(summaries[0]))
         if args.json:
             text = json.dumps(summaries[0], indent=2, default=str)
