@@ -8,7 +8,9 @@ Matches (each node is replaced by its input, never by anything computed):
   * `aten.type_as` whose input already has the other tensor's dtype (also an alias);
   * `aten.dropout` with `p == 0` or `train == False` (returns its input);
   * `aten.slice.Tensor` over a whole dim (start 0, end >= its size, step 1): a view with the input's own
-    sizes and strides, which is what `x[:, :, -2:]` leaves on every untouched dim.
+    sizes and strides, which is what `x[:, :, -2:]` leaves on every untouched dim;
+  * `aten.alias` not returned by the graph (a view with the input's own sizes and strides: what an export
+    with static sizes leaves of such a whole-dim slice, where the symbolic export keeps the slice).
 Exactness: exact (every removed node returns its input unchanged; aliases stay aliases).
 Preconditions: a graph from `torch.export` with `meta['val']` on every node. Ensures: the graph lints, no
 new nodes; the baked device names of removed `to` nodes are gone, everything else is as captured.
@@ -66,6 +68,8 @@ def _removable_input(node: torch.fx.Node) -> torch.fx.Node | None:
         return None
     if target is aten.slice.Tensor:
         return node.args[0] if _is_full_slice(node) else None
+    if target is aten.alias.default:
+        return None if any(user.op == "output" for user in node.users) else node.args[0]
     if target is aten.dropout.default:
         p, train = node.args[1], node.args[2]
         return node.args[0] if (p == 0 or not train) else None

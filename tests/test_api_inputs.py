@@ -53,7 +53,8 @@ def test_wan_warmup_without_shapes_captures_the_step_graphs_and_says_so(wan_pair
     vae = wan_pair("wan2.1").optimized
     result = warmup(vae)
     assert result.shapes == [] and "no shapes given" in result.note and "shapes=[(latent_height" in result.note
-    assert len(report(vae).graphs) == 2
+    symbolic = [key for key in vae._rewrite_runner.graphs.values if key[2] is None]  # (dtype, device, None)
+    assert len(symbolic) == 1 and len(report(vae).graphs) >= 2
     assert warmup(vae, shapes=None).note == result.note
 
 

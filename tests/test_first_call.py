@@ -45,7 +45,7 @@ def test_warmup_returns_its_shapes_seconds_and_the_breakdown_of_its_captures(war
     assert result.shapes == [(1, 4, 6)] and result.note is None and result.seconds > 0
     _check_records(result.breakdown, ("chunk0", "steady"))
     assert sum(t.seconds for t in result.breakdown) <= result.seconds
-    assert "chunk0 float32 cpu" in str(result) and "export" in str(result)
+    assert "chunk0 1x4x6 float32 cpu" in str(result) and "export" in str(result)
 
 
 def test_the_report_breaks_the_first_call_down_per_graph_and_stage(warmed):
@@ -55,7 +55,7 @@ def test_the_report_breaks_the_first_call_down_per_graph_and_stage(warmed):
     assert summary.first_call[: len(result.breakdown)] == result.breakdown
     assert 0 < summary.first_call_seconds <= sum(t.seconds for t in summary.first_call)
     text = str(summary)
-    assert "first-call work" in text and "steady float32 cpu" in text and "passes" in text
+    assert "first-call work" in text and "steady 1x4x6 float32 cpu" in text and "passes" in text
     assert summary.disk_cache is None and "disk cache:" not in text
     by_name = {g.name: g for g in summary.graphs}
     assert by_name["chunk0"].source == "export" and by_name["chunk0"].capture_seconds > 0

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rewrite import report
+from rewrite.runtime.wan import WanRunner
 from tests.conftest import WanPair
 
 VERSIONS = ("wan2.1", "wan2.2")
@@ -25,13 +26,16 @@ def test_decode_is_bit_identical(wan_pair, version, dtype, batch, frames):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_two_resolutions_share_one_capture(wan_pair, version):
+def test_resolutions_without_graphs_of_their_own_share_one_symbolic_capture(wan_pair, version, monkeypatch):
+    """Past `WanRunner.STATIC_SIZES` (0 here) every new resolution is served by one capture with symbolic sizes
+    (sizes the shared pair already has graphs for keep them; tests/test_graph_keys.py has the whole rule)."""
+    monkeypatch.setattr(WanRunner, "STATIC_SIZES", 0)
     pair = wan_pair(version, torch.float32)
-    for height, width in ((4, 6), (6, 4), (2, 3)):
+    for height, width in ((4, 6), (6, 4), (2, 3), (3, 7)):
         reference, optimized = pair.decode_both(pair.latents(1, 3, height, width))
         assert torch.equal(optimized, reference), (height, width)
-    graphs = [g for g in report(pair.optimized).graphs if g.dtype == "torch.float32"]
-    assert sorted(g.name for g in graphs) == ["chunk0", "steady"]
+    keys = [key for key in pair.optimized._rewrite_runner.graphs.values if key[0] == torch.float32]
+    assert [key for key in keys if key[2] is None] == [(torch.float32, torch.device("cpu"), None)]
 
 
 @pytest.mark.parametrize("version", VERSIONS)

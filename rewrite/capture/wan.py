@@ -102,21 +102,28 @@ class WanSteadyStep(nn.Module):
         return (y, *slots[: index[0]])
 
 
-def capture_wan_decoder(decoder: nn.Module, dtype: torch.dtype, device: torch.device) -> tuple[CapturedGraph, CapturedGraph]:
+def capture_wan_decoder(decoder: nn.Module, dtype: torch.dtype, device: torch.device,
+                        size: tuple[int, int, int] | None = None) -> tuple[CapturedGraph, CapturedGraph]:
     """Export the chunk-0 and steady step graphs of a `WanDecoder3d` for one dtype and device.
 
-    No real computation happens: export runs on fake tensors; the steady graph's example caches are
-    allocated from the shapes chunk 0's graph reports for the example latent size. What is traced is a
-    `tracing_copy` of `decoder` (eval mode, same tensors): the live decoder is never touched.
+    `size`: None exports graphs with the batch, height and width symbolic (one pair serves every latent
+    size); a `(batch, latent_height, latent_width)` triple exports them for that size only, which costs about
+    a third of the symbolic export (ATen's shape functions then compute on ints, not on symbols; design.md
+    8.6). No real computation happens: export runs on fake tensors; the example inputs of a static export are
+    left uninitialized (`torch.empty`: nothing reads them), and the steady graph's example caches are
+    allocated from the shapes chunk 0's graph reports. What is traced is a `tracing_copy` of `decoder` (eval
+    mode, same tensors): the live decoder is never touched.
     """
     decoder = tracing_copy(decoder)
     z_dim = decoder.conv_in.in_channels
-    x = torch.zeros(EXAMPLE_BATCH, z_dim, 1, EXAMPLE_HEIGHT, EXAMPLE_WIDTH, dtype=dtype, device=device)
-    chunk0 = export_step("chunk0", WanChunk0Step(decoder), (x,), dynamic_dims=DYNAMIC_DIMS, strip_prefix="decoder.")
+    if size is None:
+        batch, height, width, make, dims = EXAMPLE_BATCH, EXAMPLE_HEIGHT, EXAMPLE_WIDTH, torch.zeros, DYNAMIC_DIMS
+    else:
+        (batch, height, width), make, dims = size, torch.empty, ()
+    x = make(batch, z_dim, 1, height, width, dtype=dtype, device=device)
+    chunk0 = export_step("chunk0", WanChunk0Step(decoder), (x,), dynamic_dims=dims, strip_prefix="decoder.")
     output = next(n for n in chunk0.graph_module.graph.nodes if n.op == "output")
     cache_vals = [node.meta["val"] for node in output.args[0][1:]]
-    caches = [torch.zeros(concrete_shape(v), dtype=v.dtype, device=device) for v in cache_vals]
-    steady = export_step(
-        "steady", WanSteadyStep(decoder), (x, caches), dynamic_dims=DYNAMIC_DIMS, strip_prefix="decoder."
-    )
+    caches = [make(concrete_shape(v), dtype=v.dtype, device=device) for v in cache_vals]
+    steady = export_step("steady", WanSteadyStep(decoder), (x, caches), dynamic_dims=dims, strip_prefix="decoder.")
     return chunk0, steady

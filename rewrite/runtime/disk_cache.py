@@ -15,8 +15,9 @@ cuDNN, Triton, diffusers and Python versions, the project's version and a hash o
 patterns included), the device (its name, e.g. ``NVIDIA H200``, compute capability and SM count; ``cpu``), and
 for graphs the model class and a hash of its source file, its config, the module tree as the capture saw it
 (types, children, plain settings: `guards.ModuleSnapshot`), every parameter's and buffer's name, shape, strides
-and dtype (not its values), the graphs' dtype, the level, the capture kind and the pass pipeline. The file name
-holds the key's hash and the file the key itself, compared in full on load.
+and dtype (not its values), the graphs' dtype and export size ("symbolic" or the size), the level, the capture
+kind and the pass pipeline. The file name holds the key's hash and the file the key itself, compared in full on
+load.
 
 Trust: an entry is used only when it parses, its checksum matches its payload, its key is the expected key and
 its graphs rebuild and read parameters the module has. Anything else (truncated, corrupt, stale, unreadable) is
@@ -270,9 +271,11 @@ def key_hash(key: dict) -> str:
 
 # ---- keys ---------------------------------------------------------------------------------------------------
 def graph_key(*, model_name: str, model: nn.Module, root: nn.Module, snapshot, graphs: Sequence[str],
-              dtype: torch.dtype, device: torch.device, level: str, rewrite_graph: Callable) -> dict | None:
+              dtype: torch.dtype, device: torch.device, level: str, rewrite_graph: Callable,
+              size: Sequence[int] | None = None) -> dict | None:
     """The key of one capture's graphs, or None when it cannot be keyed (a pass pipeline that is not a named
-    module-level function: nothing would tell two of them apart)."""
+    module-level function: nothing would tell two of them apart). `size`: the input size the graphs were
+    exported for, None for symbolic sizes."""
     pipeline = f"{getattr(rewrite_graph, '__module__', '?')}.{getattr(rewrite_graph, '__qualname__', '?')}"
     if "<" in pipeline or "?" in pipeline:
         return None
@@ -288,6 +291,7 @@ def graph_key(*, model_name: str, model: nn.Module, root: nn.Module, snapshot, g
         config = _canonical(dataclasses.asdict(config))
     return {
         "format": [FORMAT, graph_file.FORMAT], "model": model_name, "graphs": list(graphs), "level": level,
+        "size": "symbolic" if size is None else [int(n) for n in size],
         "dtype": str(dtype), "pipeline": pipeline, **environment(device),
         "model_class": _qualified(type(model)), "model_source": _source_hash(type(model)),
         "config": _hash(config), "modules": _hash(modules), "tensors": _hash(tensors),

@@ -122,13 +122,14 @@ class DecoderRunner:
 
     def capture_graphs(self, export: Callable[[], Sequence[CapturedGraph]], *, key: Hashable, model: nn.Module,
                        root: nn.Module, names: Sequence[str], dtype: torch.dtype,
-                       device: torch.device) -> tuple[CapturedGraph, ...]:
+                       device: torch.device, size: Sequence[int] | None = None) -> tuple[CapturedGraph, ...]:
         """The rewritten graphs of one capture (for `captured`): read back from the disk cache when it holds them,
         else `export()`-ed, rewritten at the level and written to the cache. `model` is what the user optimized,
-        `root` the module whose parameters the graphs name; `names` the graphs `export` returns. Each stage's
-        seconds go to `timings` (and the graphs' own ``timings``)."""
+        `root` the module whose parameters the graphs name; `names` the graphs `export` returns; `size` the
+        input size the graphs were exported for (None: symbolic sizes). Each stage's seconds go to `timings`
+        (and the graphs' own ``timings``)."""
         entry_key, cache = None, self.disk_cache
-        label = f" {str(dtype).replace('torch.', '')} {device}"
+        label = ("" if size is None else " " + "x".join(map(str, size))) + f" {str(dtype).replace('torch.', '')} {device}"
         if cache is not None:
             start = time.perf_counter()
             try:  # the cache only ever saves time: a failure in it is logged, and the capture runs
@@ -136,7 +137,8 @@ class DecoderRunner:
                     cache.load_verdicts(device)  # before any self-check of this device can run
                 entry_key = disk_cache.graph_key(model_name=self.model_name, model=model, root=root,
                                                  snapshot=self.snapshots[key], graphs=names, dtype=dtype,
-                                                 device=device, level=self.level, rewrite_graph=self.rewrite_graph)
+                                                 device=device, level=self.level, rewrite_graph=self.rewrite_graph,
+                                                 size=size)
                 loaded = None if entry_key is None else cache.load_graphs(entry_key, root)
             except Exception as error:  # noqa: BLE001
                 cache.report_problem(f"reading failed ({type(error).__name__}: {error}); capturing")

@@ -110,7 +110,7 @@ def decode_frame(runner: WanRunner, decoder: nn.Module, state: ClipState, x: Ten
             y = _replay(steps, state, x)
         else:
             state.take_back()
-            done = run_graph_chunk(runner.graphs[(x.dtype, x.device)], decoder, x, state.feat_map, first)
+            done = run_graph_chunk(runner.graphs[runner.graph_key(x)], decoder, x, state.feat_map, first)
             y, reason = (done[0], None) if done is not None else (None, CHUNK1_FORM)
     if reason is not None:
         state.take_back()

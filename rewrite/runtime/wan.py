@@ -43,7 +43,18 @@ CHUNK1_FORM = "decoder cache is in the reference's chunk-1 form"
 
 
 class WanRunner(DecoderRunner):
-    """Captured graphs per (dtype, device) of one Wan VAE and the code that runs them."""
+    """Captured graphs of one Wan VAE and the code that runs them.
+
+    Graph keys (`graph_key`): the first `STATIC_SIZES` latent sizes decoded in a dtype and device get graphs
+    exported for that size alone, ``(dtype, device, (batch, height, width))``, which export in about a third of
+    the time of symbolic ones (the largest part of a first call); the next size gets graphs with the batch and
+    sizes symbolic, ``(dtype, device, None)``, which then serve every size without graphs of its own. Same
+    ops, same kernels: only the export's shape arithmetic differs.
+    """
+
+    #: latent sizes per dtype and device that get graphs of their own before the symbolic ones serve the rest
+    STATIC_SIZES = 4
+
 
     model_name = "wan"
 
@@ -79,16 +90,32 @@ class WanRunner(DecoderRunner):
             return type(self.vae)._decode(self.vae, z, return_dict=return_dict)
 
     # ---- capture ------------------------------------------------------------------------------------
-    def graphs_for(self, decoder: nn.Module, dtype: torch.dtype, device: torch.device, listing=None):
-        """The (chunk0, steady) graphs for this dtype/device, captured and rewritten on first use and again
+    def graph_key(self, x: torch.Tensor, *, symbolic: bool = False) -> tuple:
+        """The key of the graphs that serve decoder input `x` (class docstring): its size's own where those
+        exist (or failed), else the symbolic ones where those exist, else the size's own while its dtype and
+        device have fewer than `STATIC_SIZES`, else the symbolic ones. `symbolic`: the symbolic key regardless."""
+        static, shared = (x.dtype, x.device, (x.shape[0], x.shape[3], x.shape[4])), (x.dtype, x.device, None)
+        if symbolic:
+            return shared
+        known = {*self.graphs.values, *self.graphs.errors}
+        if static in known or shared in known:
+            return static if static in known else shared
+        sizes = sum(key[:2] == static[:2] and key[2] is not None for key in known)
+        return static if sizes < self.STATIC_SIZES else shared
+
+    def graphs_for(self, decoder: nn.Module, key: tuple, listing=None):
+        """The (chunk0, steady) graphs of `key` (`graph_key`), captured and rewritten on first use and again
         after the decoder changed (`DecoderRunner.captured`); None when the capture failed."""
+        dtype, device, size = key
+
         def capture():  # exported and rewritten, or read back from the disk cache
-            return self.capture_graphs(lambda: capture_wan_decoder(decoder, dtype, device), key=(dtype, device),
+            return self.capture_graphs(lambda: capture_wan_decoder(decoder, dtype, device, size), key=key,
                                        model=self.vae, root=decoder, names=("chunk0", "steady"), dtype=dtype,
-                                       device=device)
+                                       device=device, size=size)
 
         listing = list(decoder.named_modules(prefix="decoder")) if listing is None else listing
-        return self.captured((dtype, device), listing, capture, f"{dtype} on {device}")
+        what = f"{dtype} on {device}" + ("" if size is None else " at latent size {}x{}x{}".format(*size))
+        return self.captured(key, listing, capture, what)
 
     def forget_graphs(self, key) -> None:
         self.cuda_graphs.clear()
@@ -124,11 +151,12 @@ class WanRunner(DecoderRunner):
         if not pairs:
             x = torch.zeros(batch, self.z_dim, 1, 1, 1, device=device, dtype=dtype)
             with self.lock.holding(device), CAPTURE_GATE.running():
-                reason = self.region_reason(self.vae.decoder, x)
+                reason = self.region_reason(self.vae.decoder, x, symbolic=True)
             if reason is not None:
                 raise RuntimeError(f"warmup: the graphs cannot serve {dtype} on {device}: {reason}")
-            note = ("no shapes given: the step graphs are captured; the CUDA graphs of a latent size are captured "
-                    "by its first decode (pass shapes=[(latent_height, latent_width), ...])")
+            note = ("no shapes given: the step graphs with symbolic sizes are captured (they serve every size); "
+                    "the CUDA graphs of a latent size are captured by its first decode (pass shapes=[(latent_height, "
+                    "latent_width), ...]: the first size then also gets step graphs of its own, quicker to export)")
             logger.info("rewrite: warmup: %s", note)
             return WarmupResult([], time.perf_counter() - start, note, breakdown=self.timings.records(mark))
         for height, width in pairs:  # the decode compiles each size's kernels ahead (`cuda_steps`)
@@ -157,7 +185,7 @@ class WanRunner(DecoderRunner):
             if self.region_reason(decoder, x) is not None:
                 return  # the decode that follows says why
             self._compiled_ahead.add(key)
-            chunk0, steady = self.graphs[(dtype, device)]
+            chunk0, steady = self.graphs[self.graph_key(x)]
             start = time.perf_counter()
             try:
                 with compile_ahead.compile_ahead() as active:
@@ -188,11 +216,11 @@ class WanRunner(DecoderRunner):
             reason = guards.uniform_parameters_reason(vae.post_quant_conv, z)
         return reason
 
-    def region_reason(self, decoder: nn.Module, x: torch.Tensor) -> str | None:
-        """Why a decoder input of `x`'s dtype and device cannot run through the graphs, or None (captures
-        on first use). A call whose full checks passed leaves a `guards.AcceptedState`: the next call only
-        re-checks cheaply that nothing those checks look at has changed."""
-        key = (x.dtype, x.device)
+    def region_reason(self, decoder: nn.Module, x: torch.Tensor, *, symbolic: bool = False) -> str | None:
+        """Why decoder input `x` cannot run through the graphs of `graph_key(x)`, or None (captures on first
+        use; `symbolic`: the symbolic graphs). A call whose full checks passed leaves a `guards.AcceptedState`:
+        the next call of that key only re-checks cheaply that nothing those checks look at has changed."""
+        key = self.graph_key(x, symbolic=symbolic)
         accepted = self._accepted.get(key)
         if accepted is not None and accepted.holds(decoder) and self._call_reason(decoder, x) is None:
             return None
@@ -207,7 +235,7 @@ class WanRunner(DecoderRunner):
         )
         if reason is not None:
             return reason
-        graphs = self.graphs_for(decoder, x.dtype, x.device, listing)
+        graphs = self.graphs_for(decoder, key, listing)
         if graphs is None:
             return self.graphs.errors[key]
         try:
@@ -244,7 +272,7 @@ class WanRunner(DecoderRunner):
         """
         steps = self.cuda_steps(decoder, x)
         if steps is None:
-            chunk0, steady = self.graphs[(x.dtype, x.device)]
+            chunk0, steady = self.graphs[self.graph_key(x)]
             steps = _WanEagerSteps(chunk0, steady, chunk0.weights(decoder), steady.weights(decoder))
         frames = x.shape[2]
         y = steps.first(x[:, :, 0:1])
@@ -262,7 +290,7 @@ class WanRunner(DecoderRunner):
         The caller holds `lock`; a step's static caches hold one clip at a time (`_WanCudaGraphs.holder`)."""
         if not (self.use_cuda_graphs and self.graph_backend.can_capture(x.device)):
             return None
-        chunk0, steady = self.graphs[(x.dtype, x.device)]
+        chunk0, steady = self.graphs[self.graph_key(x)]
         weights0, weights = chunk0.weights(decoder), steady.weights(decoder)
         b, _, _, h, w = x.shape
         self._compile_kernels_ahead(b, h, w, x.dtype, x.device)  # a first decode of a size: compiles in parallel
@@ -480,7 +508,7 @@ def _routed_decoder_forward(decoder: nn.Module, x, feat_cache=None, feat_idx=[0]
         return reference_forward(decoder, x, feat_cache, feat_idx, first_chunk)
     with runner.lock.holding(x.device), CAPTURE_GATE.running():
         reason = runner.region_reason(decoder, x)
-        done = None if reason else run_graph_chunk(runner.graphs[(x.dtype, x.device)], decoder, x, feat_cache, first_chunk)
+        done = None if reason else run_graph_chunk(runner.graphs[runner.graph_key(x)], decoder, x, feat_cache, first_chunk)
         if done is None:
             runner.fallbacks.took_reference(reason or CHUNK1_FORM)
             with runner.serving_reference():
