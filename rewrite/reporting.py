@@ -100,6 +100,8 @@ class GraphReport:
     source: str = "export"  # "export" or "disk cache"
     #: pattern family -> guard reason -> candidates declined (where a node kept the op of a lower level)
     declined: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: the input sizes the graph serves: "any" (sizes symbolic) or one size, e.g. "1x90x160" (Wan's first sizes)
+    sizes: str = "any"
 
     @classmethod
     def of(cls, graph) -> "GraphReport":
@@ -134,10 +136,11 @@ class Report:
                  + (f" ({self.last_reason})" if self.last_reason else "")
                  + (f": {self.last_detail}" if self.last_detail else "")]
         if self.graphs:
-            lines.append(f"  {'graph':<8} {'dtype':<15} {'device':<8} {'nodes':>6} {'capture s':>9}  matches")
+            lines.append(f"  {'graph':<8} {'dtype':<15} {'device':<8} {'sizes':<10} {'nodes':>6} {'capture s':>9}  matches")
             for g in self.graphs:
                 matches = ", ".join(f"{k}={v}" for k, v in sorted(g.matches.items()) if v) or "-"
-                lines.append(f"  {g.name:<8} {g.dtype:<15} {g.device:<8} {g.nodes:>6} {g.capture_seconds:>9.2f}  {matches}")
+                lines.append(f"  {g.name:<8} {g.dtype:<15} {g.device:<8} {g.sizes:<10} {g.nodes:>6} "
+                             f"{g.capture_seconds:>9.2f}  {matches}")
                 for family, reasons in sorted(g.declined.items()):
                     for reason, count in sorted(reasons.items()):
                         lines.append(f"    declined x{count} by {family}: {reason}")

@@ -58,6 +58,8 @@ def test_first_sizes_static_then_symbolic_graphs_serve_every_later_size(captures
     assert captures == [(1, 4, 6), (1, 3, 5), None]
     names = [(g.name, g.dtype) for g in report(vae).graphs]
     assert len(names) == 6 and sorted(set(names)) == [("chunk0", "torch.float32"), ("steady", "torch.float32")]
+    assert [g.sizes for g in report(vae).graphs] == ["1x4x6"] * 2 + ["1x3x5"] * 2 + ["any"] * 2
+    assert "1x3x5" in str(report(vae))
     runner = vae._rewrite_runner
     assert runner.graph_key(_latents(vae, 4, 6)) == (torch.float32, torch.device("cpu"), (1, 4, 6))
     assert runner.graph_key(_latents(vae, 7, 7)) == (torch.float32, torch.device("cpu"), None)

@@ -122,7 +122,8 @@ class WanRunner(DecoderRunner):
         self._accepted.pop(key, None)
 
     def graph_reports(self) -> list[GraphReport]:
-        return [GraphReport.of(g) for pair in self.graphs.values.values() for g in pair]
+        return [dataclasses.replace(GraphReport.of(g), sizes="any" if key[2] is None else "x".join(map(str, key[2])))
+                for key, pair in self.graphs.values.items() for g in pair]
 
     def cuda_graph_counts(self) -> dict[str, int]:
         return {"CUDA graph shapes": len(self.cuda_graphs)} if self.cuda_graphs.captures else {}
