@@ -58,10 +58,11 @@ def check_args(parser, args) -> None:
 
 
 def _device(args) -> torch.device:
-    """The CPU, or ``cuda:LOCAL_RANK`` for ``--device cuda`` (any index given is ignored: one GPU per rank)."""
+    """The CPU, or ``cuda:LOCAL_RANK`` for ``--device cuda`` (any index given is ignored: one GPU per rank;
+    with fewer GPUs than local ranks, as two gloo ranks on one GPU, the ranks take them in turn)."""
     device = torch.device(args.device)
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
     return device
 
