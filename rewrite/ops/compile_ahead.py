@@ -86,12 +86,12 @@ def _build_launcher(kernel: Any) -> Any:
 def _compile_mode(pool: ThreadPoolExecutor) -> Any:
     """Triton's AsyncCompileMode on `pool`, whose compile jobs also build the kernel's launcher."""
     mode = AsyncCompileMode(pool)
-    submit = getattr(mode, "submit", None)
-    if submit is not None:
-        def submit_and_build(key, compile_fn, *callbacks):
-            return submit(key, lambda: _build_launcher(compile_fn()), *callbacks)
+    submit = mode.submit
 
-        mode.submit = submit_and_build
+    def submit_and_build(key, compile_fn, *callbacks):
+        return submit(key, lambda: _build_launcher(compile_fn()), *callbacks)
+
+    mode.submit = submit_and_build
     return mode
 
 

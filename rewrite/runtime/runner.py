@@ -37,7 +37,7 @@ from rewrite.capture.export import CapturedGraph
 from rewrite.reporting import FallbackLog, TimingLog
 from rewrite.runtime import disk_cache, guards
 from rewrite.runtime.captures import CaptureCache
-from rewrite.runtime.graphs import BuildTiming
+from rewrite.runtime.graphs import BuildTiming, describe_key
 from rewrite.runtime.locks import ModuleLock
 
 logger = logging.getLogger("rewrite")
@@ -129,7 +129,7 @@ class DecoderRunner:
         input size the graphs were exported for (None: symbolic sizes). Each stage's seconds go to `timings`
         (and the graphs' own ``timings``)."""
         entry_key, cache = None, self.disk_cache
-        label = ("" if size is None else " " + "x".join(map(str, size))) + f" {str(dtype).replace('torch.', '')} {device}"
+        label = " " + describe_key((*(size or ()), dtype, device))
         if cache is not None:
             start = time.perf_counter()
             try:  # the cache only ever saves time: a failure in it is logged, and the capture runs

@@ -55,7 +55,6 @@ class WanRunner(DecoderRunner):
     #: latent sizes per dtype and device that get graphs of their own before the symbolic ones serve the rest
     STATIC_SIZES = 4
 
-
     model_name = "wan"
 
     def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, cache_dir=None) -> None:
@@ -97,10 +96,10 @@ class WanRunner(DecoderRunner):
         static, shared = (x.dtype, x.device, (x.shape[0], x.shape[3], x.shape[4])), (x.dtype, x.device, None)
         if symbolic:
             return shared
-        known = {*self.graphs.values, *self.graphs.errors}
-        if static in known or shared in known:
-            return static if static in known else shared
-        sizes = sum(key[:2] == static[:2] and key[2] is not None for key in known)
+        for key in (static, shared):
+            if key in self.graphs.values or key in self.graphs.errors:
+                return key
+        sizes = sum(key[:2] == static[:2] and key[2] is not None for key in {*self.graphs.values, *self.graphs.errors})
         return static if sizes < self.STATIC_SIZES else shared
 
     def graphs_for(self, decoder: nn.Module, key: tuple, listing=None):
@@ -114,7 +113,7 @@ class WanRunner(DecoderRunner):
                                        device=device, size=size)
 
         listing = list(decoder.named_modules(prefix="decoder")) if listing is None else listing
-        what = f"{dtype} on {device}" + ("" if size is None else " at latent size {}x{}x{}".format(*size))
+        what = f"{dtype} on {device}" + ("" if size is None else f" at latent size {describe_key(size)}")
         return self.captured(key, listing, capture, what)
 
     def forget_graphs(self, key) -> None:
@@ -122,7 +121,7 @@ class WanRunner(DecoderRunner):
         self._accepted.pop(key, None)
 
     def graph_reports(self) -> list[GraphReport]:
-        return [dataclasses.replace(GraphReport.of(g), sizes="any" if key[2] is None else "x".join(map(str, key[2])))
+        return [dataclasses.replace(GraphReport.of(g), sizes="any" if key[2] is None else describe_key(key[2]))
                 for key, pair in self.graphs.values.items() for g in pair]
 
     def cuda_graph_counts(self) -> dict[str, int]:
