@@ -54,6 +54,42 @@ def test_checksum_is_order_free_and_names_a_change():
     assert _checksum(u)[0] == _checksum(t)[0] and _checksum(u)[1] != _checksum(t)[1]
 
 
+def test_halo_first_decoder_and_halo_latent():
+    """The exported band form: the 3x3x3 causal convs pad no rows (their halo rows are their row pad), the
+    norms feeding them and the resamplers' upsamples read through the halo op, the attention gathers; the
+    live decoder is untouched; a conv without that form is named. The halo latent has the neighbours' rows
+    and zero rows at the global edges."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    from rewrite.distributed.band_graphs import halo_first_decoder, halo_latent
+    from rewrite.distributed.band_ops import BandContext
+    from rewrite.distributed.bands import BandRun
+    from rewrite.models.wan import build_wan
+
+    decoder = build_wan("wan2.1", "tiny").decoder
+    ctx = BandContext([(0, 3), (3, 5)], 1)
+    copy, reason = halo_first_decoder(decoder, ctx)
+    assert reason is None
+    assert copy.conv_in._padding == (1, 1, 0, 0, 2, 0) and decoder.conv_in._padding == (1, 1, 1, 1, 2, 0)
+    assert copy.mid_block.resnets[0].norm1.forward.args == (copy.mid_block.resnets[0].norm1, ctx.id)
+    assert "forward" in copy.up_blocks[0].upsamplers[0].resample[0].__dict__
+    assert "forward" in copy.mid_block.attentions[0].__dict__
+    assert not any("forward" in m.__dict__ for m in decoder.modules())
+    decoder.conv_out = WanCausalConv3d(decoder.conv_out.in_channels, 3, 5, padding=2)
+    reason = "decoder.conv_out: a causal conv with kernel (5, 5, 5) there has no halo-first form"
+    assert halo_first_decoder(decoder, ctx) == (None, reason)
+
+    class Comm:  # the geometry only: halo_latent exchanges nothing
+        rank, world, name, _global = 1, 2, "test", (0, 1)
+
+    x = torch.arange(5.0).view(1, 1, 1, 5, 1).expand(1, 2, 3, 5, 2).contiguous()
+    run = BandRun(Comm(), [(0, 3), (3, 5)])
+    ext = halo_latent(x, run)
+    assert ext[0, 0, 0, :, 0].tolist() == [2.0, 3.0, 4.0, 0.0] and ext.is_contiguous()
+    run.rank = 0
+    assert halo_latent(x, run)[0, 1, 2, :, 1].tolist() == [0.0, 0.0, 1.0, 2.0, 3.0]
+
+
 def test_optimize_group_errors_copies_and_pickles_in_process():
     """No process group here: a bad `group=`/`output=` raises before the installed runner changes; the
     installed `vae.decode` (set directly, with a stand-in group) survives a deepcopy sharing its group, and
@@ -135,6 +171,78 @@ def _decode_case(version, dtype, batch, frames, height, width, output="all", til
                 "gathered": info.gathered_ops, "gathered_reasons": info.gathered_reasons, "tiles": info.tiles,
                 "module_unchanged": before == after}
     return case
+
+
+def _graph_case(version, batch, frames, height, width, refuse=False):
+    """An optimized module's sharded decode through the band graphs (bf16: on this CPU fp32's SiLU depends on
+    an element's position, so fp32 band graphs are refused): the first call checks chunk 0 and two steady
+    steps against the eager band mode, the second serves from the graphs alone, a third after a weight edit
+    (in place, on this module and the reference alike) still from the graphs and equal. `refuse`: rank 1's
+    steady graph is made to add 1 to its output, so every rank refuses the pair at step 1 and the eager band
+    mode finishes the decode."""
+    def case(rank, world):
+        from rewrite import optimize
+        from rewrite.distributed import decode_sharded
+        from rewrite.runtime.runner import installed_runner
+
+        bf16 = torch.bfloat16
+        vae, reference = optimize(_vae(version, bf16), "lossless"), _vae(version, bf16)
+        if refuse and rank == 1:
+            runner = installed_runner(vae)
+            rewrite_graph = runner.rewrite_graph
+
+            def broken(graph, level):
+                rewrite_graph(graph, level)
+                if graph.name == "steady":
+                    g = graph.graph_module.graph
+                    output = next(n for n in g.nodes if n.op == "output")
+                    y = output.args[0][0]
+                    with g.inserting_before(output):
+                        wrong = g.call_function(torch.ops.aten.add.Tensor, (y, 1.0))
+                    output.args = ((wrong, *output.args[0][1:]),)
+                    graph.graph_module.recompile()
+
+            runner.rewrite_graph = broken
+        z = _latents(vae, batch, frames, height, width, bf16, seed=frames)
+        calls = []
+        with torch.no_grad():
+            expected = reference.decode(z).sample
+            for edit in (False, False, True):
+                if edit:
+                    for v in (vae, reference):
+                        v.decoder.up_blocks[0].resnets[0].conv1.weight.mul_(1.25)
+                    expected = reference.decode(z).sample
+                video, info = decode_sharded(vae, z, return_info=True)
+                calls.append({"equal": bool(torch.equal(video, expected)), "mode": info.mode,
+                              "steps": info.graph_steps, "checks": info.graph_checks, "reason": info.graph_reason})
+        first = calls[0]
+        return {"equal": all(c["equal"] for c in calls), "mode": first["mode"], "reason": None,
+                "local": 1, "gathered": 0, "gathered_reasons": [], "tiles": None, "module_unchanged": True,
+                "calls": calls}
+    return case
+
+
+def _check_graphs(results, world, frames):
+    """Each band-graph case served from its graphs as `_graph_case` says (or refused them on every rank)."""
+    problems = []
+    for name in results[0]:
+        if "band graphs" not in name:
+            continue
+        for rank in range(world):
+            status, value = results[rank][name]
+            if status != "ok":
+                continue  # reported by _check_decodes
+            calls = value["calls"]
+            if "refused" in name:
+                expected = [(2, 2, "the band graphs differ from the eager band mode at step 1 (steady) on some rank")]
+                expected += [(0, 0, expected[0][2])] * 2
+            else:
+                expected = [(frames[name], 3, None), (frames[name], 0, None), (frames[name], 0, None)]
+            seen = [(c["steps"], c["checks"], c["reason"]) for c in calls]
+            if seen != expected:
+                problems.append(f"{name}, rank {rank}: (graph steps, checks, reason) per call {seen}, "
+                                f"expected {expected}")
+    return problems
 
 
 def _mesh_case(rank, world):
@@ -271,8 +379,9 @@ def _optimize_case(version, reference_level):
 
 
 def _gpu_case(version, height, width, frames):
-    """Full-size decoder on CUDA (every rank on cuda:0 over gloo): the sharded decode against this
-    process's single-process decode and the `lossless` one; what ran on the band and what was gathered."""
+    """Full-size decoder on CUDA (every rank on cuda:0 over gloo): the sharded decode, eager band mode and
+    then band graphs (the module optimized), against this process's single-process decode and the
+    `lossless` one; what ran on the band, what was gathered, and whether the band graphs served."""
     def case(rank, world):
         from rewrite import optimize
         from rewrite.distributed import decode_sharded
@@ -283,21 +392,31 @@ def _gpu_case(version, height, width, frames):
         z = _latents(vae, 1, frames, height, width, torch.bfloat16).cuda()
         with torch.no_grad():
             start = time.perf_counter()
-            video, info = decode_sharded(vae, z, output="rank0", return_info=True)
+            video, info = decode_sharded(vae, z, output="rank0", return_info=True)  # eager band mode
             torch.cuda.synchronize()
             seconds = time.perf_counter() - start
             again = decode_sharded(vae, z, output="rank0")  # verdicts cached: no check runs
+            expected = vae.decode(z).sample if rank == 0 else None
+            optimize(vae, "lossless")  # now the band graphs: checked on the first call, alone on the second
+            graphs, graph_info = decode_sharded(vae, z, output="rank0", return_info=True)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            graphs_again, again_info = decode_sharded(vae, z, output="rank0", return_info=True)
+            torch.cuda.synchronize()
+            graph_seconds = time.perf_counter() - start
             result = {"mode": info.mode, "reason": info.reason, "local": info.band_local_ops, "seconds": seconds,
                       "gathered": info.gathered_ops, "gathered_reasons": info.gathered_reasons, "tiles": None,
-                      "checks": info.checks_run, "module_unchanged": True}
+                      "checks": info.checks_run, "module_unchanged": True,
+                      "graph calls": [(i.graph_steps, i.graph_checks, i.graph_reason) for i in (graph_info, again_info)],
+                      "graph seconds": graph_seconds}
+            served = again_info.graph_steps == frames and again_info.graph_checks == 0
             if rank == 0:
-                expected = vae.decode(z).sample
-                lossless = optimize(vae, "lossless").decode(z).sample
-                result["equal"] = bool(torch.equal(video, expected) and torch.equal(again, expected))
-                result["equal_lossless"] = bool(torch.equal(video, lossless))
+                lossless = vae.decode(z).sample
+                result["equal"] = all(torch.equal(v, expected) for v in (video, again, graphs, graphs_again))
+                result["equal_lossless"] = bool(torch.equal(video, lossless)) and served
             else:
-                result["equal"] = video is None and again is None
-                result["equal_lossless"] = True
+                result["equal"] = all(v is None for v in (video, again, graphs, graphs_again))
+                result["equal_lossless"] = served
         return result
     return case
 
@@ -319,6 +438,9 @@ def _cases(name):
             "wan2.2 fp32 b1 f1 4x6 band": _decode_case("wan2.2", f32, 1, 1, 4, 6, output="band"),
             "wan2.1 slicing b2 f2 4x4": _decode_case("wan2.1", f32, 2, 2, 4, 4, slicing=True),
             "wan2.1 optimized module f2 4x4": _decode_case("wan2.1", f32, 1, 2, 4, 4, optimized=True),
+            "wan2.1 band graphs b1 f4 5x6": _graph_case("wan2.1", 1, 4, 5, 6),
+            "wan2.2 band graphs b1 f3 5x6": _graph_case("wan2.2", 1, 3, 5, 6),
+            "wan2.1 band graphs refused b1 f3 4x4": _graph_case("wan2.1", 1, 3, 4, 4, refuse=True),
             "wan2.1 bf16 f2 4x4 on a DeviceMesh": _mesh_case,
             "wan2.1 3 rows, 2 ranks: single-process": _decode_case("wan2.1", f32, 1, 2, 3, 4),
             "wan2.1 tiled f2 7x8": _decode_case("wan2.1", f32, 1, 2, 7, 8, tiling=True),
@@ -334,6 +456,7 @@ def _cases(name):
         "wan2.2 fp32 b1 f1 6x4 band": _decode_case("wan2.2", f32, 1, 1, 6, 4, output="band"),
         "wan2.2 bf16 b1 f5 7x4 all": _decode_case("wan2.2", bf16, 1, 5, 7, 4),
         "wan2.1 tiled f1 7x8": _decode_case("wan2.1", f32, 1, 1, 7, 8, tiling=True),
+        "wan2.1 band graphs b1 f3 7x6": _graph_case("wan2.1", 1, 3, 7, 6),
         "failure": _failure_case,  # last: it leaves the group with unfinished operations
     }
 
@@ -402,6 +525,7 @@ def test_two_ranks(tmp_path):
             if status != "ok" or not value["raised"] or needle not in value["raised"]:
                 problems.append(f"{key}, rank {rank}: expected a ShardMismatchError naming {needle!r}; got {value}")
     problems += _check_optimize(results, 2)
+    problems += _check_graphs(results, 2, {"wan2.1 band graphs b1 f4 5x6": 4, "wan2.2 band graphs b1 f3 5x6": 3})
     assert not problems, "\n".join(problems)
 
 
@@ -435,6 +559,7 @@ def _check_optimize(results, world):
 def test_three_ranks_and_a_failing_rank(tmp_path):
     results = _spawn(3, "three", tmp_path)
     problems = _check_decodes(results, 3)
+    problems += _check_graphs(results, 3, {"wan2.1 band graphs b1 f3 7x6": 3})
     for rank in range(3):
         status, value = results[rank]["failure"]
         assert status == "ok", value
@@ -462,5 +587,6 @@ def test_gpu_two_gloo_ranks_on_one_device(tmp_path, version, size):
         status, value = results[rank][f"{name} rank0"]
         print(f"rank {rank}:", value)
         if status == "ok" and not value["equal_lossless"]:
-            problems.append(f"rank {rank}: the sharded decode differs from lossless")
+            problems.append(f"rank {rank}: the sharded decode differs from lossless, or the band graphs did not "
+                            f"serve: {value['graph calls']}")
     assert not problems, "\n".join(problems)

@@ -114,7 +114,15 @@ def capture_wan_decoder(decoder: nn.Module, dtype: torch.dtype, device: torch.de
     allocated from the shapes chunk 0's graph reports. What is traced is a `tracing_copy` of `decoder` (eval
     mode, same tensors): the live decoder is never touched.
     """
-    decoder = tracing_copy(decoder)
+    return export_wan_steps(tracing_copy(decoder), dtype, device, size)
+
+
+def export_wan_steps(traced: nn.Module, dtype: torch.dtype, device: torch.device,
+                     size: tuple[int, int, int] | None = None) -> tuple[CapturedGraph, CapturedGraph]:
+    """`capture_wan_decoder` on a decoder that is already a `tracing_copy` (exported as it is: the instance
+    forwards a caller installed on its modules are traced, e.g. the band forwards of
+    `rewrite.distributed.band_graphs`). `size` as for `capture_wan_decoder`."""
+    decoder = traced
     z_dim = decoder.conv_in.in_channels
     if size is None:
         batch, height, width, make, dims = EXAMPLE_BATCH, EXAMPLE_HEIGHT, EXAMPLE_WIDTH, torch.zeros, DYNAMIC_DIMS

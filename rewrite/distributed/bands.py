@@ -348,8 +348,6 @@ def band_decoder(decoder: nn.Module, run: BandRun):
     module has no band form (a type or setting this file does not know)."""
     wan = _wan()
     copy = tracing_copy(decoder)
-    passive = (wan.WanDecoder3d, wan.WanMidBlock, wan.WanUpBlock, wan.WanResidualUpBlock, wan.WanResidualBlock,
-               nn.Sequential, nn.ModuleList, nn.Identity, nn.Dropout)
     inside_attention = {id(sub) for mod in copy.modules() if type(mod) is wan.WanAttentionBlock
                         for sub in mod.modules() if sub is not mod}
     resample_convs = {id(mod.resample[1]) for mod in copy.modules()
@@ -375,15 +373,27 @@ def band_decoder(decoder: nn.Module, run: BandRun):
         elif kind is wan.WanUpsample:
             if mod.mode != "nearest-exact" or tuple(mod.scale_factor or ()) != (2.0, 2.0) or mod.size is not None:
                 return None, f"{name}: only nearest-exact x2 upsampling is band-local (got {mod.mode!r})"
-        elif kind is wan.DupUp3D:
-            if mod.factor_s not in (1, 2):
-                return None, f"{name}: DupUp3D with factor_s {mod.factor_s}"
-        elif kind in passive:
-            if kind is nn.Dropout and mod.p and mod.training:
-                return None, f"{name}: active dropout"
         else:
-            return None, f"{name}: {kind.__name__} has no band form"
+            reason = passive_reason(name, mod)
+            if reason is not None:
+                return None, reason
     return copy, None
+
+
+def passive_reason(name: str, mod: nn.Module) -> str | None:
+    """Why a module that needs no band forward of its own (containers, blocks whose children have them,
+    DupUp3D's data movement, identity, SiLU, eval dropout) cannot run on a band as it is; None where it can."""
+    wan = _wan()
+    passive = (wan.WanDecoder3d, wan.WanMidBlock, wan.WanUpBlock, wan.WanResidualUpBlock, wan.WanResidualBlock,
+               nn.Sequential, nn.ModuleList, nn.Identity, nn.Dropout, nn.SiLU)
+    kind = type(mod)
+    if kind is wan.DupUp3D:
+        return None if mod.factor_s in (1, 2) else f"{name}: DupUp3D with factor_s {mod.factor_s}"
+    if kind not in passive:
+        return f"{name}: {kind.__name__} has no band form"
+    if kind is nn.Dropout and mod.p and mod.training:
+        return f"{name}: active dropout"
+    return None
 
 
 def cache_slots(decoder: nn.Module) -> int:

@@ -4,7 +4,8 @@ Modes (chosen per call, the same on every rank):
 
 * bands (the default): each rank decodes latent rows [a, b) of every frame (`rewrite.distributed.bands`):
   halo rows before each spatial conv, the middle block's attention on its gathered input, the causal caches
-  of the band only. `post_quant_conv` (a 1x1x1 conv of the latents, which every rank holds) runs on the
+  of the band only. For a module `rewrite.optimize` optimized, through the rewritten band graphs where they
+  were seen to agree with that eager band form (`rewrite.distributed.band_graphs`). `post_quant_conv` (a 1x1x1 conv of the latents, which every rank holds) runs on the
   whole latent on every rank, as in diffusers' `_decode`.
 * tiles: where diffusers would tile (`vae.enable_tiling()` and a latent larger than one tile), tile n of
   diffusers' row-major order is decoded on rank n % world by the module's own decoder (optimized or not);
@@ -59,6 +60,9 @@ class ShardedInfo:
     gathered_ops: int = 0                  # bands: op calls run on the gathered tensor (attention included)
     checks_run: int = 0                    # bands: per-shape checks this call ran (the rest were cached)
     gathered_reasons: list = dataclasses.field(default_factory=list)
+    graph_steps: int = 0                   # bands: steps run through the rewritten band graphs
+    graph_checks: int = 0                  # bands: of those, steps checked against the eager band mode
+    graph_reason: str | None = None        # bands: why the band graphs did not serve (some) steps
     tiles: list | None = None              # tiles: tile origins (latent row, col) this rank decoded
 
 
@@ -74,7 +78,8 @@ def decode_sharded(vae: nn.Module, z: torch.Tensor, *, group=None, output: str =
 
     Collective: every rank of `group` (a ProcessGroup, a 1-D DeviceMesh, or None for the default group)
     calls it with the same latents, weights and options, each on its own device (or all on one). `vae`: a
-    diffusers `AutoencoderKLWan`, optimized by `rewrite.optimize` or not (the band mode runs diffusers'
+    diffusers `AutoencoderKLWan`, optimized by `rewrite.optimize` or not (the band mode runs an optimized
+    module's bands through rewritten band graphs, `rewrite.distributed.band_graphs`, and otherwise diffusers'
     modules on a private copy of the decoder; the live module is never changed, also on error).
 
     Returns the video [batch, channels, frames, H, W] clamped as `vae.decode(z).sample` is:
@@ -165,11 +170,14 @@ def _decode(vae, z, comm: Comm, output: str, verify: bool):
             video = video[..., a:b, :]
         return video, info
     with torch.no_grad(), CAPTURE_GATE.running():
-        bands = [_band_decode(vae, decoder, run, s) for s in slices]
+        runner = _band_graph_runner(vae)
+        graph_stats: dict = {}
+        bands = [_band_decode(vae, decoder, run, s, runner, graph_stats) for s in slices]
         band = torch.cat(bands) if len(bands) > 1 else bands[0]
         info = ShardedInfo("bands", latent_rows=run.rows, band_local_ops=run.stats.local,
                            gathered_ops=run.stats.gathered, checks_run=run.stats.checks,
-                           gathered_reasons=list(run.stats.reasons))
+                           gathered_reasons=list(run.stats.reasons), graph_steps=graph_stats.get("graph_steps", 0),
+                           graph_checks=graph_stats.get("checked_steps", 0), graph_reason=graph_stats.get("reason"))
         s = run.scale(band.shape[-2])
         info.output_rows = run.rows_at(s)
         if output == "band":
@@ -180,10 +188,24 @@ def _decode(vae, z, comm: Comm, output: str, verify: bool):
     return video, info
 
 
-def _band_decode(vae, decoder, run: BandRun, z: torch.Tensor) -> torch.Tensor:
-    """This rank's band of the clamped video: diffusers' `_decode` frame loop over the band decoder."""
-    from rewrite.capture.wan import reference_forward
+def _band_graph_runner(vae):
+    """The Wan runner `rewrite.optimize` installed on `vae` (its pass pipeline rewrites the band graphs), or None."""
+    from rewrite.runtime.runner import installed_runner
 
+    runner = installed_runner(vae)
+    return runner if runner is not None and getattr(runner, "model_name", None) == "wan" else None
+
+
+def _band_decode(vae, decoder, run: BandRun, z: torch.Tensor, runner=None, graph_stats=None) -> torch.Tensor:
+    """This rank's band of the clamped video: through the rewritten band graphs where they serve
+    (`rewrite.distributed.band_graphs`), else diffusers' `_decode` frame loop over the band decoder."""
+    from rewrite.capture.wan import reference_forward
+    from rewrite.distributed.band_graphs import decode_band_graphs
+
+    graph_stats = {} if graph_stats is None else graph_stats
+    video = decode_band_graphs(vae, decoder, run, z, runner, graph_stats)
+    if video is not None:
+        return video
     x = run.own(vae.post_quant_conv(z))
     cache: list = [None] * cache_slots(decoder)
     out = None

@@ -1,0 +1,327 @@
+"""The band mode through rewritten step graphs: each rank's band decoded by the `lossless` passes' custom ops.
+
+What the eager band mode (`rewrite.distributed.bands`) runs module by module, this runs as the project's
+two step graphs (`rewrite.capture.wan`), exported for the band and rewritten by the optimized module's own
+pass pipeline at `lossless`. The band is exported in *halo-first form*, so that every fusion family still
+matches unchanged (the graphs differ from single-process graphs only by three collective ops,
+`rewrite.distributed.band_ops`, that no pattern crosses):
+
+* the step input is the latent band with one extra row above and below (the neighbours' rows of the latent,
+  which every rank holds; zeros at the global edges), so `conv_in`'s input and cache carry their halo;
+* every norm that feeds a 3x3x3 causal conv (a residual block's `norm1`/`norm2`, `norm_out`) reads its input
+  through `rewrite::band_halo_rows`, and those convs pad only columns and frames: the halo rows *are* their row
+  pad (the norm and SiLU of a zero row are zero, so the zero rows at the global edges are the zero pad), and
+  the caches they keep carry the halo rows too, so no cache is exchanged;
+* a resampler's 2x upsample reads its input through the halo op; its 3x3 conv2d pads only columns and the one
+  extra output row on each side is cut off;
+* the middle block's attention runs on its all-gathered input (`rewrite::band_gather_rows`), its output cut
+  to this rank's rows (`rewrite::band_own_rows`).
+
+Exactness: the same values reach every op as in the eager band mode; what may differ is a kernel chosen
+from a shape. So a graph pair serves only after it was seen to agree: on its first decodes (per band shape,
+dtype, device and rank geometry) both modes run, the eager band mode's result is the one used, and the
+chunk-0 step and two steady steps must be `torch.equal` (the output, and each cache's band rows); all ranks
+agree on the verdict (a MIN all-reduce). A pair that disagrees anywhere is never used again (logged, with
+the step); a capture that fails is remembered likewise. Like every self-check of the project this is
+evidence per shape on one input, not a proof for all values (docs/distributed.md).
+
+Not here: CUDA graphs (the collectives run inside the step graphs, so these graphs run eagerly);
+`channels_last`'s own ops (the graphs are rewritten at `lossless` whatever the module's level, which keeps the
+sharded decode `torch.equal` to the eager band mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rewrite.capture.export import tracing_copy
+from rewrite.capture.wan import export_wan_steps, reference_forward
+from rewrite.distributed import band_ops  # noqa: F401 - registers the collective ops before any export
+from rewrite.distributed.band_ops import BandContext
+from rewrite.distributed.bands import BandRun, cache_slots, empty_like_layout, passive_reason
+from rewrite.runtime import guards
+from rewrite.runtime.captures import CaptureCache
+
+logger = logging.getLogger("rewrite")
+
+#: the level the band graphs are rewritten at (see the module docstring)
+BAND_LEVEL = "lossless"
+#: steady steps a graph pair must agree on before it serves alone
+STEADY_CHECKS = 2
+
+ops = torch.ops.rewrite
+
+
+def _wan():
+    from diffusers.models.autoencoders import autoencoder_kl_wan as wan
+
+    return wan
+
+
+# ---- the halo-first band decoder (exported) ------------------------------------------------------------
+def _halo_norm(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
+    return _wan().WanRMS_norm.forward(m, ops.band_halo_rows(x, context_id))
+
+
+def _halo_upsample(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
+    return _wan().WanUpsample.forward(m, ops.band_halo_rows(x, context_id))
+
+
+def _cropped_conv2d(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """The resampler's 3x3 conv of the upsampled halo band: columns padded, rows not, one row cut each side."""
+    y = F.conv2d(x, m.weight, m.bias, m.stride, (0, m.padding[1]), m.dilation, m.groups)
+    return y[:, :, 1:-1, :]
+
+
+def _gathered_attention(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
+    whole = ops.band_gather_rows(x, context_id)
+    return ops.band_own_rows(_wan().WanAttentionBlock.forward(m, whole), context_id)
+
+
+def _is_3x3_causal(m: nn.Module) -> bool:
+    return tuple(m.kernel_size[1:]) == (3, 3) and tuple(m._padding[:4]) == (1, 1, 1, 1)
+
+
+def _is_pointwise_in_space(m: nn.Module) -> bool:
+    return tuple(m.kernel_size[1:]) == (1, 1) and tuple(m._padding[:4]) == (0, 0, 0, 0)
+
+
+def halo_first_decoder(decoder: nn.Module, ctx: BandContext):
+    """(copy, None): a `tracing_copy` of `decoder` in halo-first band form (module docstring), to export; or
+    (None, reason) where a module or setting has no such form."""
+    wan = _wan()
+    copy = tracing_copy(decoder)
+    named = dict(copy.named_modules(prefix="decoder"))
+    parent_of = {id(child): parent for parent in named.values() for child in parent.children()}
+    inside_attention = {id(sub) for mod in named.values() if type(mod) is wan.WanAttentionBlock
+                        for sub in mod.modules() if sub is not mod}
+    resblock_parts = {id(getattr(mod, part)) for mod in named.values() if type(mod) is wan.WanResidualBlock
+                      for part in ("norm1", "norm2", "conv1", "conv2")}
+    head = {id(copy.norm_out), id(copy.conv_in), id(copy.conv_out)}
+    for name, mod in named.items():
+        if id(mod) in inside_attention:
+            continue
+        kind = type(mod)
+        if kind is wan.WanCausalConv3d:
+            if _is_3x3_causal(mod) and (id(mod) in resblock_parts or id(mod) in head):
+                padding = list(mod._padding)
+                padding[2] = padding[3] = 0  # the halo rows are the row pad
+                mod._padding = tuple(padding)
+            elif not _is_pointwise_in_space(mod):
+                return None, f"{name}: a causal conv with kernel {tuple(mod.kernel_size)} there has no halo-first form"
+        elif kind is wan.WanRMS_norm:
+            if not (id(mod) in resblock_parts or id(mod) in head) or not mod.channel_first:
+                return None, f"{name}: a norm that feeds no 3x3x3 conv has no halo-first form"
+            mod.forward = functools.partial(_halo_norm, mod, ctx.id)
+        elif kind is wan.WanAttentionBlock:
+            mod.forward = functools.partial(_gathered_attention, mod, ctx.id)
+        elif kind is wan.WanResample:
+            if mod.mode not in ("upsample2d", "upsample3d"):
+                return None, f"{name}: a {mod.mode!r} resampler has no band form"
+            up, conv = (mod.resample[0], mod.resample[1]) if len(mod.resample) == 2 else (None, None)
+            if (type(up) is not wan.WanUpsample or type(conv) is not nn.Conv2d or tuple(conv.kernel_size) != (3, 3)
+                    or tuple(conv.padding) != (1, 1) or tuple(conv.stride) != (1, 1) or tuple(conv.dilation) != (1, 1)
+                    or conv.padding_mode != "zeros"):
+                return None, f"{name}: only a 2x upsample followed by a 3x3 conv2d (padding 1) has a halo-first form"
+        elif kind is wan.WanUpsample:
+            if (mod.mode != "nearest-exact" or tuple(mod.scale_factor or ()) != (2.0, 2.0) or mod.size is not None
+                    or type(parent_of.get(id(mod))) is not nn.Sequential):
+                return None, f"{name}: only a resampler's nearest-exact x2 upsampling is band-local"
+            mod.forward = functools.partial(_halo_upsample, mod, ctx.id)
+        elif kind is nn.Conv2d:
+            if type(parent_of.get(id(mod))) is not nn.Sequential:
+                return None, f"{name}: a conv2d outside a resampler has no band form"
+            mod.forward = functools.partial(_cropped_conv2d, mod)
+        else:
+            reason = passive_reason(name, mod)
+            if reason is not None:
+                return None, reason
+    return copy, None
+
+
+# ---- captured pairs, per runner -------------------------------------------------------------------------
+@dataclasses.dataclass
+class BandGraphs:
+    """One rewritten (chunk0, steady) pair for a band shape, and whether it was seen to agree."""
+
+    ctx: BandContext
+    chunk0: object
+    steady: object
+    snapshot: guards.ModuleSnapshot
+    chunk0_ok: bool = False
+    steady_checks: int = 0
+    refused: str | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.chunk0_ok and self.steady_checks >= STEADY_CHECKS
+
+
+class BandGraphStore:
+    """The band graph pairs of one optimized module (one `WanRunner`), keyed by band shape and geometry."""
+
+    def __init__(self) -> None:
+        self.captures: CaptureCache = CaptureCache()
+
+    def pair(self, runner, decoder: nn.Module, key: tuple, rows, rank: int, size, dtype, device):
+        """The pair of `key` (None with the reason where its capture failed or it was refused)."""
+        listing = list(decoder.named_modules(prefix="decoder"))
+        found = self.captures.values.get(key)
+        if found is not None and found.snapshot.changes(listing):
+            self.captures.forget(key)  # the module tree changed since its capture: capture again
+        what = f"the band graphs of rank {rank} at latent size {size}"
+
+        def capture():
+            ctx = BandContext(rows, rank)
+            traced, reason = halo_first_decoder(decoder, ctx)
+            if traced is None:
+                raise ValueError(reason)
+            chunk0, steady = export_wan_steps(traced, dtype, device, size)
+            for graph in (chunk0, steady):
+                runner.rewrite_graph(graph, BAND_LEVEL)
+            return BandGraphs(ctx, chunk0, steady, guards.ModuleSnapshot.of(listing))
+
+        graphs = self.captures.get(key, capture, what)
+        if graphs is None:
+            return None, self.captures.errors[key]
+        return graphs, graphs.refused
+
+
+_STORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # runner -> BandGraphStore
+
+
+def store_of(runner) -> BandGraphStore:
+    store = _STORES.get(runner)
+    if store is None:
+        store = _STORES[runner] = BandGraphStore()
+    return store
+
+
+# ---- the decode ------------------------------------------------------------------------------------------
+def halo_latent(x: torch.Tensor, run: BandRun) -> torch.Tensor:
+    """Latent rows [a - 1, b + 1) of the whole `x` (zeros beyond the global edges), dense in x's layout."""
+    a, b = run.rows[run.rank]
+    height = x.shape[-2]
+    shape = list(x.shape)
+    shape[-2] = b - a + 2
+    out = empty_like_layout(shape, x)
+    lo, hi = max(a - 1, 0), min(b + 1, height)
+    out[..., lo - (a - 1):hi - (a - 1), :] = x[..., lo:hi, :]
+    if a == 0:
+        out[..., 0, :] = 0
+    if b == height:
+        out[..., -1, :] = 0
+    return out
+
+
+def _caches_agree(graph_caches, eager_slots) -> bool:
+    """Each graph cache's band rows equal to the eager mode's cache (the graph's may carry 2 halo rows more)."""
+    tensors = [s for s in eager_slots if isinstance(s, torch.Tensor)]
+    if len(tensors) != len(eager_slots) or len(tensors) != len(graph_caches):
+        return False
+    for g, e in zip(graph_caches, tensors):
+        if g.shape[-2] == e.shape[-2] + 2:
+            g = g[..., 1:-1, :]
+        if g.shape != e.shape or not torch.equal(g, e):
+            return False
+    return True
+
+
+def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Tensor, runner, stats: dict):
+    """This rank's band of the clamped video through the band graphs (eager band mode alongside until the pair
+    is verified); None where no pair serves (its capture failed or it was refused: the caller runs the eager
+    band mode). `stats` gets "graph_steps", "checked_steps" and "reason"."""
+    decoder = vae.decoder
+    x_whole = vae.post_quant_conv(z)
+    a, b = run.rows[run.rank]
+    batch, _, frames, _, width = x_whole.shape
+    size = (batch, b - a + 2, width)
+    key = (x_whole.dtype, x_whole.device, size, tuple(run.rows), run.rank, run.comm.name, run.comm._global)
+    if runner is None:
+        graphs, reason = None, "the module is not optimized (rewrite.optimize): no pass pipeline"
+    else:
+        graphs, reason = store_of(runner).pair(runner, decoder, key, run.rows, run.rank, size, x_whole.dtype,
+                                               x_whole.device)
+    ok = run.comm.all_reduce_min(int(graphs is not None and reason is None), "the choice of the band graphs")
+    if not ok:
+        stats["reason"] = reason or "another rank has no band graphs for this call"
+        return None
+    x_ext = halo_latent(x_whole, run)
+    x_band = run.own(x_whole)
+    graphs.ctx.run = run
+    try:
+        return _run_steps(vae, graphs, decoder, eager_decoder, run, x_ext, x_band, frames, stats)
+    finally:
+        graphs.ctx.run = None
+
+
+def _run_steps(vae, graphs: BandGraphs, decoder, eager_decoder, run, x_ext, x_band, frames, stats):
+    weights0, weights = graphs.chunk0.weights(decoder), graphs.steady.weights(decoder)
+    # every rank runs the same checks: the verification state agreed (a steady check implies chunk 0's)
+    progress = int(graphs.chunk0_ok) + min(graphs.steady_checks, STEADY_CHECKS)
+    progress = run.comm.all_reduce_min(progress, "the state of the band graphs' checks")
+    graphs.chunk0_ok, graphs.steady_checks = progress >= 1, max(progress - 1, 0)
+    checking = not graphs.verified
+    eager_cache: list = [None] * cache_slots(eager_decoder) if checking else []
+    caches: list = []
+    video = None
+    temporal = 2 ** sum(bool(t) for t in decoder.temperal_upsample)
+    for i in range(frames):
+        if i == 0:
+            y, *caches = graphs.chunk0(weights0, x_ext[:, :, 0:1])
+        else:
+            y, *caches = graphs.steady(weights, x_ext[:, :, i:i + 1], *caches)
+        stats["graph_steps"] = stats.get("graph_steps", 0) + 1
+        if checking:
+            expected = reference_forward(eager_decoder, x_band[:, :, i:i + 1], feat_cache=eager_cache, feat_idx=[0],
+                                         first_chunk=i == 0)
+            if (i == 0 and not graphs.chunk0_ok) or (i > 0 and graphs.steady_checks < STEADY_CHECKS):
+                agree = torch.equal(y, expected) and (i == 0 or _caches_agree(caches, eager_cache[:len(caches)]))
+                agree = bool(run.comm.all_reduce_min(int(agree), "the check of the band graphs"))
+                stats["checked_steps"] = stats.get("checked_steps", 0) + 1
+                if not agree:
+                    graphs.refused = (f"the band graphs differ from the eager band mode at step {i} "
+                                      f"({'chunk 0' if i == 0 else 'steady'}) on some rank")
+                    logger.warning("rewrite.distributed: %s; the eager band mode serves this shape", graphs.refused)
+                    stats["reason"] = graphs.refused
+                    video = _store(video, expected, i, frames, temporal)
+                    return _finish_eager(vae, eager_decoder, x_band, eager_cache, i, video, temporal)
+                if i == 0:
+                    graphs.chunk0_ok = True
+                else:
+                    graphs.steady_checks += 1
+            y = expected  # while checking, the eager result is the one used
+            checking = not graphs.verified
+        video = _store(video, y, i, frames, temporal)
+    return _finish(vae, video)
+
+
+def _store(video, y, i: int, frames: int, temporal: int):
+    """Step i's frames into the preallocated band video (made at step 0)."""
+    if video is None:
+        video = y.new_empty((y.shape[0], y.shape[1], 1 + (frames - 1) * temporal, *y.shape[3:]))
+    start = 0 if i == 0 else 1 + (i - 1) * temporal
+    video[:, :, start:start + y.shape[2]] = y
+    return video
+
+
+def _finish_eager(vae, eager_decoder, x_band, eager_cache, done: int, video, temporal: int):
+    frames = x_band.shape[2]
+    for i in range(done + 1, frames):
+        y = reference_forward(eager_decoder, x_band[:, :, i:i + 1], feat_cache=eager_cache, feat_idx=[0],
+                              first_chunk=False)
+        video = _store(video, y, i, frames, temporal)
+    return _finish(vae, video)
+
+
+def _finish(vae, video):
+    if vae.config.patch_size is not None:
+        video = _wan().unpatchify(video, patch_size=vae.config.patch_size)
+    return torch.clamp(video, min=-1.0, max=1.0)
