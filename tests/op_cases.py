@@ -37,7 +37,7 @@ def channels_last(t: torch.Tensor) -> torch.Tensor:
 LAYOUTS = {"contiguous": lambda t: t, "frame_major": frame_major, "channels_last": channels_last}
 
 
-def _norm_plan_on_cpu(x, upcast, reference_contiguous=False):
+def _norm_plan_on_cpu(x, upcast, reference_contiguous=False, rows=None):
     """`layout.norm_plan`'s layout conditions without its CUDA ones (2 threads, one block)."""
     x5 = layout.as5d(x)
     fits = layout.run_stride(x5) is not None if reference_contiguous else layout.planes_contiguous(x5)

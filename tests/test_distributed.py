@@ -90,6 +90,35 @@ def test_halo_first_decoder_and_halo_latent():
     assert halo_latent(x, run)[0, 1, 2, :, 1].tolist() == [0.0, 0.0, 1.0, 2.0, 3.0]
 
 
+def test_band_norms_take_the_whole_tensors_order(monkeypatch):
+    """A band's norm sums in ATen's order for the whole tensor: the band graphs give each norm of a halo band
+    the whole tensor's rows (`norm_rows`), and the plan for those rows is the whole tensor's, which differs
+    from the band's own for Wan 2.2's 1024-channel norm at 720p on 2 ranks (10 blocks per output against 16;
+    H200: 132 SMs, 2048 threads each)."""
+    from rewrite.distributed.band_graphs import halo_first_decoder, whole_norm_orders
+    from rewrite.distributed.band_ops import BandContext
+    from rewrite.capture.wan import export_wan_steps
+    from rewrite.models.wan import build_wan
+    from rewrite.ops import aten_reduction
+    from rewrite.pipeline import rewrite_graph
+
+    monkeypatch.setattr(aten_reduction, "_device_limits", lambda index: (132, 2048))
+    whole, band = (1, 1024, 2, 90, 160), (1, 1024, 2, 48, 160)  # band: 23 latent rows x 2, plus 2 halo rows
+    strides = aten_reduction.dense_strides_in_order(whole, (5, 4, 3, 2, 1))
+    assert strides == (29491200, 28800, 14400, 160, 1)
+    assert aten_reduction.plan_of(whole, strides, 0, 4, 0).ctas == 10
+    assert aten_reduction.plan_of(band, aten_reduction.dense_strides_in_order(band, strides), 0, 4, 0).ctas == 16
+
+    decoder = build_wan("wan2.1", "tiny").decoder.to(torch.bfloat16)
+    ctx = BandContext([(0, 3), (3, 5)], 0)
+    traced, _ = halo_first_decoder(decoder, ctx)
+    chunk0, _ = export_wan_steps(traced, torch.bfloat16, torch.device("cpu"), (1, 5, 6))
+    rewrite_graph(chunk0, "lossless")
+    assert whole_norm_orders(chunk0.graph_module, ctx) == 21  # every norm + SiLU that feeds a conv
+    rows = sorted({n.kwargs["norm_rows"] for n in chunk0.graph_module.graph.nodes if "norm_rows" in n.kwargs})
+    assert rows == [5, 10, 20, 40]  # the whole latent's 5 rows at each resolution
+
+
 def test_optimize_group_errors_copies_and_pickles_in_process():
     """No process group here: a bad `group=`/`output=` raises before the installed runner changes; the
     installed `vae.decode` (set directly, with a stand-in group) survives a deepcopy sharing its group, and

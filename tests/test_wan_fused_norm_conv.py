@@ -452,7 +452,7 @@ def test_deferred_conv_biases_wiring_on_cpu(monkeypatch, case):
 
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
-    monkeypatch.setattr(layout, "norm_plan", lambda x, upcast, reference_contiguous=False:
+    monkeypatch.setattr(layout, "norm_plan", lambda x, upcast, reference_contiguous=False, rows=None:
                         aten_reduction.NormPlan(split=2, vec=1, ctas=1))
     g = torch.Generator().manual_seed(14)
     expected, actual, raw = _deferred_bias_block(torch.float32, case, 8, 5, 6, "cpu", g)
@@ -493,7 +493,7 @@ def test_channels_last_path_wiring_on_cpu(monkeypatch, fused_norm, case):
 
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
-    monkeypatch.setattr(layout, "norm_plan", lambda x, upcast, reference_contiguous=False:
+    monkeypatch.setattr(layout, "norm_plan", lambda x, upcast, reference_contiguous=False, rows=None:
                         aten_reduction.NormPlan(split=2, vec=1, ctas=3))
     g = torch.Generator().manual_seed(12)
     frames = 3 if case == "steady" else 1

@@ -17,6 +17,10 @@ matches unchanged (the graphs differ from single-process graphs only by three co
 * the middle block's attention runs on its all-gathered input (`rewrite::band_gather_rows`), its output cut
   to this rank's rows (`rewrite::band_own_rows`).
 
+After the passes, each norm of a halo band is given the whole tensor's summation order (`norm_rows`,
+`whole_norm_orders`): ATen's order for one output depends on how many outputs the tensor has, and the
+single-process decode sums in the whole tensor's.
+
 Exactness: the same values reach every op as in the eager band mode; what may differ is a kernel chosen
 from a shape. So a graph pair serves only after it was seen to agree: on its first decodes (per band shape,
 dtype, device and rank geometry) both modes run, the eager band mode's result is the one used, and the
@@ -146,6 +150,32 @@ def halo_first_decoder(decoder: nn.Module, ctx: BandContext):
     return copy, None
 
 
+def whole_norm_orders(gm: torch.fx.GraphModule, ctx: BandContext) -> int:
+    """Give every norm of a halo row band (`rewrite::rms_norm` / `rms_norm_causal_conv3d` reading a
+    `band_halo_rows` output) the summation order of the whole tensor it is a band of (`norm_rows`): ATen's
+    order for one output depends on the tensor's output count (Wan 2.2's 1024-channel norms split each
+    output over 10 blocks for the whole 720p tensor, 16 for a 2-rank band), and the single-process decode
+    sums in the whole tensor's order. Returns the number of norms given it."""
+    a, b = ctx.rows[ctx.rank]
+    height = ctx.rows[-1][1]
+    norms = (ops.rms_norm.default, ops.rms_norm_causal_conv3d.default)
+    given = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in norms:
+            continue
+        x = node.args[0]
+        if not (isinstance(x, torch.fx.Node) and x.target is ops.band_halo_rows.default):
+            continue
+        rows = x.meta["val"].shape[-2] - 2
+        scale, rest = divmod(int(rows), b - a)
+        if rest or scale < 1:
+            raise RuntimeError(f"band graphs: a norm input of {rows} band rows is no multiple of the band {b - a}")
+        node.kwargs = {**node.kwargs, "norm_rows": scale * height}
+        given += 1
+    gm.recompile()
+    return given
+
+
 # ---- captured pairs, per runner -------------------------------------------------------------------------
 @dataclasses.dataclass
 class BandGraphs:
@@ -186,6 +216,7 @@ class BandGraphStore:
             chunk0, steady = export_wan_steps(traced, dtype, device, size)
             for graph in (chunk0, steady):
                 runner.rewrite_graph(graph, BAND_LEVEL)
+                whole_norm_orders(graph.graph_module, ctx)
             return BandGraphs(ctx, chunk0, steady, guards.ModuleSnapshot.of(listing))
 
         graphs = self.captures.get(key, capture, what)

@@ -124,29 +124,54 @@ def split_for(num_outputs: int, channels: int, vec: int, multiprocessors: int, t
     return split, ctas
 
 
-def plan(x: torch.Tensor, reduced_dtype: torch.dtype, reference_contiguous: bool = False) -> Optional[NormPlan]:
+def plan(x: torch.Tensor, reduced_dtype: torch.dtype, reference_contiguous: bool = False,
+         rows: Optional[int] = None) -> Optional[NormPlan]:
     """ATen's order for `linalg_vector_norm(x.to(reduced_dtype), 2, [1], True)` on CUDA, or None where it is
     not reproduced. With an upcast, the fp32 copy ATen reduces is a fresh (aligned) tensor with x's strides.
     `reference_contiguous`: the order for a fresh contiguous tensor of x's shape (x is a stand-in in another
-    layout for the tensor ATen's norm would see, e.g. a channels-last conv output for ATen's contiguous one)."""
+    layout for the tensor ATen's norm would see, e.g. a channels-last conv output for ATen's contiguous one).
+    `rows`: x stands for a tensor of `rows` rows (dim -2), otherwise of x's shape, laid out densely in x's dim
+    order (or contiguous) at x's address: a band of a sharded decode given the whole tensor's order. The order
+    of one output depends on the whole tensor only through its output count and vector width."""
     if not x.is_cuda or x.dim() not in (4, 5) or not x.numel():
         return None
+    shape = tuple(x.shape) if rows is None else (*x.shape[:-2], int(rows), x.shape[-1])
     element_size = torch.empty((), dtype=reduced_dtype).element_size()
-    if x.numel() * element_size >= 2**31:  # TensorIterator would split into 32-bit sub-iterations
+    numel = functools.reduce(lambda a, b: a * b, shape, 1)
+    if numel * element_size >= 2**31:  # TensorIterator would split into 32-bit sub-iterations
         return None
     if reference_contiguous:
-        strides, data_ptr = _contiguous_strides(tuple(x.shape)), 0
+        strides, data_ptr = _contiguous_strides(shape), 0
     elif not _non_overlapping_dense(x):
         return None
     else:
-        strides, data_ptr = tuple(x.stride()), x.data_ptr() if reduced_dtype == x.dtype else 0
-    outputs = _output_dims(tuple(x.shape), strides)
+        strides = tuple(x.stride()) if rows is None else dense_strides_in_order(shape, tuple(x.stride()))
+        data_ptr = x.data_ptr() if reduced_dtype == x.dtype else 0
+    return plan_of(shape, strides, data_ptr, element_size, x.device.index or 0)
+
+
+def plan_of(shape: tuple[int, ...], strides: tuple[int, ...], data_ptr: int, element_size: int,
+            device_index: int) -> Optional[NormPlan]:
+    """`plan` for a dense tensor of `shape` and `strides` at `data_ptr` (elements of `element_size` bytes as
+    ATen reduces them) on CUDA device `device_index`."""
+    outputs = _output_dims(shape, strides)
     if not outputs or outputs[0][1] >= strides[1]:
         return None  # an inner reduction (channels fastest): another kernel and order
-    vec = output_vec_size(tuple(x.shape), strides, data_ptr, element_size)
-    num_outputs = x.numel() // x.shape[1]
-    split, ctas = split_for(num_outputs, x.shape[1], vec, *_device_limits(x.device.index or 0))
+    vec = output_vec_size(shape, strides, data_ptr, element_size)
+    num_outputs = functools.reduce(lambda a, b: a * b, shape, 1) // shape[1]
+    split, ctas = split_for(num_outputs, shape[1], vec, *_device_limits(device_index))
     return NormPlan(split=split, vec=vec, ctas=ctas)
+
+
+def dense_strides_in_order(shape: tuple[int, ...], like_strides: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a dense tensor of `shape` whose dims are laid out in the order `like_strides` gives
+    them (outermost first by stride, ties kept in dim order)."""
+    order = sorted(range(len(shape)), key=lambda d: -like_strides[d])
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

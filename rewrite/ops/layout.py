@@ -220,15 +220,16 @@ def norm_threads(split: int, ctas: int) -> int:
     return split * next_power_of_2(ctas)
 
 
-def norm_plan(x: Tensor, upcast: bool, reference_contiguous: bool = False):
+def norm_plan(x: Tensor, upcast: bool, reference_contiguous: bool = False, rows: Optional[int] = None):
     """ATen's summation order for this CUDA norm input, or None (then ATen's reduction kernel runs; also where
     the run context turns the fused norm off, ``run_context.using(fused_norm=False)``).
     `reference_contiguous`: x stands in for a contiguous tensor (`aten_reduction.plan`); its (h, w) positions
-    need only be one strided run."""
+    need only be one strided run. `rows`: x is a band of a tensor of that many rows, whose order it takes
+    (`aten_reduction.plan`)."""
     if not run_context.current().fused_norm or not x.is_cuda or (x.dtype != torch.float32) != upcast:
         return None
     x5 = as5d(x)
     if not (run_stride(x5) is not None if reference_contiguous else planes_contiguous(x5)):
         return None
-    plan = aten_reduction.plan(x, torch.float32, reference_contiguous)
+    plan = aten_reduction.plan(x, torch.float32, reference_contiguous, rows)
     return None if plan is None or norm_threads(plan.split, plan.ctas) > MAX_NORM_THREADS else plan

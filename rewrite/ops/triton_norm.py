@@ -325,11 +325,12 @@ def rms_norm_fused(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: flo
 
 
 def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
-             act: str | None, fused_silu: bool = True) -> Tensor:
-    """The Wan RMS norm: `rms_norm_fused` where `aten_reduction` knows ATen's order for x; else ATen's
-    reduction, then one epilogue kernel. SiLU is folded in when `fused_silu`, else applied by ATen after."""
+             act: str | None, fused_silu: bool = True, rows: int | None = None) -> Tensor:
+    """The Wan RMS norm: `rms_norm_fused` where `aten_reduction` knows ATen's order for x (for the tensor of
+    `rows` rows that x is a band of, if given); else ATen's reduction, then one epilogue kernel. SiLU is
+    folded in when `fused_silu`, else applied by ATen after."""
     silu_here = act == "silu" and fused_silu
-    plan = layout.norm_plan(x, upcast)
+    plan = layout.norm_plan(x, upcast, rows=rows)
     if plan is not None:
         out = rms_norm_fused(x, gamma, scale, bias, eps, upcast, silu_here, plan.split, plan.ctas)
         return torch.nn.functional.silu(out) if act == "silu" and not fused_silu else out

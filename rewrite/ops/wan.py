@@ -47,16 +47,20 @@ def _like(t: Tensor) -> Tensor:
 # ---- RMS norm (+ SiLU) -------------------------------------------------------------------------------
 @torch.library.custom_op("rewrite::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
-             act: Optional[str]) -> Tensor:
-    """Wan's channel-first RMS norm with an optional fused activation ("silu" or None)."""
+             act: Optional[str], norm_rows: Optional[int] = None) -> Tensor:
+    """Wan's channel-first RMS norm with an optional fused activation ("silu" or None).
+
+    `norm_rows`: x is a band (rows in dim -2) of a tensor of that many rows, and the fused kernel sums in
+    the order ATen's norm has for that tensor (`aten_reduction.plan`; a sharded decode's band graphs);
+    the reference path is ATen's norm of x itself."""
     if x.dim() in (4, 5) and gamma.numel() == x.shape[1] and use_kernel("rms_norm", (x, gamma), FLOAT_DTYPES):
         fused_silu = act == "silu" and selftest.silu_is_exact(x.device, x.dtype)
-        return triton_norm.rms_norm(x, gamma, scale, bias, eps, upcast, act, fused_silu=fused_silu)
+        return triton_norm.rms_norm(x, gamma, scale, bias, eps, upcast, act, fused_silu=fused_silu, rows=norm_rows)
     return rms_norm_reference(x, gamma, scale, bias, eps, upcast, act)
 
 
 @rms_norm.register_fake
-def _(x, gamma, scale, bias, eps, upcast, act):
+def _(x, gamma, scale, bias, eps, upcast, act, norm_rows=None):
     return torch.empty_like(x)  # elementwise over x (and x's norm): x's layout
 
 
@@ -293,10 +297,12 @@ def fused_norm_applies(x: Tensor, gamma: Tensor, act: Optional[str], op: str, te
             and use_kernel(op, tensors, dtypes))
 
 
-def fused_norm_plan(x: Tensor, upcast: bool, act: Optional[str], x_bias: Optional[Tensor]):
-    """The norm kernel's plan where it reproduces ATen's norm of x (`layout.norm_plan`) and SiLU, if any, is
-    proven exact on this device (`selftest.silu_is_exact`); else None."""
-    plan = layout.norm_plan(x, upcast, reference_contiguous=x_bias is not None)
+def fused_norm_plan(x: Tensor, upcast: bool, act: Optional[str], x_bias: Optional[Tensor],
+                    rows: Optional[int] = None):
+    """The norm kernel's plan where it reproduces ATen's norm of x (`layout.norm_plan`; of the tensor of
+    `rows` rows that x is a band of, if given) and SiLU, if any, is proven exact on this device
+    (`selftest.silu_is_exact`); else None."""
+    plan = layout.norm_plan(x, upcast, reference_contiguous=x_bias is not None, rows=rows)
     if plan is None or (act is not None and not selftest.silu_is_exact(x.device, x.dtype)):
         return None
     return plan
@@ -316,7 +322,7 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
                            act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
                            bias: Optional[Tensor], residual: Optional[Tensor], x_bias: Optional[Tensor] = None,
                            residual_bias: Optional[Tensor] = None,
-                           channels_last_out: bool = False) -> tuple[Tensor, Tensor]:
+                           channels_last_out: bool = False, norm_rows: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """`causal_conv3d(rms_norm(with_deferred_bias(x, x_bias), ...), cache, pad, mode, weight, bias,
     with_deferred_bias(residual, residual_bias))`, the output channels-last (NDHWC memory) if
     `channels_last_out` (only without bias and residual: a raw conv output for another such op's `x`).
@@ -331,6 +337,8 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
     deferred bias added in the epilogue), or no epilogue for `channels_last_out`. Where a piece is not
     available (ATen's norm order not reproduced for x, SiLU not proven exact on this device, the channels-last
     conv not proven equal for the shape) the ops run one after the other.
+
+    `norm_rows`: as for `rms_norm` (x a band; the fused norm sums in the whole tensor's order).
     """
     if channels_last_out and (bias is not None or residual is not None):
         raise ValueError("rms_norm_causal_conv3d: channels_last_out is for the raw conv output (no bias, no residual)")
@@ -338,7 +346,7 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
         raise ValueError("rms_norm_causal_conv3d: residual_bias without a residual")
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
     if fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d", tensors, FLOAT_DTYPES):
-        plan = fused_norm_plan(x, upcast, act, x_bias)
+        plan = fused_norm_plan(x, upcast, act, x_bias, norm_rows)
         if plan is not None and _channels_last_conv_serves(x, cache, pad, mode, weight, residual):
             padded, next_cache = norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode,
                                                         plan, x_bias)
@@ -351,7 +359,7 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
 
 
 def _rms_norm_causal_conv3d_fake(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias,
-                                 residual, x_bias=None, residual_bias=None, channels_last_out=False):
+                                 residual, x_bias=None, residual_bias=None, channels_last_out=False, norm_rows=None):
     """The outputs `rms_norm_causal_conv3d_reference` returns, as empty tensors of their layouts (also the
     fake of the ``channels_last`` twin, `rewrite.ops.wan_fast`)."""
     # as the reference: a deferred bias completed on the contiguous tensor, the norm in its input's layout
