@@ -258,10 +258,11 @@ def test_bad_arguments_under_torchrun(argv, message, monkeypatch, capsys):
 def test_torchrun_two_ranks_against_one_gpu(tmp_path):
     """``torchrun --standalone --nproc-per-node 2 -m rewrite.tools.bench`` (as ``python -m
     torch.distributed.run``), gloo on the CPU, the smallest Wan case: rank 0 alone prints the table and
-    writes the JSON, with the one-GPU lossless row, the sharded row, both times and bit-identical output.
-    No timing is asserted (two ranks share two cores)."""
+    writes the JSON, with the one-GPU lossless row, the sharded row (through the band graphs: bf16, whose
+    band graphs this CPU serves), both times and bit-identical output. No timing is asserted (two ranks
+    share two cores)."""
     out = tmp_path / "distributed.json"
-    argv = ["--model", "wan2.1", "--config", "tiny", "--size", "32x32", "--frames", "5", "--dtype", "float32",
+    argv = ["--model", "wan2.1", "--config", "tiny", "--size", "32x32", "--frames", "9", "--dtype", "bfloat16",
             "--levels", "lossless", "--repeat", "1", "--warmup", "0", "--device", "cpu", "--backend", "gloo",
             "--json", str(out)]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
@@ -269,15 +270,16 @@ def test_torchrun_two_ranks_against_one_gpu(tmp_path):
                "-m", "rewrite.tools.bench", *argv]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    assert done.stdout.count("wan2.1 tiny 32x32x5 float32 on cpu") == 1  # rank 0 alone prints
+    assert done.stdout.count("wan2.1 tiny 32x32x9 bfloat16 on cpu") == 1  # rank 0 alone prints
     summary = json.loads(out.read_text())
     assert [r["level"] for r in summary["levels"]] == ["lossless", "lossless x2"]
     one, sharded = summary["levels"]
-    assert one["path"].startswith("graphs") and sharded["path"] == "sharded: bands"
+    assert one["path"].startswith("graphs") and sharded["path"] == "sharded: bands through band graphs"
     assert sharded["bit_identical"] is True and sharded["max_abs"] == 0.0
     d = summary["distributed"]
     assert d["world_size"] == 2 and d["backend"] == "gloo" and d["mode"] == "bands" and d["bit_identical"] is True
     assert d["latent_rows"] == [[0, 2], [2, 4]] and d["baseline"] == bench_distributed.BASELINE
+    assert (d["band_graph_steps"], d["band_graph_checks_first_call"], d["band_graph_reason"]) == (3, 3, None)  # 9 frames: 3 latent frames
     assert d["one_gpu_lossless_s"] == one["best_s"] > 0 and d["sharded_s"] == sharded["best_s"] > 0
     assert d["speedup_vs_one_gpu"] == pytest.approx(one["best_s"] / sharded["best_s"])
     assert "2 ranks (gloo, bands, output rank0)" in done.stdout and "bit-identical True" in done.stdout

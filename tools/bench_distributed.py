@@ -159,6 +159,8 @@ def _compare(adapter, levels: list, sharded: dict, lossless: torch.Tensor, backe
     info, world = sharded["info"], dist.get_world_size()
     peaks = [p for p in sharded["peaks"] if p == p]  # NaN on the CPU
     path = f"sharded: {info.mode}" + (f" ({info.reason})" if info.reason else "")
+    if info.mode == "bands":
+        path += " through band graphs" if info.graph_steps else f" eagerly ({info.graph_reason})"
     result = bench.LevelResult(f"lossless x{world}", sharded["first_s"], None, min(sharded["times_s"]),
                                sharded["times_s"], max(peaks) if peaks else float("nan"), path=path)
     result.bit_identical, result.max_abs, result.quality_db = adapter.compare(sharded["video"].cpu(), lossless)
@@ -172,6 +174,8 @@ def _compare(adapter, levels: list, sharded: dict, lossless: torch.Tensor, backe
         "latent_rows": info.latent_rows, "band_local_ops": info.band_local_ops, "gathered_ops": info.gathered_ops,
         "checks_first_call": sharded["first"].checks_run,
         "gathered_reasons": list(sharded["first"].gathered_reasons),  # listed by the call that agreed on them
+        "band_graph_steps": info.graph_steps, "band_graph_checks_first_call": sharded["first"].graph_checks,
+        "band_graph_reason": info.graph_reason or sharded["first"].graph_reason,
         "peak_gib_per_rank": sharded["peaks"],
         "cpu_threads_per_rank": torch.get_num_threads(),
     }

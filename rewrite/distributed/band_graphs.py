@@ -322,7 +322,7 @@ def _run_steps(vae, graphs: BandGraphs, decoder, eager_decoder, run, x_ext, x_ba
                                       f"({'chunk 0' if i == 0 else 'steady'}) on some rank")
                     logger.warning("rewrite.distributed: %s; the eager band mode serves this shape", graphs.refused)
                     stats["reason"] = graphs.refused
-                    video = _store(video, expected, i, frames, temporal)
+                    video = store_frames(video, expected, i, frames, temporal)
                     return _finish_eager(vae, eager_decoder, x_band, eager_cache, i, video, temporal)
                 if i == 0:
                     graphs.chunk0_ok = True
@@ -330,12 +330,13 @@ def _run_steps(vae, graphs: BandGraphs, decoder, eager_decoder, run, x_ext, x_ba
                     graphs.steady_checks += 1
             y = expected  # while checking, the eager result is the one used
             checking = not graphs.verified
-        video = _store(video, y, i, frames, temporal)
-    return _finish(vae, video)
+        video = store_frames(video, y, i, frames, temporal)
+    return finish_band(vae, video)
 
 
-def _store(video, y, i: int, frames: int, temporal: int):
-    """Step i's frames into the preallocated band video (made at step 0)."""
+def store_frames(video, y, i: int, frames: int, temporal: int):
+    """Step i's frames into the band video, made at step 0 for all `frames` latent frames (one allocation,
+    no growing `cat`)."""
     if video is None:
         video = y.new_empty((y.shape[0], y.shape[1], 1 + (frames - 1) * temporal, *y.shape[3:]))
     start = 0 if i == 0 else 1 + (i - 1) * temporal
@@ -348,11 +349,11 @@ def _finish_eager(vae, eager_decoder, x_band, eager_cache, done: int, video, tem
     for i in range(done + 1, frames):
         y = reference_forward(eager_decoder, x_band[:, :, i:i + 1], feat_cache=eager_cache, feat_idx=[0],
                               first_chunk=False)
-        video = _store(video, y, i, frames, temporal)
-    return _finish(vae, video)
+        video = store_frames(video, y, i, frames, temporal)
+    return finish_band(vae, video)
 
 
-def _finish(vae, video):
+def finish_band(vae, video):
     if vae.config.patch_size is not None:
         video = _wan().unpatchify(video, patch_size=vae.config.patch_size)
     return torch.clamp(video, min=-1.0, max=1.0)
