@@ -9,7 +9,7 @@ matches unchanged (the graphs differ from single-process graphs only by three co
 * the step input is the latent band with one extra row above and below (the neighbours' rows of the latent,
   which every rank holds; zeros at the global edges), so `conv_in`'s input and cache carry their halo;
 * every norm that feeds a 3x3x3 causal conv (a residual block's `norm1`/`norm2`, `norm_out`) reads its input
-  through `rewrite::band_halo_rows`, and those convs pad only columns and frames: the halo rows *are* their row
+  through the halo ops (`rewrite.distributed.band_ops.halo_rows`), and those convs pad only columns and frames: the halo rows *are* their row
   pad (the norm and SiLU of a zero row are zero, so the zero rows at the global edges are the zero pad), and
   the caches they keep carry the halo rows too, so no cache is exchanged;
 * a resampler's 2x upsample reads its input through the halo op; its 3x3 conv2d pads only columns and the one
@@ -48,7 +48,7 @@ from torch import nn
 from rewrite.capture.export import tracing_copy
 from rewrite.capture.wan import export_wan_steps, reference_forward
 from rewrite.distributed import band_ops  # noqa: F401 - registers the collective ops before any export
-from rewrite.distributed.band_ops import BandContext
+from rewrite.distributed.band_ops import BandContext, halo_rows
 from rewrite.distributed.bands import BandRun, cache_slots, empty_like_layout, passive_reason
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
@@ -71,11 +71,11 @@ def _wan():
 
 # ---- the halo-first band decoder (exported) ------------------------------------------------------------
 def _halo_norm(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
-    return _wan().WanRMS_norm.forward(m, ops.band_halo_rows(x, context_id))
+    return _wan().WanRMS_norm.forward(m, halo_rows(x, context_id))
 
 
 def _halo_upsample(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
-    return _wan().WanUpsample.forward(m, ops.band_halo_rows(x, context_id))
+    return _wan().WanUpsample.forward(m, halo_rows(x, context_id))
 
 
 def _cropped_conv2d(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
@@ -152,7 +152,7 @@ def halo_first_decoder(decoder: nn.Module, ctx: BandContext):
 
 def whole_norm_orders(gm: torch.fx.GraphModule, ctx: BandContext) -> int:
     """Give every norm of a halo row band (`rewrite::rms_norm` / `rms_norm_causal_conv3d` reading a
-    `band_halo_rows` output) the summation order of the whole tensor it is a band of (`norm_rows`): ATen's
+    `band_halo_unpack` output) the summation order of the whole tensor it is a band of (`norm_rows`): ATen's
     order for one output depends on the tensor's output count (Wan 2.2's 1024-channel norms split each
     output over 10 blocks for the whole 720p tensor, 16 for a 2-rank band), and the single-process decode
     sums in the whole tensor's order. Returns the number of norms given it."""
@@ -164,7 +164,7 @@ def whole_norm_orders(gm: torch.fx.GraphModule, ctx: BandContext) -> int:
         if node.op != "call_function" or node.target not in norms:
             continue
         x = node.args[0]
-        if not (isinstance(x, torch.fx.Node) and x.target is ops.band_halo_rows.default):
+        if not (isinstance(x, torch.fx.Node) and x.target is ops.band_halo_unpack.default):
             continue
         rows = x.meta["val"].shape[-2] - 2
         scale, rest = divmod(int(rows), b - a)

@@ -1,17 +1,22 @@
-"""The collective custom ops of the band step graphs (`rewrite.distributed.band_graphs`).
+"""The custom ops of the band step graphs (`rewrite.distributed.band_graphs`) that cross ranks.
 
-Three ops in the ``rewrite`` torch.library namespace, each taking the integer id of a `BandContext` (the
-band geometry a pair of graphs was exported for; the decode call that runs them sets its `BandRun`):
+In the ``rewrite`` torch.library namespace; those that talk to other ranks take the integer id of a
+`BandContext` (the band geometry a pair of graphs was exported for; the decode call that runs them sets
+its `BandRun`). A halo row band, x with one more row on each side (the neighbour's adjacent row, zeros at
+the global top and bottom edges, where the extra row is the zero pad of the conv that reads it), is made
+by three ops, so that only rows travel between ranks and a CUDA-graph segment ends before the exchange:
 
-* `rewrite::band_halo_rows(x, context)`: x (this rank's band, rows in dim -2) with one row more on each
-  side: the neighbour's adjacent row (`Comm.exchange_halo`), zeros at the global top and bottom edges
-  (there the extra row is the zero pad of the conv that reads it);
-* `rewrite::band_gather_rows(x, context)`: the whole tensor whose band x is (every rank's rows, all-gathered);
-* `rewrite::band_own_rows(x, context)`: this rank's rows of a whole tensor.
+* `rewrite::band_halo_pack(x) -> (first, last)`: x's first and last rows (local);
+* `rewrite::band_halo_exchange(first, last, context) -> (above, below)`: the previous rank's `last` and the
+  next rank's `first` (`Comm.exchange_edges`), zeros at the global edges (the collective);
+* `rewrite::band_halo_unpack(x, above, below) -> x with the two rows` (local).
 
-Every output is dense, its dims laid out in x's order (`bands.empty_like_layout`): the fakes say so, the
-real ops write so. Exactness: data movement only (values copied bit for bit). The ops are opaque to export
-and to the pattern passes (no pattern names them), so a fusion never reaches across a collective.
+And for the middle block's attention: `rewrite::band_gather_rows(x, context)` (the whole tensor, all-gathered:
+a collective) and `rewrite::band_own_rows(x, context)` (this rank's rows of a whole tensor: local).
+
+`COLLECTIVES` are the ops that talk to other ranks. Every output is dense, its dims laid out in its first
+input's order (`bands.empty_like_layout`): the fakes say so, the real ops write so. Exactness: data movement
+only (values copied bit for bit). No pattern names these ops, so a fusion never reaches across one.
 """
 
 from __future__ import annotations
@@ -67,24 +72,55 @@ def _with_rows(x: Tensor, rows: int) -> list[int]:
     return shape
 
 
-@torch.library.custom_op("rewrite::band_halo_rows", mutates_args=())
-def band_halo_rows(x: Tensor, context_id: int) -> Tensor:
-    """x with the neighbours' adjacent rows above and below it (zeros at the global edges)."""
-    run = context(context_id).active()
-    top, bottom = run.comm.exchange_halo(x, 1, "the halo exchange of a band graph")
+def _edge(x: Tensor, row: int) -> Tensor:
+    return empty_like_layout(_with_rows(x, 1), x).copy_(x[..., row:row + 1 if row >= 0 else None, :])
+
+
+@torch.library.custom_op("rewrite::band_halo_pack", mutates_args=())
+def band_halo_pack(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x's first and last rows (dense, in x's layout): what goes to the neighbours."""
+    return _edge(x, 0), _edge(x, -1)
+
+
+@band_halo_pack.register_fake
+def _(x):
+    return empty_like_layout(_with_rows(x, 1), x), empty_like_layout(_with_rows(x, 1), x)
+
+
+@torch.library.custom_op("rewrite::band_halo_exchange", mutates_args=())
+def band_halo_exchange(first: Tensor, last: Tensor, context_id: int) -> tuple[Tensor, Tensor]:
+    """(the previous rank's `last`, the next rank's `first`), zeros at the global edges."""
+    above, below = context(context_id).active().comm.exchange_edges(first, last, "the halo exchange of a band graph")
+    return (torch.zeros_like(last) if above is None else empty_like_layout(last.shape, last).copy_(above),
+            torch.zeros_like(first) if below is None else empty_like_layout(first.shape, first).copy_(below))
+
+
+@band_halo_exchange.register_fake
+def _(first, last, context_id):
+    return empty_like_layout(last.shape, last), empty_like_layout(first.shape, first)
+
+
+@torch.library.custom_op("rewrite::band_halo_unpack", mutates_args=())
+def band_halo_unpack(x: Tensor, above: Tensor, below: Tensor) -> Tensor:
+    """x with `above` as a row before its first and `below` after its last."""
     out = empty_like_layout(_with_rows(x, x.shape[-2] + 2), x)
     out[..., 1:-1, :] = x
-    for row, value in ((0, top), (-1, bottom)):
-        if value is None:
-            out[..., row, :] = 0
-        else:
-            out[..., row, :] = value[..., 0, :]
+    out[..., :1, :] = above
+    out[..., -1:, :] = below
     return out
 
 
-@band_halo_rows.register_fake
-def _(x, context_id):
+@band_halo_unpack.register_fake
+def _(x, above, below):
     return empty_like_layout(_with_rows(x, x.shape[-2] + 2), x)
+
+
+def halo_rows(x: Tensor, context_id: int) -> Tensor:
+    """The halo row band of x: pack, exchange, unpack (module docstring)."""
+    ops = torch.ops.rewrite
+    first, last = ops.band_halo_pack(x)
+    above, below = ops.band_halo_exchange(first, last, context_id)
+    return ops.band_halo_unpack(x, above, below)
 
 
 def _whole_rows(x: Tensor, context_id: int) -> int:
@@ -121,3 +157,7 @@ def band_own_rows(x: Tensor, context_id: int) -> Tensor:
 @band_own_rows.register_fake
 def _(x, context_id):
     return empty_like_layout(_with_rows(x, _own_rows(x, context_id)), x)
+
+
+#: the ops that talk to other ranks (a CUDA-graph segment of a band graph ends before each)
+COLLECTIVES = (torch.ops.rewrite.band_halo_exchange.default, torch.ops.rewrite.band_gather_rows.default)

@@ -146,22 +146,25 @@ class Comm:
     def exchange_halo(self, x: torch.Tensor, rows: int, what: str):
         """(top, bottom): the `rows` rows above this band (the previous rank's last rows) and below it (the
         next rank's first rows), None at the global edges. `x`: this band, rows in dim -2."""
+        return self.exchange_edges(x[..., :rows, :], x[..., -rows:, :], what)
+
+    def exchange_edges(self, first: torch.Tensor, last: torch.Tensor, what: str):
+        """(above, below): the previous rank's `last` and the next rank's `first` (this rank's first rows go
+        up, its last rows down; same shapes on every rank), None at the global edges."""
         ops, top, bottom = [], None, None
-        shape = list(x.shape)
-        shape[-2] = rows
         if self.rank > 0:
             peer = self._global[self.rank - 1]
-            top = self._empty(shape, x)
-            ops += [dist.P2POp(dist.isend, self._wire(x[..., :rows, :]), peer, self.group),
+            top = self._empty(list(last.shape), last)
+            ops += [dist.P2POp(dist.isend, self._wire(first), peer, self.group),
                     dist.P2POp(dist.irecv, top, peer, self.group)]
         if self.rank < self.world - 1:
             peer = self._global[self.rank + 1]
-            bottom = self._empty(shape, x)
-            ops += [dist.P2POp(dist.isend, self._wire(x[..., -rows:, :]), peer, self.group),
+            bottom = self._empty(list(first.shape), first)
+            ops += [dist.P2POp(dist.isend, self._wire(last), peer, self.group),
                     dist.P2POp(dist.irecv, bottom, peer, self.group)]
         if ops:
             self._wait(dist.batch_isend_irecv(ops), what)
-        return (None if top is None else top.to(x.device), None if bottom is None else bottom.to(x.device))
+        return (None if top is None else top.to(first.device), None if bottom is None else bottom.to(first.device))
 
     def gather_rows(self, x: torch.Tensor, heights: list[int], what: str, to: int | None = None):
         """Concatenate every rank's band of `x` along dim -2 (`heights[r]` rows on rank r). On every rank
