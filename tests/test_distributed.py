@@ -119,6 +119,67 @@ def test_band_norms_take_the_whole_tensors_order(monkeypatch):
     assert rows == [5, 10, 20, 40]  # the whole latent's 5 rows at each resolution
 
 
+def test_band_graph_segments_replay_what_the_graphs_compute():
+    """A band step graph cut at its collectives: one collective piece per halo exchange and gather, compute
+    pieces between them; run eagerly, and captured as segments (`StandInSegments`: unwritten outputs are NaN)
+    for chunk 0 and two steady steps, it gives the graph module's frames and caches bit for bit. The
+    collectives talk to a stand-in of the other rank (fixed rows, the gather returns its input)."""
+    import operator
+
+    from rewrite.capture.wan import export_wan_steps
+    from rewrite.distributed.band_graphs import halo_first_decoder
+    from rewrite.distributed.band_ops import COLLECTIVES, BandContext
+    from rewrite.distributed.band_segments import (Collective, Compute, SegmentedBandSteps, _bind, run_split,
+                                                   split_at_collectives)
+    from rewrite.distributed.bands import BandRun
+    from rewrite.models.wan import build_wan
+    from rewrite.pipeline import rewrite_graph
+
+    class Comm:  # rank 0 of 2; its neighbour below always sends rows of 0.5
+        rank, world, name, _global = 0, 2, "stand-in", (0, 1)
+
+        def exchange_edges(self, first, last, what):
+            return None, torch.full_like(first, 0.5)
+
+        def gather_rows(self, x, heights, what):
+            return torch.cat([x, x.flip(-2)[..., :heights[1], :]], -2)
+
+    bf16 = torch.bfloat16
+    decoder = build_wan("wan2.1", "tiny").decoder.to(bf16)
+    ctx = BandContext([(0, 3), (3, 5)], 0)
+    traced, _ = halo_first_decoder(decoder, ctx)
+    chunk0, steady = export_wan_steps(traced, bf16, torch.device("cpu"), (1, 5, 6))
+    for graph in (chunk0, steady):
+        rewrite_graph(graph, "lossless")
+    split = split_at_collectives(steady.graph_module)
+    collectives = [n for n in steady.graph_module.graph.nodes if n.target in COLLECTIVES]
+    # 24 halo exchanges (21 norms feeding a conv, 3 upsamplers) and the attention's gather
+    assert [p.node for p in split.pieces if isinstance(p, Collective)] == collectives and len(collectives) == 25
+    assert all(i.target is operator.getitem for p in split.pieces if isinstance(p, Collective) for i in p.items)
+
+    ctx.run = BandRun(Comm(), ctx.rows)
+    try:
+        g = torch.Generator().manual_seed(0)
+        frames = [torch.randn((1, 4, 1, 5, 6), generator=g).to(bf16) for _ in range(3)]
+        w0, w = chunk0.weights(decoder), steady.weights(decoder)
+        with torch.no_grad():
+            y, *caches = chunk0(w0, frames[0])
+            assert all(torch.equal(a, b) for a, b in zip(run_split(split_at_collectives(chunk0.graph_module),
+                                                                  _bind(chunk0, w0, [frames[0]])), [y, *caches]))
+            backend = StandInSegments()
+            segments = SegmentedBandSteps(chunk0, steady, w0, w, frames[0], backend)
+            computes = sum(isinstance(p, Compute) for gm in (chunk0.graph_module, steady.graph_module)
+                           for p in split_at_collectives(gm).pieces)
+            assert backend.captures == computes == 2 * 26  # each graph: a compute piece around every collective
+            assert torch.equal(segments.first(frames[0]), y)
+            for frame in frames[1:]:
+                y, *caches = steady(w, frame, *caches)
+                assert torch.equal(segments.next(frame), y)
+                assert all(torch.equal(a, b) for a, b in zip(segments.caches, caches))
+    finally:
+        ctx.run = None
+
+
 def test_optimize_group_errors_copies_and_pickles_in_process():
     """No process group here: a bad `group=`/`output=` raises before the installed runner changes; the
     installed `vae.decode` (set directly, with a stand-in group) survives a deepcopy sharing its group, and
@@ -202,20 +263,49 @@ def _decode_case(version, dtype, batch, frames, height, width, output="all", til
     return case
 
 
-def _graph_case(version, batch, frames, height, width, refuse=False):
+class StandInSegments:
+    """CUDA-graph semantics for the band graph segments on the CPU: a capture runs nothing into its static
+    outputs (filled with NaN, as a capture leaves them unwritten); a replay runs the segment on the inputs it
+    was captured with and copies into those outputs. So a value read from a wrong buffer shows."""
+
+    def __init__(self):
+        self.captures = 0
+
+    def can_capture(self, device):
+        return True
+
+    def new_pool(self):
+        return None
+
+    def capture(self, fn, inputs, pool):
+        self.captures += 1
+        outputs = [o.clone().fill_(float("nan")) if o.is_floating_point() else o.clone() for o in fn(*inputs)]
+
+        def replay():
+            for static, value in zip(outputs, fn(*inputs)):
+                static.copy_(value)
+        return replay, outputs
+
+
+def _graph_case(version, batch, frames, height, width, refuse=False, segments=False):
     """An optimized module's sharded decode through the band graphs (bf16: on this CPU fp32's SiLU depends on
     an element's position, so fp32 band graphs are refused): the first call checks chunk 0 and two steady
     steps against the eager band mode, the second serves from the graphs alone, a third after a weight edit
     (in place, on this module and the reference alike) still from the graphs and equal. `refuse`: rank 1's
     steady graph is made to add 1 to its output, so every rank refuses the pair at step 1 and the eager band
-    mode finishes the decode."""
+    mode finishes the decode. `segments`: the CUDA-graph segments of the band graphs, captured by
+    `StandInSegments`: checked against the band graphs on the second call, replayed alone on the third (after
+    the in-place edit), captured and checked again on a fourth after a weight was replaced by a new tensor."""
     def case(rank, world):
         from rewrite import optimize
         from rewrite.distributed import decode_sharded
+        from rewrite.distributed.band_graphs import store_of
         from rewrite.runtime.runner import installed_runner
 
         bf16 = torch.bfloat16
         vae, reference = optimize(_vae(version, bf16), "lossless"), _vae(version, bf16)
+        if segments:
+            store_of(installed_runner(vae)).segment_backend = StandInSegments()
         if refuse and rank == 1:
             runner = installed_runner(vae)
             rewrite_graph = runner.rewrite_graph
@@ -236,14 +326,19 @@ def _graph_case(version, batch, frames, height, width, refuse=False):
         calls = []
         with torch.no_grad():
             expected = reference.decode(z).sample
-            for edit in (False, False, True):
+            for edit in (None, None, "in place") + (("replaced",) if segments else ()):
+                for v in (vae, reference) if edit else ():
+                    conv = v.decoder.up_blocks[0].resnets[0].conv1
+                    if edit == "in place":
+                        conv.weight.mul_(1.25)
+                    else:
+                        conv.weight = torch.nn.Parameter(conv.weight * 0.5)
                 if edit:
-                    for v in (vae, reference):
-                        v.decoder.up_blocks[0].resnets[0].conv1.weight.mul_(1.25)
                     expected = reference.decode(z).sample
                 video, info = decode_sharded(vae, z, return_info=True)
                 calls.append({"equal": bool(torch.equal(video, expected)), "mode": info.mode,
-                              "steps": info.graph_steps, "checks": info.graph_checks, "reason": info.graph_reason})
+                              "steps": info.graph_steps, "checks": info.graph_checks, "reason": info.graph_reason,
+                              "replays": info.graph_replays})
         first = calls[0]
         return {"equal": all(c["equal"] for c in calls), "mode": first["mode"], "reason": None,
                 "local": 1, "gathered": 0, "gathered_reasons": [], "tiles": None, "module_unchanged": True,
@@ -255,21 +350,23 @@ def _check_graphs(results, world, frames):
     """Each band-graph case served from its graphs as `_graph_case` says (or refused them on every rank)."""
     problems = []
     for name in results[0]:
-        if "band graphs" not in name:
+        if "band graph" not in name:
             continue
         for rank in range(world):
             status, value = results[rank][name]
             if status != "ok":
                 continue  # reported by _check_decodes
-            calls = value["calls"]
+            calls, n = value["calls"], frames.get(name)
             if "refused" in name:
-                expected = [(2, 2, "the band graphs differ from the eager band mode at step 1 (steady) on some rank")]
-                expected += [(0, 0, expected[0][2])] * 2
+                expected = [(2, 2, "the band graphs differ from the eager band mode at step 1 (steady) on some rank", 0)]
+                expected += [(0, 0, expected[0][2], 0)] * 2
+            elif "segments" in name:
+                expected = [(n, 3, None, 0), (n, 3, None, n), (n, 0, None, n), (n, 3, None, n)]
             else:
-                expected = [(frames[name], 3, None), (frames[name], 0, None), (frames[name], 0, None)]
-            seen = [(c["steps"], c["checks"], c["reason"]) for c in calls]
+                expected = [(n, 3, None, 0), (n, 0, None, 0), (n, 0, None, 0)]
+            seen = [(c["steps"], c["checks"], c["reason"], c["replays"]) for c in calls]
             if seen != expected:
-                problems.append(f"{name}, rank {rank}: (graph steps, checks, reason) per call {seen}, "
+                problems.append(f"{name}, rank {rank}: (graph steps, checks, reason, replays) per call {seen}, "
                                 f"expected {expected}")
     return problems
 
@@ -470,6 +567,7 @@ def _cases(name):
             "wan2.1 band graphs b1 f4 5x6": _graph_case("wan2.1", 1, 4, 5, 6),
             "wan2.2 band graphs b1 f3 5x6": _graph_case("wan2.2", 1, 3, 5, 6),
             "wan2.1 band graphs refused b1 f3 4x4": _graph_case("wan2.1", 1, 3, 4, 4, refuse=True),
+            "wan2.2 band graph segments b1 f3 5x6": _graph_case("wan2.2", 1, 3, 5, 6, segments=True),
             "wan2.1 bf16 f2 4x4 on a DeviceMesh": _mesh_case,
             "wan2.1 3 rows, 2 ranks: single-process": _decode_case("wan2.1", f32, 1, 2, 3, 4),
             "wan2.1 tiled f2 7x8": _decode_case("wan2.1", f32, 1, 2, 7, 8, tiling=True),
@@ -485,7 +583,7 @@ def _cases(name):
         "wan2.2 fp32 b1 f1 6x4 band": _decode_case("wan2.2", f32, 1, 1, 6, 4, output="band"),
         "wan2.2 bf16 b1 f5 7x4 all": _decode_case("wan2.2", bf16, 1, 5, 7, 4),
         "wan2.1 tiled f1 7x8": _decode_case("wan2.1", f32, 1, 1, 7, 8, tiling=True),
-        "wan2.1 band graphs b1 f3 7x6": _graph_case("wan2.1", 1, 3, 7, 6),
+        "wan2.1 band graph segments b1 f3 7x6": _graph_case("wan2.1", 1, 3, 7, 6, segments=True),
         "failure": _failure_case,  # last: it leaves the group with unfinished operations
     }
 
@@ -554,7 +652,8 @@ def test_two_ranks(tmp_path):
             if status != "ok" or not value["raised"] or needle not in value["raised"]:
                 problems.append(f"{key}, rank {rank}: expected a ShardMismatchError naming {needle!r}; got {value}")
     problems += _check_optimize(results, 2)
-    problems += _check_graphs(results, 2, {"wan2.1 band graphs b1 f4 5x6": 4, "wan2.2 band graphs b1 f3 5x6": 3})
+    problems += _check_graphs(results, 2, {"wan2.1 band graphs b1 f4 5x6": 4, "wan2.2 band graphs b1 f3 5x6": 3,
+                                           "wan2.2 band graph segments b1 f3 5x6": 3})
     assert not problems, "\n".join(problems)
 
 
@@ -588,7 +687,7 @@ def _check_optimize(results, world):
 def test_three_ranks_and_a_failing_rank(tmp_path):
     results = _spawn(3, "three", tmp_path)
     problems = _check_decodes(results, 3)
-    problems += _check_graphs(results, 3, {"wan2.1 band graphs b1 f3 7x6": 3})
+    problems += _check_graphs(results, 3, {"wan2.1 band graph segments b1 f3 7x6": 3})
     for rank in range(3):
         status, value = results[rank]["failure"]
         assert status == "ok", value

@@ -29,9 +29,12 @@ agree on the verdict (a MIN all-reduce). A pair that disagrees anywhere is never
 the step); a capture that fails is remembered likewise. Like every self-check of the project this is
 evidence per shape on one input, not a proof for all values (docs/distributed.md).
 
-Not here: CUDA graphs (the collectives run inside the step graphs, so these graphs run eagerly);
-`channels_last`'s own ops (the graphs are rewritten at `lossless` whatever the module's level, which keeps the
-sharded decode `torch.equal` to the eager band mode).
+On CUDA a verified pair is then replayed from CUDA-graph segments between its collectives
+(`rewrite.distributed.band_segments`), which serve alone only after chunk 0 and two steady steps were
+`torch.equal` to the pair run op by op (frames and caches), agreed over the ranks likewise.
+
+Not here: `channels_last`'s own ops (the graphs are rewritten at `lossless` whatever the module's level, which
+keeps the sharded decode `torch.equal` to the eager band mode).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from rewrite.capture.export import tracing_copy
 from rewrite.capture.wan import export_wan_steps, reference_forward
 from rewrite.distributed import band_ops  # noqa: F401 - registers the collective ops before any export
 from rewrite.distributed.band_ops import BandContext, halo_rows
+from rewrite.distributed.band_segments import CudaSegments, SegmentedBandSteps
 from rewrite.distributed.bands import BandRun, cache_slots, empty_like_layout, passive_reason
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
@@ -178,13 +182,10 @@ def whole_norm_orders(gm: torch.fx.GraphModule, ctx: BandContext) -> int:
 
 # ---- captured pairs, per runner -------------------------------------------------------------------------
 @dataclasses.dataclass
-class BandGraphs:
-    """One rewritten (chunk0, steady) pair for a band shape, and whether it was seen to agree."""
+class Checks:
+    """How far a candidate's steps were seen to agree with a reference's (`STEADY_CHECKS` steady steps after
+    chunk 0), or why it was refused; the same on every rank (`agree`)."""
 
-    ctx: BandContext
-    chunk0: object
-    steady: object
-    snapshot: guards.ModuleSnapshot
     chunk0_ok: bool = False
     steady_checks: int = 0
     refused: str | None = None
@@ -193,12 +194,47 @@ class BandGraphs:
     def verified(self) -> bool:
         return self.chunk0_ok and self.steady_checks >= STEADY_CHECKS
 
+    def needs(self, i: int) -> bool:
+        return not self.chunk0_ok if i == 0 else self.steady_checks < STEADY_CHECKS
+
+    def passed(self, i: int) -> None:
+        if i == 0:
+            self.chunk0_ok = True
+        else:
+            self.steady_checks += 1
+
+    def agree(self, comm, what: str) -> None:
+        """Take the least progress of any rank (a steady check implies chunk 0's), so all run the same checks."""
+        progress = comm.all_reduce_min(int(self.chunk0_ok) + min(self.steady_checks, STEADY_CHECKS), what)
+        self.chunk0_ok, self.steady_checks = progress >= 1, max(progress - 1, 0)
+
+
+@dataclasses.dataclass
+class BandGraphs:
+    """One rewritten (chunk0, steady) pair for a band shape, whether it was seen to agree with the eager band
+    mode (`checks`), and its CUDA-graph segments where captured (`segments`, checked against the pair)."""
+
+    ctx: BandContext
+    chunk0: object
+    steady: object
+    snapshot: guards.ModuleSnapshot
+    checks: Checks = dataclasses.field(default_factory=Checks)
+    segments: object = None
+    segment_checks: Checks = dataclasses.field(default_factory=Checks)
+    segment_reason: str | None = None  # why no segments serve (a capture failed somewhere, or refused)
+
+    @property
+    def refused(self) -> str | None:
+        return self.checks.refused
+
 
 class BandGraphStore:
     """The band graph pairs of one optimized module (one `WanRunner`), keyed by band shape and geometry."""
 
     def __init__(self) -> None:
         self.captures: CaptureCache = CaptureCache()
+        #: captures the CUDA-graph segments (`band_segments.CudaSegments`; tests: a CPU stand-in)
+        self.segment_backend = CudaSegments()
 
     def pair(self, runner, decoder: nn.Module, key: tuple, rows, rank: int, size, dtype, device):
         """The pair of `key` (None with the reason where its capture failed or it was refused)."""
@@ -265,10 +301,62 @@ def _caches_agree(graph_caches, eager_slots) -> bool:
     return True
 
 
+def _caches_equal(ours, theirs) -> bool:
+    return len(ours) == len(theirs) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+class _EagerBandSteps:
+    """The eager band mode, step by step (diffusers' frame loop over the band decoder copy)."""
+
+    name = "the eager band mode"
+
+    def __init__(self, decoder: nn.Module, x_band: torch.Tensor) -> None:
+        self.decoder, self.x, self.slots = decoder, x_band, [None] * cache_slots(decoder)
+
+    def step(self, i: int) -> torch.Tensor:
+        return reference_forward(self.decoder, self.x[:, :, i:i + 1], feat_cache=self.slots, feat_idx=[0],
+                                 first_chunk=i == 0)
+
+
+class _GraphSteps:
+    """The band graphs run op by op, the caches handed from one step to the next."""
+
+    name = "the band graphs"
+
+    def __init__(self, graphs: BandGraphs, weights0, weights, x_ext: torch.Tensor) -> None:
+        self.graphs, self.weights0, self.weights, self.x, self.caches = graphs, weights0, weights, x_ext, []
+
+    def step(self, i: int) -> torch.Tensor:
+        frame = self.x[:, :, i:i + 1]
+        if i == 0:
+            y, *self.caches = self.graphs.chunk0(self.weights0, frame)
+        else:
+            y, *self.caches = self.graphs.steady(self.weights, frame, *self.caches)
+        return y
+
+
+class _ReplaySteps:
+    """The band graphs' CUDA-graph segments (`band_segments.SegmentedBandSteps`) replayed."""
+
+    name = "the band graphs' CUDA-graph segments"
+
+    def __init__(self, segments, x_ext: torch.Tensor) -> None:
+        self.segments, self.x = segments, x_ext
+
+    def step(self, i: int) -> torch.Tensor:
+        frame = self.x[:, :, i:i + 1]
+        return self.segments.first(frame) if i == 0 else self.segments.next(frame)
+
+    @property
+    def caches(self):
+        return self.segments.caches
+
+
 def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Tensor, runner, stats: dict):
     """This rank's band of the clamped video through the band graphs (eager band mode alongside until the pair
-    is verified); None where no pair serves (its capture failed or it was refused: the caller runs the eager
-    band mode). `stats` gets "graph_steps", "checked_steps" and "reason"."""
+    is verified; on CUDA then their CUDA-graph segments, the graphs alongside until those are verified); None
+    where no pair serves (its capture failed or it was refused: the caller runs the eager band mode). `stats`
+    gets "graph_steps", "replayed_steps", "checked_steps" and "reason"."""
     decoder = vae.decoder
     x_whole = vae.post_quant_conv(z)
     a, b = run.rows[run.rank]
@@ -285,53 +373,90 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
         stats["reason"] = reason or "another rank has no band graphs for this call"
         return None
     x_ext = halo_latent(x_whole, run)
-    x_band = run.own(x_whole)
     graphs.ctx.run = run
     try:
-        return _run_steps(vae, graphs, decoder, eager_decoder, run, x_ext, x_band, frames, stats)
+        graph_steps = _GraphSteps(graphs, graphs.chunk0.weights(decoder), graphs.steady.weights(decoder), x_ext)
+        temporal = 2 ** sum(bool(t) for t in decoder.temperal_upsample)
+        graphs.checks.agree(run.comm, "the state of the band graphs' checks")
+        if not graphs.checks.verified:
+            reference = _EagerBandSteps(eager_decoder, run.own(x_whole))
+            video = _checked_steps(graph_steps, reference, graphs.checks, lambda c, r: _caches_agree(
+                c.caches, r.slots[:len(c.caches)]), run, frames, temporal, stats)
+            return finish_band(vae, video)
+        segments = _segments(store_of(runner).segment_backend, graphs, graph_steps, x_ext, run, stats)
+        if segments is None:
+            return finish_band(vae, _checked_steps(graph_steps, None, None, None, run, frames, temporal, stats))
+        graphs.segment_checks.agree(run.comm, "the state of the band graph segments' checks")
+        reference = None if graphs.segment_checks.verified else graph_steps
+        video = _checked_steps(_ReplaySteps(segments, x_ext), reference, graphs.segment_checks,
+                               lambda c, r: _caches_equal(c.caches, r.caches), run, frames, temporal, stats)
+        if graphs.segment_checks.refused:
+            graphs.segments = None
+            graphs.segment_reason = graphs.segment_checks.refused
+        return finish_band(vae, video)
     finally:
         graphs.ctx.run = None
 
 
-def _run_steps(vae, graphs: BandGraphs, decoder, eager_decoder, run, x_ext, x_band, frames, stats):
-    weights0, weights = graphs.chunk0.weights(decoder), graphs.steady.weights(decoder)
-    # every rank runs the same checks: the verification state agreed (a steady check implies chunk 0's)
-    progress = int(graphs.chunk0_ok) + min(graphs.steady_checks, STEADY_CHECKS)
-    progress = run.comm.all_reduce_min(progress, "the state of the band graphs' checks")
-    graphs.chunk0_ok, graphs.steady_checks = progress >= 1, max(progress - 1, 0)
-    checking = not graphs.verified
-    eager_cache: list = [None] * cache_slots(eager_decoder) if checking else []
-    caches: list = []
+def _segments(backend, graphs: BandGraphs, graph_steps: _GraphSteps, x_ext, run: BandRun, stats: dict):
+    """The pair's CUDA-graph segments, captured on first use (and again after the weights moved), or None (not
+    CUDA, or refused: the graphs run op by op). A capture that fails on any rank turns them off on all."""
+    if not backend.can_capture(x_ext.device):
+        return None
+    if graphs.segment_reason is None and (graphs.segments is None
+                                          or not graphs.segments.serves(graph_steps.weights0, graph_steps.weights)):
+        graphs.segments = None
+        try:
+            graphs.segments = SegmentedBandSteps(graphs.chunk0, graphs.steady, graph_steps.weights0,
+                                                 graph_steps.weights, x_ext[:, :, 0:1], backend)
+            graphs.segment_checks = Checks()
+        except Exception as error:  # noqa: BLE001 - the graphs still serve, op by op
+            graphs.segment_reason = f"capturing the band graph segments failed: {type(error).__name__}: {error}"
+    ok = run.comm.all_reduce_min(int(graphs.segments is not None and graphs.segment_reason is None),
+                                 "the choice of the band graph segments")
+    if not ok:
+        graphs.segment_reason = graphs.segment_reason or "another rank has no band graph segments"
+        graphs.segments = None
+        if "segments" not in stats.get("reason", ""):
+            logger.warning("rewrite.distributed: %s; the band graphs run op by op", graphs.segment_reason)
+        stats["reason"] = graphs.segment_reason
+        return None
+    return graphs.segments
+
+
+def _checked_steps(candidate, reference, checks: Checks | None, caches_agree, run: BandRun, frames: int,
+                   temporal: int, stats: dict):
+    """Every step of the clip from `candidate`, and while `checks` are not complete from `reference` too, whose
+    frames are then the ones used; a step that `checks` needs is compared (frames `torch.equal`, and from the
+    first steady step `caches_agree(candidate, reference)`) and the verdict agreed over the ranks. A refused
+    candidate is dropped for the rest of the clip (and `checks.refused` says why)."""
     video = None
-    temporal = 2 ** sum(bool(t) for t in decoder.temperal_upsample)
+    replays = isinstance(candidate, _ReplaySteps)
     for i in range(frames):
-        if i == 0:
-            y, *caches = graphs.chunk0(weights0, x_ext[:, :, 0:1])
-        else:
-            y, *caches = graphs.steady(weights, x_ext[:, :, i:i + 1], *caches)
-        stats["graph_steps"] = stats.get("graph_steps", 0) + 1
-        if checking:
-            expected = reference_forward(eager_decoder, x_band[:, :, i:i + 1], feat_cache=eager_cache, feat_idx=[0],
-                                         first_chunk=i == 0)
-            if (i == 0 and not graphs.chunk0_ok) or (i > 0 and graphs.steady_checks < STEADY_CHECKS):
-                agree = torch.equal(y, expected) and (i == 0 or _caches_agree(caches, eager_cache[:len(caches)]))
-                agree = bool(run.comm.all_reduce_min(int(agree), "the check of the band graphs"))
+        y = None
+        if candidate is not None:
+            y = candidate.step(i)
+            stats["graph_steps"] = stats.get("graph_steps", 0) + 1
+            stats["replayed_steps"] = stats.get("replayed_steps", 0) + int(replays)
+        if reference is not None:
+            expected = reference.step(i)
+            if candidate is not None and checks.needs(i):
+                agree = torch.equal(y, expected) and (i == 0 or caches_agree(candidate, reference))
+                agree = bool(run.comm.all_reduce_min(int(agree), f"the check of {candidate.name}"))
                 stats["checked_steps"] = stats.get("checked_steps", 0) + 1
-                if not agree:
-                    graphs.refused = (f"the band graphs differ from the eager band mode at step {i} "
-                                      f"({'chunk 0' if i == 0 else 'steady'}) on some rank")
-                    logger.warning("rewrite.distributed: %s; the eager band mode serves this shape", graphs.refused)
-                    stats["reason"] = graphs.refused
-                    video = store_frames(video, expected, i, frames, temporal)
-                    return _finish_eager(vae, eager_decoder, x_band, eager_cache, i, video, temporal)
-                if i == 0:
-                    graphs.chunk0_ok = True
+                if agree:
+                    checks.passed(i)
                 else:
-                    graphs.steady_checks += 1
-            y = expected  # while checking, the eager result is the one used
-            checking = not graphs.verified
+                    checks.refused = (f"{candidate.name} differ from {reference.name} at step {i} "
+                                      f"({'chunk 0' if i == 0 else 'steady'}) on some rank")
+                    logger.warning("rewrite.distributed: %s; %s serves this shape", checks.refused, reference.name)
+                    stats["reason"] = checks.refused
+                    candidate = None
+            y = expected
+            if candidate is not None and checks.verified:
+                reference = None
         video = store_frames(video, y, i, frames, temporal)
-    return finish_band(vae, video)
+    return video
 
 
 def store_frames(video, y, i: int, frames: int, temporal: int):
@@ -342,15 +467,6 @@ def store_frames(video, y, i: int, frames: int, temporal: int):
     start = 0 if i == 0 else 1 + (i - 1) * temporal
     video[:, :, start:start + y.shape[2]] = y
     return video
-
-
-def _finish_eager(vae, eager_decoder, x_band, eager_cache, done: int, video, temporal: int):
-    frames = x_band.shape[2]
-    for i in range(done + 1, frames):
-        y = reference_forward(eager_decoder, x_band[:, :, i:i + 1], feat_cache=eager_cache, feat_idx=[0],
-                              first_chunk=False)
-        video = store_frames(video, y, i, frames, temporal)
-    return finish_band(vae, video)
 
 
 def finish_band(vae, video):

@@ -61,6 +61,7 @@ class ShardedInfo:
     checks_run: int = 0                    # bands: per-shape checks this call ran (the rest were cached)
     gathered_reasons: list = dataclasses.field(default_factory=list)
     graph_steps: int = 0                   # bands: steps run through the rewritten band graphs
+    graph_replays: int = 0                 # bands: of those, replayed from their CUDA-graph segments
     graph_checks: int = 0                  # bands: of those, steps checked against the eager band mode
     graph_reason: str | None = None        # bands: why the band graphs did not serve (some) steps
     tiles: list | None = None              # tiles: tile origins (latent row, col) this rank decoded
@@ -177,6 +178,7 @@ def _decode(vae, z, comm: Comm, output: str, verify: bool):
         info = ShardedInfo("bands", latent_rows=run.rows, band_local_ops=run.stats.local,
                            gathered_ops=run.stats.gathered, checks_run=run.stats.checks,
                            gathered_reasons=list(run.stats.reasons), graph_steps=graph_stats.get("graph_steps", 0),
+                           graph_replays=graph_stats.get("replayed_steps", 0),
                            graph_checks=graph_stats.get("checked_steps", 0), graph_reason=graph_stats.get("reason"))
         s = run.scale(band.shape[-2])
         info.output_rows = run.rows_at(s)
