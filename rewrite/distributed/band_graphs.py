@@ -222,6 +222,7 @@ class BandGraphs:
     segments: object = None
     segment_checks: Checks = dataclasses.field(default_factory=Checks)
     segment_reason: str | None = None  # why no segments serve (a capture failed somewhere, or refused)
+    segment_logged: bool = False  # that reason was logged (once per pair)
 
     @property
     def refused(self) -> str | None:
@@ -390,9 +391,8 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
         reference = None if graphs.segment_checks.verified else graph_steps
         video = _checked_steps(_ReplaySteps(segments, x_ext), reference, graphs.segment_checks,
                                lambda c, r: _caches_equal(c.caches, r.caches), run, frames, temporal, stats)
-        if graphs.segment_checks.refused:
-            graphs.segments = None
-            graphs.segment_reason = graphs.segment_checks.refused
+        if graphs.segment_checks.refused:  # logged by the checks
+            graphs.segments, graphs.segment_reason, graphs.segment_logged = None, graphs.segment_checks.refused, True
         return finish_band(vae, video)
     finally:
         graphs.ctx.run = None
@@ -415,10 +415,11 @@ def _segments(backend, graphs: BandGraphs, graph_steps: _GraphSteps, x_ext, run:
     ok = run.comm.all_reduce_min(int(graphs.segments is not None and graphs.segment_reason is None),
                                  "the choice of the band graph segments")
     if not ok:
-        graphs.segment_reason = graphs.segment_reason or "another rank has no band graph segments"
-        graphs.segments = None
-        if "segments" not in stats.get("reason", ""):
+        if graphs.segments is not None or graphs.segment_reason is None or not graphs.segment_logged:
+            graphs.segment_reason = graphs.segment_reason or "another rank has no band graph segments"
             logger.warning("rewrite.distributed: %s; the band graphs run op by op", graphs.segment_reason)
+            graphs.segment_logged = True
+        graphs.segments = None
         stats["reason"] = graphs.segment_reason
         return None
     return graphs.segments
