@@ -101,6 +101,16 @@ def _cases() -> dict[str, list[Case]]:
             weight=10)
         add("rms_norm_causal_conv3d", f"{tag}_channels_last_out", x, *norm, None, None, None, None, True, weight=10)
     add("causal_conv_input", "chunk0_x_channels_last", channels_last(rnd(1, c, 1, h, w)), None, pad, "chunk0")
+    # the band graphs' form (`rewrite.distributed.band_graphs`): x and cache carry halo rows, no row pad
+    band_pad = [1, 1, 0, 0, 2, 0]
+    for mode, frames in (("steady_t1", 1), ("chunk0", 1)):
+        x, cache = rnd(1, c, frames, h + 2, w), None if mode == "chunk0" else rnd(1, c, 2, h + 2, w)
+        add("causal_conv_input", f"band_{mode}", x, cache, band_pad, mode)
+        add("causal_conv3d", f"band_{mode}", x, cache, band_pad, mode, rnd(co, c, 3, 3, 3, scale=0.2), rnd(co),
+            rnd(1, co, frames + (0 if mode == "chunk0" else 2), h, w), weight=4)
+        norm = (rnd(c, 1, 1, 1), 2.0, 0.0, 1e-12, False, "silu", cache, band_pad, mode, rnd(c, c, 3, 3, 3, scale=0.2))
+        add("rms_norm_causal_conv3d", f"band_{mode}_whole_order", x, *norm, rnd(c), None, None, None, False, 2 * h,
+            weight=10)
 
     # ---- the channels_last twin: bf16 and 16 channels, a shape `kernel_gates_open` lets the Triton conv serve
     bf = torch.bfloat16
@@ -184,7 +194,41 @@ def _cases() -> dict[str, list[Case]]:
                     weight, rnd(32), [2], residual, rnd(16) if x_bias else None, weight=5)
         add("causal_conv_transpose1d", lay, x, rnd(16, 8, 4, scale=0.2), rnd(8), [2])
         add("amp_average", lay, x, xs["contiguous"], x, 3)
+    _band_cases(add, rnd)
     return cases
 
 
+class _Neighbour:
+    """The other rank of a 2-rank band decode, for the band ops' cases: it sends rows of 0.5 from below and
+    holds the mirror image of this rank's band."""
+
+    rank, world, name, _global = 0, 2, "op cases", (0, 1)
+
+    def exchange_edges(self, first, last, what):
+        return None, torch.full_like(first, 0.5)
+
+    def gather_rows(self, x, heights, what):
+        return torch.cat([x, x.flip(-2)[..., :heights[1], :]], -2)
+
+
+def _band_cases(add, rnd) -> None:
+    """The band ops (`rewrite.distributed.band_ops`) on rank 0 of latent rows [(0, 3), (3, 5)]: bands at the
+    latent resolution and at 2x, contiguous and frame-major."""
+    from rewrite.distributed.band_ops import BandContext
+    from rewrite.distributed.bands import BandRun
+
+    ctx = BandContext([(0, 3), (3, 5)], 0)
+    ctx.run = BandRun(_Neighbour(), ctx.rows)
+    _BAND_CONTEXTS.append(ctx)  # the ops find contexts by id in a weak registry: keep this one alive
+    for lay, scale in itertools.product(("contiguous", "frame_major"), (1, 2)):
+        band = LAYOUTS[lay](rnd(1, 4, 2, 3 * scale, 5))
+        add("band_halo_pack", f"{lay}_x{scale}", band)
+        first, last = LAYOUTS[lay](rnd(1, 4, 2, 1, 5)), LAYOUTS[lay](rnd(1, 4, 2, 1, 5))
+        add("band_halo_exchange", f"{lay}_x{scale}", first, last, ctx.id)
+        add("band_halo_unpack", f"{lay}_x{scale}", band, first, last)
+        add("band_gather_rows", f"{lay}_x{scale}", band, ctx.id)
+        add("band_own_rows", f"{lay}_x{scale}", LAYOUTS[lay](rnd(1, 4, 2, 5 * scale, 5)), ctx.id)
+
+
+_BAND_CONTEXTS: list = []
 CASES = _cases()

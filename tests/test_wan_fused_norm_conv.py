@@ -145,7 +145,10 @@ def test_fused_norm_epilogue_matches_aten_ops_on_that_norm(dtype, act, layout):
 @pytest.mark.parametrize("shape,pad,cache_frames", [((1, 5, 1, 4, 7), [1, 1, 1, 1, 0, 0], 2),
                                                     ((2, 70, 2, 3, 66), [1, 1, 1, 1, 2, 0], 0),
                                                     ((1, 3, 3, 2, 5), [0, 0, 0, 0, 2, 0], 0),
-                                                    ((1, 96, 1, 2, 3), [0, 0, 0, 0, 0, 0], 2)])
+                                                    ((1, 96, 1, 2, 3), [0, 0, 0, 0, 0, 0], 2),
+                                                    # a band graph's halo row band: columns padded, rows not
+                                                    ((1, 5, 1, 6, 7), [1, 1, 0, 0, 0, 0], 2),
+                                                    ((2, 7, 1, 5, 6), [1, 1, 0, 0, 2, 0], 0)])
 def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_frames):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(shape, generator=g).to(DEVICE, dtype)
@@ -335,7 +338,10 @@ def test_upsample_conv2d_is_bit_identical_on_this_gpu(dtype, shape):
                                                          ((1, 24, 3, 5, 70), [1, 1, 1, 1, 0, 0], 2, "steady"),
                                                          ((2, 24, 1, 4, 6), [1, 1, 1, 1, 2, 0], 0, "chunk0"),
                                                          ((1, 200, 1, 3, 5), [0, 0, 0, 0, 0, 0], 2, "steady_t1"),
-                                                         ((1, 128, 3, 3, 5), [1, 1, 1, 1, 0, 0], 2, "steady")])
+                                                         ((1, 128, 3, 3, 5), [1, 1, 1, 1, 0, 0], 2, "steady"),
+                                                         # a band graph's halo row band: no row pad
+                                                         ((1, 24, 1, 6, 7), [1, 1, 0, 0, 0, 0], 2, "steady_t1"),
+                                                         ((2, 24, 1, 5, 6), [1, 1, 0, 0, 2, 0], 0, "chunk0")])
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major", "channels_last_deferred_bias"))
 @pytest.mark.parametrize("rest_block", [None, FlatBlock(values=32, warps=1)], ids=("default_block", "rows_in_32_value_blocks"))
 @pytest.mark.parametrize("cache_layout", ("contiguous", "channels_last"))

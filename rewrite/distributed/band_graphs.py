@@ -3,17 +3,17 @@
 What the eager band mode (`rewrite.distributed.bands`) runs module by module, this runs as the project's
 two step graphs (`rewrite.capture.wan`), exported for the band and rewritten by the optimized module's own
 pass pipeline at `lossless`. The band is exported in *halo-first form*, so that every fusion family still
-matches unchanged (the graphs differ from single-process graphs only by three collective ops,
-`rewrite.distributed.band_ops`, that no pattern crosses):
+matches (the graphs differ from single-process graphs by the band ops of `rewrite.distributed.band_ops`,
+which no pattern crosses):
 
 * the step input is the latent band with one extra row above and below (the neighbours' rows of the latent,
   which every rank holds; zeros at the global edges), so `conv_in`'s input and cache carry their halo;
 * every norm that feeds a 3x3x3 causal conv (a residual block's `norm1`/`norm2`, `norm_out`) reads its input
-  through the halo ops (`rewrite.distributed.band_ops.halo_rows`), and those convs pad only columns and frames: the halo rows *are* their row
-  pad (the norm and SiLU of a zero row are zero, so the zero rows at the global edges are the zero pad), and
-  the caches they keep carry the halo rows too, so no cache is exchanged;
-* a resampler's 2x upsample reads its input through the halo op; its 3x3 conv2d pads only columns and the one
-  extra output row on each side is cut off;
+  as a halo row band (`band_ops.halo_rows`), and those convs pad only columns and frames: the halo rows *are*
+  their row pad (the norm and SiLU of a zero row are zero, so the zero rows at the global edges are the zero
+  pad), and the caches they keep carry the halo rows too, so no cache is exchanged;
+* a resampler's 2x upsample reads its input as a halo row band; its 3x3 conv2d pads only columns and the
+  one extra output row on each side is cut off;
 * the middle block's attention runs on its all-gathered input (`rewrite::band_gather_rows`), its output cut
   to this rank's rows (`rewrite::band_own_rows`).
 
