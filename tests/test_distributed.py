@@ -350,7 +350,7 @@ def _check_graphs(results, world, frames):
     """Each band-graph case served from its graphs as `_graph_case` says (or refused them on every rank)."""
     problems = []
     for name in results[0]:
-        if "band graph" not in name:
+        if "band graph" not in name or name.endswith("failure"):
             continue
         for rank in range(world):
             status, value = results[rank][name]
@@ -439,6 +439,40 @@ def _failure_case(rank, world):
     # the failing rank outlives the others' 3 s waits (so they fail by the timeout, not by its exit); the
     # others stay a moment: rank 0 hosts the store that rank 2 reads
     time.sleep(6 if rank == 1 else 1.5)
+    return outcome
+
+
+def _graph_failure_case(rank, world):
+    """Rank 1 raises inside a band graph (its fourth halo exchange of a call the verified graphs serve alone)
+    and stays alive; rank 0, waiting in that exchange, must fail with its error within the per-wait timeout."""
+    from rewrite import optimize
+    from rewrite.distributed import PeerFailedError, decode_sharded
+    from rewrite.distributed.comm import Comm
+
+    bf16 = torch.bfloat16
+    vae = optimize(_vae("wan2.1", bf16), "lossless")
+    z = _latents(vae, 1, 3, 4, 4, bf16)
+    with torch.no_grad():
+        _, info = decode_sharded(vae, z, timeout=3, return_info=True)  # the pair checked: later calls use it alone
+    if rank == 1:
+        original, calls = Comm.exchange_edges, [0]
+
+        def failing(self, first, last, what):
+            calls[0] += 1
+            if calls[0] == 4:
+                raise RuntimeError("injected failure in a band graph on rank 1")
+            return original(self, first, last, what)
+        Comm.exchange_edges = failing
+    start = time.monotonic()
+    try:
+        with torch.no_grad():
+            decode_sharded(vae, z, timeout=3)
+        outcome = {"type": None, "message": ""}
+    except Exception as error:  # noqa: BLE001
+        outcome = {"type": "PeerFailedError" if isinstance(error, PeerFailedError) else type(error).__name__,
+                   "message": str(error)}
+    outcome.update(seconds=time.monotonic() - start, checked=info.graph_checks)
+    time.sleep(6 if rank == 1 else 1.5)  # as in `_failure_case`
     return outcome
 
 
@@ -583,6 +617,7 @@ def _cases(name):
             "mismatch latents": _mismatch_case("latents"),
             "mismatch weights": _mismatch_case("weights"),
             "mismatch shape": _mismatch_case("shape"),
+            "band graph failure": _graph_failure_case,  # last: it leaves the group with unfinished operations
         }
     return {
         "wan2.1 bf16 b2 f5 7x6 all": _decode_case("wan2.1", bf16, 2, 5, 7, 6),
@@ -626,7 +661,7 @@ def _spawn(world, name, tmp_path, limit=SPAWN_LIMIT_S):
 def _check_decodes(results, world):
     problems = []
     for name in results[0]:
-        if name.startswith(("mismatch", "optimize")) or name == "failure":
+        if name.startswith(("mismatch", "optimize")) or name.endswith("failure"):
             continue
         for rank in range(world):
             status, value = results[rank][name]
@@ -660,6 +695,15 @@ def test_two_ranks(tmp_path):
     problems += _check_optimize(results, 2)
     problems += _check_graphs(results, 2, {"wan2.1 band graphs b1 f4 5x6": 4, "wan2.2 band graphs b1 f3 5x6": 3,
                                            "wan2.2 band graph segments b1 f3 5x6": 3})
+    for rank in range(2):
+        status, value = results[rank]["band graph failure"]
+        if rank == 1:
+            expected = status == "ok" and value["type"] == "RuntimeError" and "injected failure" in value["message"]
+        else:
+            expected = (status == "ok" and value["type"] == "PeerFailedError" and 2.5 < value["seconds"] < 10
+                        and "rank 1 failed: RuntimeError: injected failure in a band graph" in value["message"])
+        if not expected or (status == "ok" and value["checked"] != 3):
+            problems.append(f"band graph failure, rank {rank}: {status} {value}")
     assert not problems, "\n".join(problems)
 
 
