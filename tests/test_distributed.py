@@ -410,59 +410,24 @@ def _mismatch_case(what):
     return case
 
 
-def _failure_case(rank, world):
-    """Rank 1 raises in the middle of the decode (its third norm) and stays alive; the others must fail
-    with its error within the per-wait timeout, not hang."""
-    from rewrite.distributed import PeerFailedError, bands, decode_sharded
+def _fail_on_rank1(owner, name: str, call: int, message: str) -> None:
+    """Make `owner.name` (a function or method) raise RuntimeError(message) on its `call`-th call, on rank 1."""
+    original, calls = getattr(owner, name), [0]
 
-    vae = _vae("wan2.1", torch.float32)
-    z = _latents(vae, 1, 2, 6, 4, torch.float32)
-    if rank == 1:
-        original, calls = bands.band_norm, [0]
-
-        def failing(run, m, x):
-            calls[0] += 1
-            if calls[0] == 3:
-                raise RuntimeError("injected failure on rank 1")
-            return original(run, m, x)
-        bands.band_norm = failing
-    start = time.monotonic()
-    try:
-        with torch.no_grad():
-            decode_sharded(vae, z, timeout=3)
-        outcome = {"type": None, "message": ""}
-    except PeerFailedError as error:
-        outcome = {"type": "PeerFailedError", "message": str(error)}
-    except Exception as error:  # noqa: BLE001
-        outcome = {"type": type(error).__name__, "message": str(error)}
-    outcome["seconds"] = time.monotonic() - start
-    # the failing rank outlives the others' 3 s waits (so they fail by the timeout, not by its exit); the
-    # others stay a moment: rank 0 hosts the store that rank 2 reads
-    time.sleep(6 if rank == 1 else 1.5)
-    return outcome
+    def failing(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            raise RuntimeError(message)
+        return original(*args, **kwargs)
+    setattr(owner, name, failing)
 
 
-def _graph_failure_case(rank, world):
-    """Rank 1 raises inside a band graph (its fourth halo exchange of a call the verified graphs serve alone)
-    and stays alive; rank 0, waiting in that exchange, must fail with its error within the per-wait timeout."""
-    from rewrite import optimize
+def _failing_decode(rank, vae, z) -> dict:
+    """`decode_sharded(vae, z, timeout=3)`: what it raised (type, message) and after how many seconds. The
+    failing rank (1) outlives the others' 3 s waits (so they fail by the timeout, not by its exit); the others
+    stay a moment: rank 0 hosts the store that the others read."""
     from rewrite.distributed import PeerFailedError, decode_sharded
-    from rewrite.distributed.comm import Comm
 
-    bf16 = torch.bfloat16
-    vae = optimize(_vae("wan2.1", bf16), "lossless")
-    z = _latents(vae, 1, 3, 4, 4, bf16)
-    with torch.no_grad():
-        _, info = decode_sharded(vae, z, timeout=3, return_info=True)  # the pair checked: later calls use it alone
-    if rank == 1:
-        original, calls = Comm.exchange_edges, [0]
-
-        def failing(self, first, last, what):
-            calls[0] += 1
-            if calls[0] == 4:
-                raise RuntimeError("injected failure in a band graph on rank 1")
-            return original(self, first, last, what)
-        Comm.exchange_edges = failing
     start = time.monotonic()
     try:
         with torch.no_grad():
@@ -471,9 +436,38 @@ def _graph_failure_case(rank, world):
     except Exception as error:  # noqa: BLE001
         outcome = {"type": "PeerFailedError" if isinstance(error, PeerFailedError) else type(error).__name__,
                    "message": str(error)}
-    outcome.update(seconds=time.monotonic() - start, checked=info.graph_checks)
-    time.sleep(6 if rank == 1 else 1.5)  # as in `_failure_case`
+    outcome["seconds"] = time.monotonic() - start
+    time.sleep(6 if rank == 1 else 1.5)
     return outcome
+
+
+def _failure_case(rank, world):
+    """Rank 1 raises in the middle of the decode (its third norm) and stays alive; the others must fail
+    with its error within the per-wait timeout, not hang."""
+    from rewrite.distributed import bands
+
+    vae = _vae("wan2.1", torch.float32)
+    z = _latents(vae, 1, 2, 6, 4, torch.float32)
+    if rank == 1:
+        _fail_on_rank1(bands, "band_norm", 3, "injected failure on rank 1")
+    return _failing_decode(rank, vae, z)
+
+
+def _graph_failure_case(rank, world):
+    """Rank 1 raises inside a band graph (its fourth halo exchange of a call the verified graphs serve alone)
+    and stays alive; rank 0, waiting in that exchange, must fail with its error within the per-wait timeout."""
+    from rewrite import optimize
+    from rewrite.distributed import decode_sharded
+    from rewrite.distributed.comm import Comm
+
+    bf16 = torch.bfloat16
+    vae = optimize(_vae("wan2.1", bf16), "lossless")
+    z = _latents(vae, 1, 3, 4, 4, bf16)
+    with torch.no_grad():
+        _, info = decode_sharded(vae, z, timeout=3, return_info=True)  # the pair checked: later calls use it alone
+    if rank == 1:
+        _fail_on_rank1(Comm, "exchange_edges", 4, "injected failure in a band graph on rank 1")
+    return {**_failing_decode(rank, vae, z), "checked": info.graph_checks}
 
 
 def _optimize_case(version, reference_level):
