@@ -131,9 +131,13 @@ class StaticStep:
 
     def __init__(self, fn: Callable[..., Sequence[Tensor]], inputs: Sequence[Tensor], pool=None, warmup: int = 1):
         self.inputs = list(inputs)
+        # the device of the first CUDA input (a captured step may also read a CPU scalar tensor)
+        device = next((t.device for t in self.inputs if isinstance(t, Tensor) and t.is_cuda), None)
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         # Alone among rewrite's work (`rewrite.runtime.locks`); "thread_local": work of other threads in the
         # process may go on (on other streams) without invalidating the capture.
-        with CAPTURE_GATE.capturing(), torch.cuda.device(self.inputs[0].device):
+        with CAPTURE_GATE.capturing(), torch.cuda.device(device):
             start = time.perf_counter()
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -143,7 +147,7 @@ class StaticStep:
             torch.cuda.current_stream().wait_stream(stream)
             captured = time.perf_counter()
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool, stream=_capture_stream(self.inputs[0].device),
+            with torch.cuda.graph(self.graph, pool=pool, stream=_capture_stream(device),
                                   capture_error_mode="thread_local"):
                 self.outputs = list(fn(*self.inputs))
             done = time.perf_counter()
