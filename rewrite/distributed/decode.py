@@ -5,8 +5,9 @@ Modes (chosen per call, the same on every rank):
 * bands (the default): each rank decodes latent rows [a, b) of every frame (`rewrite.distributed.bands`):
   halo rows before each spatial conv, the middle block's attention on its gathered input, the causal caches
   of the band only. For a module `rewrite.optimize` optimized, through the rewritten band graphs where they
-  were seen to agree with that eager band form (`rewrite.distributed.band_graphs`). `post_quant_conv` (a 1x1x1 conv of the latents, which every rank holds) runs on the
-  whole latent on every rank, as in diffusers' `_decode`.
+  were seen to agree with that eager band form (`rewrite.distributed.band_graphs`). `post_quant_conv` (a
+  1x1x1 conv of the latents, which every rank holds) runs on the whole latent on every rank, as in
+  diffusers' `_decode`.
 * tiles: where diffusers would tile (`vae.enable_tiling()` and a latent larger than one tile), tile n of
   diffusers' row-major order is decoded on rank n % world by the module's own decoder (optimized or not);
   the tiles are all-gathered and blended with diffusers' `blend_v`/`blend_h` in diffusers' order.
@@ -62,7 +63,8 @@ class ShardedInfo:
     gathered_reasons: list = dataclasses.field(default_factory=list)
     graph_steps: int = 0                   # bands: steps run through the rewritten band graphs
     graph_replays: int = 0                 # bands: of those, replayed from their CUDA-graph segments
-    graph_checks: int = 0                  # bands: of those, steps checked against the eager band mode
+    graph_checks: int = 0                  # bands: of those, steps checked (graphs against the eager band
+    #                                        mode, segments against the graphs)
     graph_reason: str | None = None        # bands: why the band graphs did not serve (some) steps
     tiles: list | None = None              # tiles: tile origins (latent row, col) this rank decoded
 
