@@ -142,6 +142,7 @@ def test_wan_json_layout_and_table(wan_run):
         (["--model", "auk", "--repeat", "0"], "--repeat and --batch must be >= 1"),
         (["--model", "mp3"], "invalid choice: 'mp3'"),
         (["--backend", "gloo"], "--backend is for runs under torchrun"),
+        (["--band-cuda-graphs", "off"], "--band-cuda-graphs is for runs under torchrun"),
     ],
 )
 def test_bad_arguments(argv, message, capsys):
@@ -240,6 +241,12 @@ def test_bad_output_arguments_stop_before_the_run(make_argv, message, tmp_path, 
 
 
 # ------------------------------------------------------------------------------------------------ torchrun
+
+
+def test_the_bench_names_the_sharded_decodes_capture_modes():
+    from rewrite.distributed.band_graphs import CUDA_GRAPH_MODES
+
+    assert bench_distributed.CUDA_GRAPH_MODES == CUDA_GRAPH_MODES
 
 
 @pytest.mark.parametrize(("argv", "message"), [

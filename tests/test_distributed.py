@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-SPAWN_LIMIT_S = 150
+SPAWN_LIMIT_S = 300  # a hang guard: a spawn of the two-rank cases takes about 80 s alone on 2 cores
 
 
 # ---- in-process units ---------------------------------------------------------------------------------
@@ -195,6 +195,10 @@ def test_optimize_group_errors_copies_and_pickles_in_process():
     runner = vae.__dict__["_rewrite_runner"]
     with pytest.raises(TypeError, match="group= must be a torch.distributed ProcessGroup or a 1-D DeviceMesh"):
         optimize(vae, "channels_last", group="world")
+    from rewrite.distributed import decode_sharded
+
+    with pytest.raises(ValueError, match="cuda_graphs must be one of segments, whole, off; got 'on'"):
+        decode_sharded(vae, torch.zeros(1, 4, 1, 4, 4), cuda_graphs="on")
     with pytest.raises(ValueError, match="output='band' is for a sharded decode; it needs group="):
         optimize(vae, "channels_last", output="band")
     assert vae.__dict__["_rewrite_runner"] is runner and "decode" not in vae.__dict__
@@ -287,15 +291,26 @@ class StandInSegments:
         return replay, outputs
 
 
-def _graph_case(version, batch, frames, height, width, refuse=False, segments=False):
+def gloo_cuda_segments():
+    """The production capture of the band graphs (`CudaSegments`) claiming it can capture on the CPU: for the
+    refusal of cuda_graphs="whole" over gloo, which comes before any capture."""
+    from rewrite.distributed.band_segments import CudaSegments
+
+    class GlooCudaSegments(CudaSegments):
+        can_capture = staticmethod(lambda device: True)
+    return GlooCudaSegments()
+
+
+def _graph_case(version, batch, frames, height, width, refuse=False, segments=None, cuda_graphs="segments"):
     """An optimized module's sharded decode through the band graphs (bf16: on this CPU fp32's SiLU depends on
     an element's position, so fp32 band graphs are refused): the first call checks chunk 0 and two steady
     steps against the eager band mode, the second serves from the graphs alone, a third after a weight edit
     (in place, on this module and the reference alike) still from the graphs and equal. `refuse`: rank 1's
     steady graph is made to add 1 to its output, so every rank refuses the pair at step 1 and the eager band
-    mode finishes the decode. `segments`: the CUDA-graph segments of the band graphs, captured by
-    `StandInSegments`: checked against the band graphs on the second call, replayed alone on the third (after
-    the in-place edit), captured and checked again on a fourth after a weight was replaced by a new tensor."""
+    mode finishes the decode. `segments` (a capture factory: `StandInSegments` or `gloo_cuda_segments`): the band
+    graphs captured as `cuda_graphs` says: checked against the band graphs on the second call, replayed alone
+    on the third (after the in-place edit), captured and checked again on a fourth after a weight was
+    replaced by a new tensor."""
     def case(rank, world):
         from rewrite import optimize
         from rewrite.distributed import decode_sharded
@@ -304,8 +319,9 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=Fa
 
         bf16 = torch.bfloat16
         vae, reference = optimize(_vae(version, bf16), "lossless"), _vae(version, bf16)
-        if segments:
-            store_of(installed_runner(vae)).segment_backend = StandInSegments()
+        backend = segments() if segments is not None else None
+        if backend is not None:
+            store_of(installed_runner(vae)).segment_backend = backend
         if refuse and rank == 1:
             runner = installed_runner(vae)
             rewrite_graph = runner.rewrite_graph
@@ -326,7 +342,7 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=Fa
         calls = []
         with torch.no_grad():
             expected = reference.decode(z).sample
-            for edit in (None, None, "in place") + (("replaced",) if segments else ()):
+            for edit in (None, None, "in place") + (("replaced",) if segments is not None else ()):
                 for v in (vae, reference) if edit else ():
                     conv = v.decoder.up_blocks[0].resnets[0].conv1
                     if edit == "in place":
@@ -335,14 +351,14 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=Fa
                         conv.weight = torch.nn.Parameter(conv.weight * 0.5)
                 if edit:
                     expected = reference.decode(z).sample
-                video, info = decode_sharded(vae, z, return_info=True)
+                video, info = decode_sharded(vae, z, return_info=True, cuda_graphs=cuda_graphs)
                 calls.append({"equal": bool(torch.equal(video, expected)), "mode": info.mode,
                               "steps": info.graph_steps, "checks": info.graph_checks, "reason": info.graph_reason,
                               "replays": info.graph_replays})
         first = calls[0]
         return {"equal": all(c["equal"] for c in calls), "mode": first["mode"], "reason": None,
                 "local": 1, "gathered": 0, "gathered_reasons": [], "tiles": None, "module_unchanged": True,
-                "calls": calls}
+                "calls": calls, "captures": getattr(backend, "captures", None)}
     return case
 
 
@@ -360,8 +376,15 @@ def _check_graphs(results, world, frames):
             if "refused" in name:
                 why = "the band graphs differ from the eager band mode at step 1 (steady) on some rank"
                 expected = [(2, 2, why, 0)] + [(0, 0, why, 0)] * 2
-            elif "segments" in name:
+            elif "on gloo" in name:
+                why = "gloo collectives cannot run inside a CUDA graph (cuda_graphs='whole' needs NCCL)"
+                expected = [(n, 3, None, 0)] + [(n, 0, why, 0)] * 3
+            elif "captures off" in name:
+                expected = [(n, 3, None, 0)] + [(n, 0, None, 0)] * 3
+            elif "segments" in name or "whole steps" in name:
                 expected = [(n, 3, None, 0), (n, 3, None, n), (n, 0, None, n), (n, 3, None, n)]
+                if "whole steps" in name and value["captures"] != 4:  # one graph per step, captured twice
+                    problems.append(f"{name}, rank {rank}: {value['captures']} captures, expected 4")
             else:
                 expected = [(n, 3, None, 0), (n, 0, None, 0), (n, 0, None, 0)]
             seen = [(c["steps"], c["checks"], c["reason"], c["replays"]) for c in calls]
@@ -601,7 +624,14 @@ def _cases(name):
             "wan2.1 band graphs b1 f4 5x6": _graph_case("wan2.1", 1, 4, 5, 6),
             "wan2.2 band graphs b1 f3 5x6": _graph_case("wan2.2", 1, 3, 5, 6),
             "wan2.1 band graphs refused b1 f3 4x4": _graph_case("wan2.1", 1, 3, 4, 4, refuse=True),
-            "wan2.2 band graph segments b1 f3 5x6": _graph_case("wan2.2", 1, 3, 5, 6, segments=True),
+            "wan2.2 band graph segments b1 f3 5x6": _graph_case("wan2.2", 1, 3, 5, 6, segments=StandInSegments),
+            "wan2.1 band graph whole steps b1 f3 4x4": _graph_case("wan2.1", 1, 3, 4, 4, segments=StandInSegments,
+                                                                   cuda_graphs="whole"),
+            "wan2.1 band graph captures off b1 f3 4x4": _graph_case("wan2.1", 1, 3, 4, 4, segments=StandInSegments,
+                                                                    cuda_graphs="off"),
+            "wan2.1 band graph whole steps on gloo b1 f3 4x4": _graph_case("wan2.1", 1, 3, 4, 4,
+                                                                           segments=gloo_cuda_segments,
+                                                                           cuda_graphs="whole"),
             "wan2.1 bf16 f2 4x4 on a DeviceMesh": _mesh_case,
             "wan2.1 3 rows, 2 ranks: single-process": _decode_case("wan2.1", f32, 1, 2, 3, 4),
             "wan2.1 tiled f2 7x8": _decode_case("wan2.1", f32, 1, 2, 7, 8, tiling=True),
@@ -618,7 +648,7 @@ def _cases(name):
         "wan2.2 fp32 b1 f1 6x4 band": _decode_case("wan2.2", f32, 1, 1, 6, 4, output="band"),
         "wan2.2 bf16 b1 f5 7x4 all": _decode_case("wan2.2", bf16, 1, 5, 7, 4),
         "wan2.1 tiled f1 7x8": _decode_case("wan2.1", f32, 1, 1, 7, 8, tiling=True),
-        "wan2.1 band graph segments b1 f3 7x6": _graph_case("wan2.1", 1, 3, 7, 6, segments=True),
+        "wan2.1 band graph segments b1 f3 7x6": _graph_case("wan2.1", 1, 3, 7, 6, segments=StandInSegments),
         "failure": _failure_case,  # last: it leaves the group with unfinished operations
     }
 
@@ -688,7 +718,10 @@ def test_two_ranks(tmp_path):
                 problems.append(f"{key}, rank {rank}: expected a ShardMismatchError naming {needle!r}; got {value}")
     problems += _check_optimize(results, 2)
     problems += _check_graphs(results, 2, {"wan2.1 band graphs b1 f4 5x6": 4, "wan2.2 band graphs b1 f3 5x6": 3,
-                                           "wan2.2 band graph segments b1 f3 5x6": 3})
+                                           "wan2.2 band graph segments b1 f3 5x6": 3,
+                                           "wan2.1 band graph whole steps b1 f3 4x4": 3,
+                                           "wan2.1 band graph captures off b1 f3 4x4": 3,
+                                           "wan2.1 band graph whole steps on gloo b1 f3 4x4": 3})
     for rank in range(2):
         status, value = results[rank]["band graph failure"]
         if rank == 1:

@@ -227,6 +227,9 @@ def parse_args(argv):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", choices=bench_distributed.BACKENDS, default=None,
                         help="under torchrun: the process group's backend (default nccl on CUDA, gloo on the CPU)")
+    parser.add_argument("--band-cuda-graphs", choices=bench_distributed.CUDA_GRAPH_MODES, default=None,
+                        help="under torchrun: how the band graphs are captured on CUDA (decode_sharded's "
+                             "cuda_graphs=; default segments)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
     parser.add_argument("--profile", action="store_true", help="per-kernel table of one call per level")
     parser.add_argument("--plot", metavar="FILE", type=Path,

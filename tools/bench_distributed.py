@@ -30,6 +30,9 @@ import torch
 import torch.distributed as dist
 
 BACKENDS = ("nccl", "gloo")
+#: `decode_sharded`'s cuda_graphs= (`rewrite.distributed.band_graphs.CUDA_GRAPH_MODES`, not imported here: the
+#: single-process bench loads no distributed code)
+CUDA_GRAPH_MODES = ("segments", "whole", "off")
 
 #: how the one-GPU baseline is measured (written to the JSON)
 BASELINE = "rank 0 alone, one process, no group (the other ranks wait idle)"
@@ -45,8 +48,9 @@ def under_torchrun() -> bool:
 
 def check_args(parser, args) -> None:
     """The arguments a run under torchrun needs (exit 2 with the usage otherwise); called by `parse_args`."""
-    if args.backend is not None and not under_torchrun():
-        parser.error("--backend is for runs under torchrun --nproc-per-node N (WORLD_SIZE > 1)")
+    for flag, value in (("--backend", args.backend), ("--band-cuda-graphs", args.band_cuda_graphs)):
+        if value is not None and not under_torchrun():
+            parser.error(f"{flag} is for runs under torchrun --nproc-per-node N (WORLD_SIZE > 1)")
     if not under_torchrun():
         return
     if args.model == "auk":
@@ -133,7 +137,7 @@ def _sharded(adapter, z, args, device, bench) -> dict:
     from rewrite import optimize
     from rewrite.distributed import decode_sharded
 
-    vae = adapter.vae
+    vae, cuda_graphs = adapter.vae, args.band_cuda_graphs or "segments"
     optimize(vae, "lossless")  # what a single-process fallback or the tiled mode of the sharded decode runs
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -142,15 +146,15 @@ def _sharded(adapter, z, args, device, bench) -> dict:
     with torch.no_grad():
         for _ in range(1 + args.warmup + args.repeat):
             _barrier(device)
-            (video, info), seconds = bench._timed(lambda: decode_sharded(vae, z, output="rank0", return_info=True),
-                                                  device)
+            (video, info), seconds = bench._timed(lambda: decode_sharded(vae, z, output="rank0", return_info=True,
+                                                                         cuda_graphs=cuda_graphs), device)
             times.append(seconds)
             infos.append(info)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     peaks = [None] * dist.get_world_size()
     dist.all_gather_object(peaks, peak)
     return {"video": video, "info": info, "first": infos[0], "first_s": times[0], "times_s": times[1 + args.warmup:],
-            "peaks": peaks}
+            "peaks": peaks, "cuda_graphs": cuda_graphs}
 
 
 def _compare(adapter, levels: list, sharded: dict, lossless: torch.Tensor, backend: str, bench) -> dict:
@@ -174,6 +178,7 @@ def _compare(adapter, levels: list, sharded: dict, lossless: torch.Tensor, backe
         "latent_rows": info.latent_rows, "band_local_ops": info.band_local_ops, "gathered_ops": info.gathered_ops,
         "checks_first_call": sharded["first"].checks_run,
         "gathered_reasons": list(sharded["first"].gathered_reasons),  # listed by the call that agreed on them
+        "band_cuda_graphs": sharded["cuda_graphs"], "band_graph_replays": info.graph_replays,
         "band_graph_steps": info.graph_steps, "band_graph_checks_first_call": sharded["first"].graph_checks,
         "band_graph_reason": info.graph_reason or sharded["first"].graph_reason,
         "peak_gib_per_rank": sharded["peaks"],

@@ -51,7 +51,7 @@ from torch import nn
 from rewrite.capture.export import tracing_copy
 from rewrite.capture.wan import export_wan_steps, reference_forward
 from rewrite.distributed import band_ops  # noqa: F401 - registers the collective ops before any export
-from rewrite.distributed.band_ops import BandContext, halo_rows
+from rewrite.distributed.band_ops import COLLECTIVES, BandContext, halo_rows
 from rewrite.distributed.band_segments import CudaSegments, SegmentedBandSteps
 from rewrite.distributed.bands import BandRun, cache_slots, empty_like_layout, passive_reason
 from rewrite.runtime import guards
@@ -220,9 +220,11 @@ class BandGraphs:
     snapshot: guards.ModuleSnapshot
     checks: Checks = dataclasses.field(default_factory=Checks)
     segments: object = None
+    segments_mode: str | None = None  # the `cuda_graphs` mode `segments` were captured for
     segment_checks: Checks = dataclasses.field(default_factory=Checks)
-    segment_reason: str | None = None  # why no segments serve (a capture failed somewhere, or refused)
-    segment_logged: bool = False  # that reason was logged (once per pair)
+    #: per mode: why no captured steps serve (a capture failed somewhere, refused, not possible), logged once
+    segment_reasons: dict = dataclasses.field(default_factory=dict)
+    segments_logged: set = dataclasses.field(default_factory=set)
 
     @property
     def refused(self) -> str | None:
@@ -353,11 +355,14 @@ class _ReplaySteps:
         return self.segments.caches
 
 
-def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Tensor, runner, stats: dict):
+def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Tensor, runner, stats: dict,
+                       cuda_graphs: str = "segments"):
     """This rank's band of the clamped video through the band graphs (eager band mode alongside until the pair
-    is verified; on CUDA then their CUDA-graph segments, the graphs alongside until those are verified); None
+    is verified; on CUDA then captured, the graphs alongside until the captured steps are verified); None
     where no pair serves (its capture failed or it was refused: the caller runs the eager band mode). `stats`
-    gets "graph_steps", "replayed_steps", "checked_steps" and "reason"."""
+    gets "graph_steps", "replayed_steps", "checked_steps" and "reason". `cuda_graphs` (`CUDA_GRAPH_MODES`):
+    "segments" (captured between the collectives), "whole" (each step one graph, its collectives inside:
+    NCCL only) or "off" (the graphs run op by op)."""
     decoder = vae.decoder
     x_whole = vae.post_quant_conv(z)
     a, b = run.rows[run.rank]
@@ -384,7 +389,7 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
             video = _checked_steps(graph_steps, reference, graphs.checks, lambda c, r: _caches_agree(
                 c.caches, r.slots[:len(c.caches)]), run, frames, temporal, stats)
             return finish_band(vae, video)
-        segments = _segments(store_of(runner).segment_backend, graphs, graph_steps, x_ext, run, stats)
+        segments = _segments(store_of(runner).segment_backend, graphs, graph_steps, x_ext, run, stats, cuda_graphs)
         if segments is None:
             return finish_band(vae, _checked_steps(graph_steps, None, None, None, run, frames, temporal, stats))
         graphs.segment_checks.agree(run.comm, "the state of the band graph segments' checks")
@@ -392,35 +397,45 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
         video = _checked_steps(_ReplaySteps(segments, x_ext), reference, graphs.segment_checks,
                                lambda c, r: _caches_equal(c.caches, r.caches), run, frames, temporal, stats)
         if graphs.segment_checks.refused:  # logged by the checks
-            graphs.segments, graphs.segment_reason, graphs.segment_logged = None, graphs.segment_checks.refused, True
+            graphs.segments = None
+            graphs.segment_reasons[cuda_graphs] = graphs.segment_checks.refused
+            graphs.segments_logged.add(cuda_graphs)
         return finish_band(vae, video)
     finally:
         graphs.ctx.run = None
 
 
-def _segments(backend, graphs: BandGraphs, graph_steps: _GraphSteps, x_ext, run: BandRun, stats: dict):
-    """The pair's CUDA-graph segments, captured on first use (and again after the weights moved), or None (not
-    CUDA, or refused: the graphs run op by op). A capture that fails on any rank turns them off on all."""
-    if not backend.can_capture(x_ext.device):
+def _segments(backend, graphs: BandGraphs, graph_steps: _GraphSteps, x_ext, run: BandRun, stats: dict, mode: str):
+    """The pair's captured steps for `mode`, captured on first use (and again after the weights moved or for
+    another mode), or None (not CUDA, mode "off", or refused: the graphs run op by op). A capture that fails on
+    any rank turns the mode off on all."""
+    if mode == "off" or not backend.can_capture(x_ext.device):
         return None
-    if graphs.segment_reason is None and (graphs.segments is None
-                                          or not graphs.segments.serves(graph_steps.weights0, graph_steps.weights)):
+    if mode == "whole" and run.comm.backend != "nccl" and isinstance(backend, CudaSegments):
+        graphs.segment_reasons.setdefault(mode, f"{run.comm.backend} collectives cannot run inside a CUDA graph "
+                                                "(cuda_graphs='whole' needs NCCL)")
+    stale = (graphs.segments is None or graphs.segments_mode != mode
+             or not graphs.segments.serves(graph_steps.weights0, graph_steps.weights))
+    if mode not in graphs.segment_reasons and stale:
         graphs.segments = None
         try:
             graphs.segments = SegmentedBandSteps(graphs.chunk0, graphs.steady, graph_steps.weights0,
-                                                 graph_steps.weights, x_ext[:, :, 0:1], backend)
-            graphs.segment_checks = Checks()
+                                                 graph_steps.weights, x_ext[:, :, 0:1], backend,
+                                                 COLLECTIVES if mode == "segments" else ())
+            graphs.segments_mode, graphs.segment_checks = mode, Checks()
         except Exception as error:  # noqa: BLE001 - the graphs still serve, op by op
-            graphs.segment_reason = f"capturing the band graph segments failed: {type(error).__name__}: {error}"
-    ok = run.comm.all_reduce_min(int(graphs.segments is not None and graphs.segment_reason is None),
-                                 "the choice of the band graph segments")
+            graphs.segment_reasons[mode] = f"capturing the band graphs ({mode}) failed: {type(error).__name__}: {error}"
+    ok = run.comm.all_reduce_min(int(graphs.segments is not None and mode not in graphs.segment_reasons),
+                                 f"the choice of the captured band graphs ({mode})")
     if not ok:
-        if graphs.segments is not None or graphs.segment_reason is None or not graphs.segment_logged:
-            graphs.segment_reason = graphs.segment_reason or "another rank has no band graph segments"
-            logger.warning("rewrite.distributed: %s; the band graphs run op by op", graphs.segment_reason)
-            graphs.segment_logged = True
+        if mode not in graphs.segment_reasons:
+            graphs.segment_reasons[mode] = f"another rank has no captured band graphs ({mode})"
+        reason = graphs.segment_reasons[mode]
+        if mode not in graphs.segments_logged:
+            logger.warning("rewrite.distributed: %s; the band graphs run op by op", reason)
+            graphs.segments_logged.add(mode)
         graphs.segments = None
-        stats["reason"] = graphs.segment_reason
+        stats["reason"] = reason
         return None
     return graphs.segments
 
@@ -474,3 +489,7 @@ def finish_band(vae, video):
     if vae.config.patch_size is not None:
         video = _wan().unpatchify(video, patch_size=vae.config.patch_size)
     return torch.clamp(video, min=-1.0, max=1.0)
+
+
+#: what `decode_sharded(cuda_graphs=...)` takes (see `decode_band_graphs`)
+CUDA_GRAPH_MODES = ("segments", "whole", "off")

@@ -14,6 +14,10 @@ are kept only for what is read outside the graphs at replay time: the collective
 the attention's input at latent resolution) and the step's outputs. The collectives' static outputs (rows,
 and the gathered attention input) are plain allocations.
 
+With NCCL a step may instead be captured whole, its collectives inside the graph (`cuda_graphs="whole"` of
+`decode_sharded`: `SegmentedBandSteps` with no collectives to cut at), which the issue allows where NCCL
+supports it and it measures faster; gloo cannot (it stages through host memory), so there it is refused.
+
 Exactness: a replay runs the kernels of the eager segments on the same shapes (`rewrite.runtime.graphs`), and
 the collectives copy the same values; `band_graphs` still compares the first replayed steps with the eager
 band graphs before the replays serve alone.
@@ -57,8 +61,9 @@ class Split:
     results: Any  # the output node's argument (nodes inside)
 
 
-def split_at_collectives(gm: GraphModule) -> Split:
-    """`gm` cut before and after every collective call; a `getitem` goes with the node it reads."""
+def split_at_collectives(gm: GraphModule, collectives=COLLECTIVES) -> Split:
+    """`gm` cut before and after every call of one of `collectives`; a `getitem` goes with the node it reads.
+    With no `collectives` the whole graph is one compute piece."""
     placeholders, output = [], None
     groups: list[tuple[str, list[Node]]] = []
     home: dict[Node, int] = {}
@@ -74,7 +79,7 @@ def split_at_collectives(gm: GraphModule) -> Split:
             index = home[node.args[0]]
             (current if index == len(groups) else groups[index][1]).append(node)
             home[node] = index
-        elif node.target in COLLECTIVES:
+        elif node.target in collectives:
             if current:
                 groups.append(("compute", current))
                 current = []
@@ -144,8 +149,8 @@ class SegmentedStep:
     static buffers), its compute segments captured into `pool` by `backend`; `replay()` runs it and returns the
     graph's outputs (static tensors, overwritten by the next replay of any step of the pool)."""
 
-    def __init__(self, gm: GraphModule, args: Sequence, backend, pool) -> None:
-        split = split_at_collectives(gm)
+    def __init__(self, gm: GraphModule, args: Sequence, backend, pool, collectives=COLLECTIVES) -> None:
+        split = split_at_collectives(gm, collectives)
         last_read: dict[Node, int] = {}
         for index, piece in enumerate(split.pieces):
             for node in (piece.inputs if isinstance(piece, Compute) else piece.node.all_input_nodes):
@@ -193,17 +198,22 @@ def _empty_like_val(val: torch.Tensor) -> torch.Tensor:
 class SegmentedBandSteps:
     """The chunk-0 and steady band graphs as `SegmentedStep`s over one static latent frame and static caches
     (shapes from the graphs' outputs), sharing one pool; `first(x)` / `next(x)` copy the frame in, replay, copy
-    the new caches into the static ones and return the frames (static: copy what you keep)."""
+    the new caches into the static ones and return the frames (static: copy what you keep). `collectives`:
+    the ops the steps are cut at (none: each step is one captured graph, collectives inside)."""
 
-    def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor, backend) -> None:
+    def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor, backend,
+                 collectives=COLLECTIVES) -> None:
+        self.collectives = tuple(collectives)
         self.weight_pointers = tuple(0 if w is None else w.data_ptr() for w in (*weights0, *weights))
         with static_buffer_mode():
             self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
             output = next(n for n in chunk0.graph_module.graph.nodes if n.op == "output")
             self.caches = [torch.zeros_like(_empty_like_val(n.meta["val"])) for n in output.args[0][1:]]
         pool = backend.new_pool()
-        self._first = SegmentedStep(chunk0.graph_module, _bind(chunk0, weights0, [self.x]), backend, pool)
-        self._next = SegmentedStep(steady.graph_module, _bind(steady, weights, [self.x, *self.caches]), backend, pool)
+        self._first = SegmentedStep(chunk0.graph_module, _bind(chunk0, weights0, [self.x]), backend, pool,
+                                    self.collectives)
+        self._next = SegmentedStep(steady.graph_module, _bind(steady, weights, [self.x, *self.caches]), backend, pool,
+                                   self.collectives)
 
     def serves(self, weights0, weights) -> bool:
         """Whether the captured weights are still these tensors (not replaced, not moved)."""

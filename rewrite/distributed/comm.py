@@ -110,9 +110,12 @@ class Comm:
                                f"({self.backend}): {error}")
 
     def _wait(self, works, what: str) -> None:
+        # inside a CUDA graph capture (a band step captured whole, NCCL) a wait may only order the streams: a
+        # timeout makes the host poll the work's completion, which a capture forbids
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         for work in works if isinstance(works, (list, tuple)) else [works]:
             try:
-                work.wait() if self.timeout is None else work.wait(self.timeout)
+                work.wait() if self.timeout is None or capturing else work.wait(self.timeout)
             except Exception as error:
                 raise self._failed(what, error) from error
 

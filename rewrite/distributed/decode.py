@@ -36,6 +36,7 @@ from rewrite.distributed.bands import (
     forget_verdicts,
     split_rows,
 )
+from rewrite.distributed.band_graphs import CUDA_GRAPH_MODES
 from rewrite.distributed.comm import Comm, DistributedDecodeError, resolve_group
 from rewrite.runtime import guards
 from rewrite.runtime.locks import CAPTURE_GATE
@@ -76,7 +77,7 @@ def output_rows(vae: nn.Module, latent_height: int, world: int) -> list[tuple[in
 
 
 def decode_sharded(vae: nn.Module, z: torch.Tensor, *, group=None, output: str = "all", verify: bool = True,
-                   timeout=None, return_info: bool = False):
+                   timeout=None, return_info: bool = False, cuda_graphs: str = "segments"):
     """Decode Wan latents `z` [batch, z_dim, frames, height, width] across the ranks of `group`.
 
     Collective: every rank of `group` (a ProcessGroup, a 1-D DeviceMesh, or None for the default group)
@@ -103,12 +104,19 @@ def decode_sharded(vae: nn.Module, z: torch.Tensor, *, group=None, output: str =
     where the failing process exits, else within `timeout` (seconds or a timedelta, per collective wait;
     default the process group's own timeout); a collective that fails without a posted cause raises
     `CollectiveError`. After either the group has unfinished operations: destroy it.
+
+    `cuda_graphs` (an optimized module's band graphs on CUDA): "segments" (default: replayed from CUDA graphs
+    captured between the collectives), "whole" (each step one CUDA graph with its collectives inside: NCCL
+    only; with gloo the graphs run op by op, logged) or "off" (op by op); another value raises `ValueError`.
     """
     if output not in OUTPUTS:
         raise ValueError(f"decode_sharded: output must be one of {', '.join(OUTPUTS)}; got {output!r}")
+    if cuda_graphs not in CUDA_GRAPH_MODES:
+        raise ValueError(f"decode_sharded: cuda_graphs must be one of {', '.join(CUDA_GRAPH_MODES)}; "
+                         f"got {cuda_graphs!r}")
     comm = Comm(resolve_group(group), timeout)
     try:
-        video, info = _decode(vae, z, comm, output, verify)
+        video, info = _decode(vae, z, comm, output, verify, cuda_graphs)
     except DistributedDecodeError:
         forget_verdicts(comm)
         raise
@@ -134,7 +142,7 @@ def _check_inputs(vae, z) -> None:
                          f"got {shape}")
 
 
-def _decode(vae, z, comm: Comm, output: str, verify: bool):
+def _decode(vae, z, comm: Comm, output: str, verify: bool, cuda_graphs: str = "segments"):
     _check_inputs(vae, z)
     if verify:
         _verify(vae, z, comm, output)
@@ -175,7 +183,7 @@ def _decode(vae, z, comm: Comm, output: str, verify: bool):
     with torch.no_grad(), CAPTURE_GATE.running():
         runner = _band_graph_runner(vae)
         graph_stats: dict = {}
-        bands = [_band_decode(vae, decoder, run, s, runner, graph_stats) for s in slices]
+        bands = [_band_decode(vae, decoder, run, s, runner, graph_stats, cuda_graphs) for s in slices]
         band = torch.cat(bands) if len(bands) > 1 else bands[0]
         info = ShardedInfo("bands", latent_rows=run.rows, band_local_ops=run.stats.local,
                            gathered_ops=run.stats.gathered, checks_run=run.stats.checks,
@@ -200,14 +208,15 @@ def _band_graph_runner(vae):
     return runner if runner is not None and getattr(runner, "model_name", None) == "wan" else None
 
 
-def _band_decode(vae, decoder, run: BandRun, z: torch.Tensor, runner=None, graph_stats=None) -> torch.Tensor:
+def _band_decode(vae, decoder, run: BandRun, z: torch.Tensor, runner=None, graph_stats=None,
+                 cuda_graphs: str = "segments") -> torch.Tensor:
     """This rank's band of the clamped video: through the rewritten band graphs where they serve
     (`rewrite.distributed.band_graphs`), else diffusers' `_decode` frame loop over the band decoder."""
     from rewrite.capture.wan import reference_forward
     from rewrite.distributed.band_graphs import decode_band_graphs, finish_band, store_frames
 
     graph_stats = {} if graph_stats is None else graph_stats
-    video = decode_band_graphs(vae, decoder, run, z, runner, graph_stats)
+    video = decode_band_graphs(vae, decoder, run, z, runner, graph_stats, cuda_graphs)
     if video is not None:
         return video
     x = run.own(vae.post_quant_conv(z))
