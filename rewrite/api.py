@@ -8,6 +8,7 @@ object; `level="off"` removes everything `optimize` installed, leaving the modul
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 from torch import nn
@@ -150,4 +151,12 @@ def report(module: nn.Module) -> Report:
         cuda_graphs=runner.cuda_graph_counts(),
         first_call=runner.timings.records(),
         disk_cache=runner.disk_cache_summary(),
+        band_graphs=_band_graph_lines(runner),
     )
+
+
+def _band_graph_lines(runner) -> list[str]:
+    """The band graphs a sharded decode captured for this runner; none where no sharded decode ran in this
+    process (its module is then not loaded, and `report` does not load it)."""
+    band_graphs = sys.modules.get("rewrite.distributed.band_graphs")
+    return [] if band_graphs is None else band_graphs.describe(runner)

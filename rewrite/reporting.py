@@ -125,6 +125,8 @@ class Report:
     #: what the captures cost so far, per graph and stage (the first call's breakdown, and each new shape's)
     first_call: list[Timing] = dataclasses.field(default_factory=list)
     disk_cache: str | None = None  # where the disk cache is and what it served, None when it is off
+    #: the sharded decode's band graphs of this module, one line each (`rewrite.distributed.band_graphs.describe`)
+    band_graphs: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def first_call_seconds(self) -> float:
@@ -154,6 +156,9 @@ class Report:
             lines.extend(format_timings(self.first_call, indent="    "))
         if self.disk_cache:
             lines.append(f"  disk cache: {self.disk_cache}")
+        if self.band_graphs:
+            lines.append("  band graphs of the sharded decode (docs/distributed.md):")
+            lines.extend(f"    {line}" for line in self.band_graphs)
         for reason, count in self.fallbacks.items():
             lines.append(f"  fallback x{count}: {reason}")
         return "\n".join(lines)

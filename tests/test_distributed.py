@@ -312,7 +312,7 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=No
     on the third (after the in-place edit), captured and checked again on a fourth after a weight was
     replaced by a new tensor."""
     def case(rank, world):
-        from rewrite import optimize
+        from rewrite import optimize, report
         from rewrite.distributed import decode_sharded
         from rewrite.distributed.band_graphs import store_of
         from rewrite.runtime.runner import installed_runner
@@ -358,7 +358,7 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=No
         first = calls[0]
         return {"equal": all(c["equal"] for c in calls), "mode": first["mode"], "reason": None,
                 "local": 1, "gathered": 0, "gathered_reasons": [], "tiles": None, "module_unchanged": True,
-                "calls": calls, "captures": getattr(backend, "captures", None)}
+                "calls": calls, "captures": getattr(backend, "captures", None), "report": str(report(vae))}
     return case
 
 
@@ -388,6 +388,12 @@ def _check_graphs(results, world, frames):
             else:
                 expected = [(n, 3, None, 0), (n, 0, None, 0), (n, 0, None, 0)]
             seen = [(c["steps"], c["checks"], c["reason"], c["replays"]) for c in calls]
+            state = ("graphs refused" if "refused" in name else
+                     "captured steps segments: serving" if "segments" in name else
+                     "captured steps whole: serving" if name.startswith("wan2.1 band graph whole steps b1") else
+                     "graphs serving; captured steps ")
+            if f"rank {rank} of {world}, latent rows" not in value["report"] or state not in value["report"]:
+                problems.append(f"{name}, rank {rank}: the report does not say {state!r}: {value['report']}")
             if seen != expected:
                 problems.append(f"{name}, rank {rank}: (graph steps, checks, reason, replays) per call {seen}, "
                                 f"expected {expected}")

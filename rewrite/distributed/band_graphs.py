@@ -264,6 +264,35 @@ class BandGraphStore:
         return graphs, graphs.refused
 
 
+def _progress(checks: Checks) -> str:
+    if checks.refused:
+        return f"refused ({checks.refused})"
+    if checks.verified:
+        return "serving"
+    return f"checked {int(checks.chunk0_ok) + checks.steady_checks} of {1 + STEADY_CHECKS} steps"
+
+
+def describe(runner) -> list[str]:
+    """One line per band graph pair of `runner` (for `rewrite.report`): band geometry, shape, dtype and device,
+    the pair's state and its captured steps' state."""
+    store = _STORES.get(runner)
+    lines = []
+    for key, graphs in ([] if store is None else store.captures.values.items()):
+        dtype, device, (batch, ext_rows, width), rows, rank = key[:5]
+        a, b = rows[rank]
+        captured = "none"
+        if graphs.segments is not None:
+            captured = f"{graphs.segments_mode}: {_progress(graphs.segment_checks)}"
+        elif graphs.segment_reasons:
+            captured = "; ".join(f"{mode} off ({why})" for mode, why in graphs.segment_reasons.items())
+        lines.append(f"rank {rank} of {len(rows)}, latent rows {a}:{b}, step input {batch}x{ext_rows}x{width} "
+                     f"{str(dtype).replace('torch.', '')} {device}: graphs {_progress(graphs.checks)}; "
+                     f"captured steps {captured}")
+    if store is not None:
+        lines += [f"capture failed: {error}" for error in store.captures.errors.values()]
+    return lines
+
+
 _STORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # runner -> BandGraphStore
 
 
