@@ -362,11 +362,30 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=No
     return case
 
 
+def _one_frame_clips_case(rank, world):
+    """1-frame clips (an image): the first checks chunk 0 against the eager band mode, the second runs the
+    graphs alone (no eager op: chunk 0 is checked, no steady step to check), a 3-frame clip then checks its
+    two steady steps. Each `torch.equal` to the single-process decode."""
+    from rewrite import optimize
+    from rewrite.distributed import decode_sharded
+
+    bf16 = torch.bfloat16
+    vae, reference = optimize(_vae("wan2.1", bf16), "lossless"), _vae("wan2.1", bf16)
+    seen = []
+    with torch.no_grad():
+        for frames in (1, 1, 3):
+            z = _latents(vae, 1, frames, 4, 4, bf16, seed=frames)
+            video, info = decode_sharded(vae, z, return_info=True)
+            seen.append((bool(torch.equal(video, reference.decode(z).sample)), info.graph_steps, info.graph_checks,
+                         info.band_local_ops > 0))
+    return seen
+
+
 def _check_graphs(results, world, frames):
     """Each band-graph case served from its graphs as `_graph_case` says (or refused them on every rank)."""
     problems = []
     for name in results[0]:
-        if "band graph" not in name or name.endswith("failure"):
+        if "band graph" not in name or name.endswith(("failure", "1-frame clips")):
             continue
         for rank in range(world):
             status, value = results[rank][name]
@@ -647,6 +666,7 @@ def _cases(name):
             "mismatch latents": _mismatch_case("latents"),
             "mismatch weights": _mismatch_case("weights"),
             "mismatch shape": _mismatch_case("shape"),
+            "band graphs of 1-frame clips": _one_frame_clips_case,
             "band graph failure": _graph_failure_case,  # last: it leaves the group with unfinished operations
         }
     return {
@@ -691,7 +711,7 @@ def _spawn(world, name, tmp_path, limit=SPAWN_LIMIT_S):
 def _check_decodes(results, world):
     problems = []
     for name in results[0]:
-        if name.startswith(("mismatch", "optimize")) or name.endswith("failure"):
+        if name.startswith(("mismatch", "optimize")) or name.endswith(("failure", "1-frame clips")):
             continue
         for rank in range(world):
             status, value = results[rank][name]
@@ -729,6 +749,10 @@ def test_two_ranks(tmp_path):
                                            "wan2.1 band graph captures off b1 f3 4x4": 3,
                                            "wan2.1 band graph whole steps on gloo b1 f3 4x4": 3})
     for rank in range(2):
+        status, value = results[rank]["band graphs of 1-frame clips"]
+        # (equal, graph steps, checks, eager band ops ran) per call
+        if status != "ok" or value != [(True, 1, 1, True), (True, 1, 0, False), (True, 3, 2, True)]:
+            problems.append(f"band graphs of 1-frame clips, rank {rank}: {status} {value}")
         status, value = results[rank]["band graph failure"]
         if rank == 1:
             expected = status == "ok" and value["type"] == "RuntimeError" and "injected failure" in value["message"]

@@ -197,6 +197,11 @@ class Checks:
     def needs(self, i: int) -> bool:
         return not self.chunk0_ok if i == 0 else self.steady_checks < STEADY_CHECKS
 
+    def needed_within(self, frames: int) -> bool:
+        """Whether a clip of `frames` latent frames has a step still to check (else its reference need not
+        run: a 1-frame clip after chunk 0 was checked runs the candidate alone)."""
+        return any(self.needs(i) for i in range(min(frames, 2)))
+
     def passed(self, i: int) -> None:
         if i == 0:
             self.chunk0_ok = True
@@ -414,7 +419,9 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
         temporal = 2 ** sum(bool(t) for t in decoder.temperal_upsample)
         graphs.checks.agree(run.comm, "the state of the band graphs' checks")
         if not graphs.checks.verified:
-            reference = _EagerBandSteps(eager_decoder, run.own(x_whole))
+            reference = None
+            if graphs.checks.needed_within(frames):
+                reference = _EagerBandSteps(eager_decoder, run.own(x_whole))
             video = _checked_steps(graph_steps, reference, graphs.checks, lambda c, r: _caches_agree(
                 c.caches, r.slots[:len(c.caches)]), run, frames, temporal, stats)
             return finish_band(vae, video)
@@ -422,7 +429,7 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
         if segments is None:
             return finish_band(vae, _checked_steps(graph_steps, None, None, None, run, frames, temporal, stats))
         graphs.segment_checks.agree(run.comm, "the state of the band graph segments' checks")
-        reference = None if graphs.segment_checks.verified else graph_steps
+        reference = graph_steps if graphs.segment_checks.needed_within(frames) else None
         video = _checked_steps(_ReplaySteps(segments, x_ext), reference, graphs.segment_checks,
                                lambda c, r: _caches_equal(c.caches, r.caches), run, frames, temporal, stats)
         if graphs.segment_checks.refused:  # logged by the checks
