@@ -138,7 +138,8 @@ class Report:
                  + (f" ({self.last_reason})" if self.last_reason else "")
                  + (f": {self.last_detail}" if self.last_detail else "")]
         if self.graphs:
-            lines.append(f"  {'graph':<8} {'dtype':<15} {'device':<8} {'sizes':<10} {'nodes':>6} {'capture s':>9}  matches")
+            lines.append(f"  {'graph':<8} {'dtype':<15} {'device':<8} {'sizes':<10} {'nodes':>6} "
+                         f"{'capture s':>9}  matches")
             for g in self.graphs:
                 matches = ", ".join(f"{k}={v}" for k, v in sorted(g.matches.items()) if v) or "-"
                 lines.append(f"  {g.name:<8} {g.dtype:<15} {g.device:<8} {g.sizes:<10} {g.nodes:>6} "

@@ -198,9 +198,9 @@ def _cases() -> dict[str, list[Case]]:
     return cases
 
 
-class _Neighbour:
-    """The other rank of a 2-rank band decode, for the band ops' cases: it sends rows of 0.5 from below and
-    holds the mirror image of this rank's band."""
+class StandInNeighbour:
+    """The comm of rank 0 of a 2-rank band decode without a process group (the band ops' cases, the segments'
+    unit test): its neighbour below sends rows of 0.5 and holds the mirror image of this rank's band."""
 
     rank, world, name, _global = 0, 2, "op cases", (0, 1)
 
@@ -218,7 +218,7 @@ def _band_cases(add, rnd) -> None:
     from rewrite.distributed.bands import BandRun
 
     ctx = BandContext([(0, 3), (3, 5)], 0)
-    ctx.run = BandRun(_Neighbour(), ctx.rows)
+    ctx.run = BandRun(StandInNeighbour(), ctx.rows)
     _BAND_CONTEXTS.append(ctx)  # the ops find contexts by id in a weak registry: keep this one alive
     for lay, scale in itertools.product(("contiguous", "frame_major"), (1, 2)):
         band = LAYOUTS[lay](rnd(1, 4, 2, 3 * scale, 5))

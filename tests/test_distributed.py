@@ -129,20 +129,12 @@ def test_band_graph_segments_replay_what_the_graphs_compute():
     from rewrite.capture.wan import export_wan_steps
     from rewrite.distributed.band_graphs import halo_first_decoder
     from rewrite.distributed.band_ops import COLLECTIVES, BandContext
-    from rewrite.distributed.band_segments import (Collective, Compute, SegmentedBandSteps, _bind, run_split,
+    from rewrite.distributed.band_segments import (Collective, Compute, SegmentedBandSteps, run_split,
                                                    split_at_collectives)
     from rewrite.distributed.bands import BandRun
     from rewrite.models.wan import build_wan
     from rewrite.pipeline import rewrite_graph
-
-    class Comm:  # rank 0 of 2; its neighbour below always sends rows of 0.5
-        rank, world, name, _global = 0, 2, "stand-in", (0, 1)
-
-        def exchange_edges(self, first, last, what):
-            return None, torch.full_like(first, 0.5)
-
-        def gather_rows(self, x, heights, what):
-            return torch.cat([x, x.flip(-2)[..., :heights[1], :]], -2)
+    from tests.op_cases import StandInNeighbour
 
     bf16 = torch.bfloat16
     decoder = build_wan("wan2.1", "tiny").decoder.to(bf16)
@@ -157,7 +149,7 @@ def test_band_graph_segments_replay_what_the_graphs_compute():
     assert [p.node for p in split.pieces if isinstance(p, Collective)] == collectives and len(collectives) == 25
     assert all(i.target is operator.getitem for p in split.pieces if isinstance(p, Collective) for i in p.items)
 
-    ctx.run = BandRun(Comm(), ctx.rows)
+    ctx.run = BandRun(StandInNeighbour(), ctx.rows)  # rank 0 of 2
     try:
         g = torch.Generator().manual_seed(0)
         frames = [torch.randn((1, 4, 1, 5, 6), generator=g).to(bf16) for _ in range(3)]
@@ -165,7 +157,7 @@ def test_band_graph_segments_replay_what_the_graphs_compute():
         with torch.no_grad():
             y, *caches = chunk0(w0, frames[0])
             assert all(torch.equal(a, b) for a, b in zip(run_split(split_at_collectives(chunk0.graph_module),
-                                                                  _bind(chunk0, w0, [frames[0]])), [y, *caches]))
+                                                                  chunk0.bind(w0, frames[0])), [y, *caches]))
             backend = StandInSegments()
             segments = SegmentedBandSteps(chunk0, steady, w0, w, frames[0], backend)
             computes = sum(isinstance(p, Compute) for gm in (chunk0.graph_module, steady.graph_module)

@@ -99,13 +99,18 @@ class CapturedGraph:
                 raise AttributeError(f"{target}: {error}") from error
         return values
 
-    def __call__(self, weights: Sequence[torch.Tensor | None], *user_inputs: torch.Tensor) -> list[torch.Tensor]:
-        """Run the graph with `weights` from `weights(root)` and the flat user inputs."""
+    def bind(self, weights: Sequence[torch.Tensor | None], *user_inputs: torch.Tensor) -> list[Any]:
+        """The graph module's arguments, in placeholder order: `weights` from `weights(root)` with the flat
+        user inputs in the user placeholders' places."""
         args: list[Any] = []
         user = iter(user_inputs)
         for value, (kind, _) in zip(weights, self.input_kinds):
             args.append(next(user) if kind == "user" else value)
-        return list(self.graph_module(*args))
+        return args
+
+    def __call__(self, weights: Sequence[torch.Tensor | None], *user_inputs: torch.Tensor) -> list[torch.Tensor]:
+        """Run the graph with `weights` from `weights(root)` and the flat user inputs."""
+        return list(self.graph_module(*self.bind(weights, *user_inputs)))
 
 
 @dataclasses.dataclass

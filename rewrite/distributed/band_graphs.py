@@ -56,6 +56,8 @@ from rewrite.distributed.band_segments import CudaSegments, SegmentedBandSteps
 from rewrite.distributed.bands import BandRun, cache_slots, empty_like_layout, passive_reason
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
+from rewrite.runtime.graphs import describe_key
+from rewrite.runtime.wan import finish_video, store_frames, temporal_factor
 
 logger = logging.getLogger("rewrite")
 
@@ -290,8 +292,8 @@ def describe(runner) -> list[str]:
             captured = f"{graphs.segments_mode}: {_progress(graphs.segment_checks)}"
         elif graphs.segment_reasons:
             captured = "; ".join(f"{mode} off ({why})" for mode, why in graphs.segment_reasons.items())
-        lines.append(f"rank {rank} of {len(rows)}, latent rows {a}:{b}, step input {batch}x{ext_rows}x{width} "
-                     f"{str(dtype).replace('torch.', '')} {device}: graphs {_progress(graphs.checks)}; "
+        lines.append(f"rank {rank} of {len(rows)}, latent rows {a}:{b}, step input "
+                     f"{describe_key((batch, ext_rows, width, dtype, device))}: graphs {_progress(graphs.checks)}; "
                      f"captured steps {captured}")
     if store is not None:
         lines += [f"capture failed: {error}" for error in store.captures.errors.values()]
@@ -416,7 +418,7 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
     graphs.ctx.run = run
     try:
         graph_steps = _GraphSteps(graphs, graphs.chunk0.weights(decoder), graphs.steady.weights(decoder), x_ext)
-        temporal = 2 ** sum(bool(t) for t in decoder.temperal_upsample)
+        temporal = temporal_factor(decoder)
         graphs.checks.agree(run.comm, "the state of the band graphs' checks")
         if not graphs.checks.verified:
             reference = None
@@ -424,10 +426,10 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
                 reference = _EagerBandSteps(eager_decoder, run.own(x_whole))
             video = _checked_steps(graph_steps, reference, graphs.checks, lambda c, r: _caches_agree(
                 c.caches, r.slots[:len(c.caches)]), run, frames, temporal, stats)
-            return finish_band(vae, video)
+            return finish_video(vae, video)
         segments = _segments(store_of(runner).segment_backend, graphs, graph_steps, x_ext, run, stats, cuda_graphs)
         if segments is None:
-            return finish_band(vae, _checked_steps(graph_steps, None, None, None, run, frames, temporal, stats))
+            return finish_video(vae, _checked_steps(graph_steps, None, None, None, run, frames, temporal, stats))
         graphs.segment_checks.agree(run.comm, "the state of the band graph segments' checks")
         reference = graph_steps if graphs.segment_checks.needed_within(frames) else None
         video = _checked_steps(_ReplaySteps(segments, x_ext), reference, graphs.segment_checks,
@@ -436,7 +438,7 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
             graphs.segments = None
             graphs.segment_reasons[cuda_graphs] = graphs.segment_checks.refused
             graphs.segments_logged.add(cuda_graphs)
-        return finish_band(vae, video)
+        return finish_video(vae, video)
     finally:
         graphs.ctx.run = None
 
@@ -509,22 +511,6 @@ def _checked_steps(candidate, reference, checks: Checks | None, caches_agree, ru
                 reference = None
         video = store_frames(video, y, i, frames, temporal)
     return video
-
-
-def store_frames(video, y, i: int, frames: int, temporal: int):
-    """Step i's frames into the band video, made at step 0 for all `frames` latent frames (one allocation,
-    no growing `cat`)."""
-    if video is None:
-        video = y.new_empty((y.shape[0], y.shape[1], 1 + (frames - 1) * temporal, *y.shape[3:]))
-    start = 0 if i == 0 else 1 + (i - 1) * temporal
-    video[:, :, start:start + y.shape[2]] = y
-    return video
-
-
-def finish_band(vae, video):
-    if vae.config.patch_size is not None:
-        video = _wan().unpatchify(video, patch_size=vae.config.patch_size)
-    return torch.clamp(video, min=-1.0, max=1.0)
 
 
 #: what `decode_sharded(cuda_graphs=...)` takes (see `decode_band_graphs`)

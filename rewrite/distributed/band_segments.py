@@ -210,9 +210,9 @@ class SegmentedBandSteps:
             output = next(n for n in chunk0.graph_module.graph.nodes if n.op == "output")
             self.caches = [torch.zeros_like(_empty_like_val(n.meta["val"])) for n in output.args[0][1:]]
         pool = backend.new_pool()
-        self._first = SegmentedStep(chunk0.graph_module, _bind(chunk0, weights0, [self.x]), backend, pool,
+        self._first = SegmentedStep(chunk0.graph_module, chunk0.bind(weights0, self.x), backend, pool,
                                     self.collectives)
-        self._next = SegmentedStep(steady.graph_module, _bind(steady, weights, [self.x, *self.caches]), backend, pool,
+        self._next = SegmentedStep(steady.graph_module, steady.bind(weights, self.x, *self.caches), backend, pool,
                                    self.collectives)
 
     def serves(self, weights0, weights) -> bool:
@@ -231,11 +231,3 @@ class SegmentedBandSteps:
 
     def next(self, x: torch.Tensor) -> torch.Tensor:
         return self._step(self._next, x)
-
-
-def _bind(graph, weights, user: list) -> list:
-    """A captured graph's placeholder values: its weights, and the user inputs in order."""
-    values, it = [], iter(user)
-    for value, (kind, _) in zip(weights, graph.input_kinds):
-        values.append(next(it) if kind == "user" else value)
-    return values

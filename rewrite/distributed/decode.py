@@ -213,7 +213,8 @@ def _band_decode(vae, decoder, run: BandRun, z: torch.Tensor, runner=None, graph
     """This rank's band of the clamped video: through the rewritten band graphs where they serve
     (`rewrite.distributed.band_graphs`), else diffusers' `_decode` frame loop over the band decoder."""
     from rewrite.capture.wan import reference_forward
-    from rewrite.distributed.band_graphs import decode_band_graphs, finish_band, store_frames
+    from rewrite.distributed.band_graphs import decode_band_graphs
+    from rewrite.runtime.wan import finish_video, store_frames, temporal_factor
 
     graph_stats = {} if graph_stats is None else graph_stats
     video = decode_band_graphs(vae, decoder, run, z, runner, graph_stats, cuda_graphs)
@@ -221,12 +222,12 @@ def _band_decode(vae, decoder, run: BandRun, z: torch.Tensor, runner=None, graph
         return video
     x = run.own(vae.post_quant_conv(z))
     cache: list = [None] * cache_slots(decoder)
-    frames, temporal = x.shape[2], 2 ** sum(bool(t) for t in vae.decoder.temperal_upsample)
+    frames, temporal = x.shape[2], temporal_factor(vae.decoder)
     out = None
     for i in range(frames):
         frame = reference_forward(decoder, x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=i == 0)
         out = store_frames(out, frame, i, frames, temporal)
-    return finish_band(vae, out)
+    return finish_video(vae, out)
 
 
 # ---- mode choice ----------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Optional
 
 import torch
@@ -137,7 +138,7 @@ def plan(x: torch.Tensor, reduced_dtype: torch.dtype, reference_contiguous: bool
         return None
     shape = tuple(x.shape) if rows is None else (*x.shape[:-2], int(rows), x.shape[-1])
     element_size = torch.empty((), dtype=reduced_dtype).element_size()
-    numel = functools.reduce(lambda a, b: a * b, shape, 1)
+    numel = math.prod(shape)
     if numel * element_size >= 2**31:  # TensorIterator would split into 32-bit sub-iterations
         return None
     if reference_contiguous:
@@ -158,7 +159,7 @@ def plan_of(shape: tuple[int, ...], strides: tuple[int, ...], data_ptr: int, ele
     if not outputs or outputs[0][1] >= strides[1]:
         return None  # an inner reduction (channels fastest): another kernel and order
     vec = output_vec_size(shape, strides, data_ptr, element_size)
-    num_outputs = functools.reduce(lambda a, b: a * b, shape, 1) // shape[1]
+    num_outputs = math.prod(shape) // shape[1]
     split, ctas = split_for(num_outputs, shape[1], vec, *_device_limits(device_index))
     return NormPlan(split=split, vec=vec, ctas=ctas)
 

@@ -60,7 +60,7 @@ class WanRunner(DecoderRunner):
     def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, cache_dir=None) -> None:
         super().__init__(level, rewrite_graph, {"cache_dir": disk_cache.cache_dir_option(cache_dir)})
         self.z_dim = vae.config.z_dim
-        self.temporal_factor = 2 ** sum(bool(t) for t in vae.decoder.temperal_upsample)
+        self.temporal_factor = temporal_factor(vae.decoder)
         # per (batch, latent h, w, dtype, device); each build's timing goes to the report
         self.cuda_graphs = GraphCache(max_entries=4, on_build=self.cuda_graphs_built)
         self._compiled_ahead: set[tuple] = set()  # CUDA-graph keys whose Triton kernels were compiled ahead
@@ -275,13 +275,9 @@ class WanRunner(DecoderRunner):
             chunk0, steady = self.graphs[self.graph_key(x)]
             steps = _WanEagerSteps(chunk0, steady, chunk0.weights(decoder), steady.weights(decoder))
         frames = x.shape[2]
-        y = steps.first(x[:, :, 0:1])
-        video = y.new_empty((y.shape[0], y.shape[1], 1 + (frames - 1) * self.temporal_factor, *y.shape[3:]))
-        video[:, :, 0:1] = y
+        video = store_frames(None, steps.first(x[:, :, 0:1]), 0, frames, self.temporal_factor)
         for i in range(1, frames):
-            y = steps.next(x[:, :, i : i + 1])
-            start = 1 + (i - 1) * self.temporal_factor
-            video[:, :, start : start + y.shape[2]] = y
+            store_frames(video, steps.next(x[:, :, i : i + 1]), i, frames, self.temporal_factor)
         return video
 
     def cuda_steps(self, decoder: nn.Module, x: torch.Tensor) -> _WanCudaGraphs | None:
@@ -456,6 +452,21 @@ def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True)
     video = finish_video(vae, video)
     vae.clear_cache()  # the reference leaves an empty cache behind; keep that observable state the same
     return DecoderOutput(sample=video) if return_dict else (video,)
+
+
+def temporal_factor(decoder: nn.Module) -> int:
+    """Output frames per latent frame after the first (4 for Wan 2.1 and 2.2: two temporal upsamplers)."""
+    return 2 ** sum(bool(t) for t in decoder.temperal_upsample)
+
+
+def store_frames(video: torch.Tensor | None, y: torch.Tensor, i: int, frames: int, temporal: int) -> torch.Tensor:
+    """Latent frame i's decoded frames `y` into the video of a `frames`-latent-frame clip (made at i = 0, for
+    the whole clip: one allocation, no growing `cat`); returns the video."""
+    if video is None:
+        video = y.new_empty((y.shape[0], y.shape[1], 1 + (frames - 1) * temporal, *y.shape[3:]))
+    start = 0 if i == 0 else 1 + (i - 1) * temporal
+    video[:, :, start : start + y.shape[2]] = y
+    return video
 
 
 def finish_video(vae: nn.Module, video: torch.Tensor) -> torch.Tensor:
