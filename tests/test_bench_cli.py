@@ -281,12 +281,14 @@ def test_torchrun_two_ranks_against_one_gpu(tmp_path):
     summary = json.loads(out.read_text())
     assert [r["level"] for r in summary["levels"]] == ["lossless", "lossless x2"]
     one, sharded = summary["levels"]
-    assert one["path"].startswith("graphs") and sharded["path"] == "sharded: bands through band graphs"
+    assert one["path"].startswith("graphs") and sharded["path"] == ("sharded: bands through band graphs "
+                                                                                 "(0 conv calls gathered)")
     assert sharded["bit_identical"] is True and sharded["max_abs"] == 0.0
     d = summary["distributed"]
     assert d["world_size"] == 2 and d["backend"] == "gloo" and d["mode"] == "bands" and d["bit_identical"] is True
     assert d["latent_rows"] == [[0, 2], [2, 4]] and d["baseline"] == bench_distributed.BASELINE
     assert (d["band_graph_steps"], d["band_graph_checks_first_call"], d["band_graph_reason"]) == (3, 3, None)  # 9 frames: 3 latent frames
+    assert d["band_graph_gathered_convs"] == 0
     assert d["one_gpu_lossless_s"] == one["best_s"] > 0 and d["sharded_s"] == sharded["best_s"] > 0
     assert d["speedup_vs_one_gpu"] == pytest.approx(one["best_s"] / sharded["best_s"])
     assert "2 ranks (gloo, bands, output rank0)" in done.stdout and "bit-identical True" in done.stdout

@@ -61,6 +61,7 @@ def test_halo_first_decoder_and_halo_latent():
     and zero rows at the global edges."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 
+    from rewrite.distributed.band_convs import ConvForms
     from rewrite.distributed.band_graphs import halo_first_decoder, halo_latent
     from rewrite.distributed.band_ops import BandContext
     from rewrite.distributed.bands import BandRun
@@ -68,16 +69,18 @@ def test_halo_first_decoder_and_halo_latent():
 
     decoder = build_wan("wan2.1", "tiny").decoder
     ctx = BandContext([(0, 3), (3, 5)], 1)
-    copy, reason = halo_first_decoder(decoder, ctx)
+    forms = ConvForms(ctx.id)
+    copy, reason = halo_first_decoder(decoder, ctx, forms)
     assert reason is None
     assert copy.conv_in._padding == (1, 1, 0, 0, 2, 0) and decoder.conv_in._padding == (1, 1, 1, 1, 2, 0)
+    assert forms.paddings["decoder.conv_in"] == (1, 1, 1, 1, 2, 0)
     assert copy.mid_block.resnets[0].norm1.forward.args == (copy.mid_block.resnets[0].norm1, ctx.id)
-    assert "forward" in copy.up_blocks[0].upsamplers[0].resample[0].__dict__
+    assert "forward" in copy.up_blocks[0].upsamplers[0].resample.__dict__
     assert "forward" in copy.mid_block.attentions[0].__dict__
     assert not any("forward" in m.__dict__ for m in decoder.modules())
     decoder.conv_out = WanCausalConv3d(decoder.conv_out.in_channels, 3, 5, padding=2)
     reason = "decoder.conv_out: a causal conv with kernel (5, 5, 5) there has no halo-first form"
-    assert halo_first_decoder(decoder, ctx) == (None, reason)
+    assert halo_first_decoder(decoder, ctx, ConvForms(ctx.id)) == (None, reason)
 
     class Comm:  # the geometry only: halo_latent exchanges nothing
         rank, world, name, _global = 1, 2, "test", (0, 1)
@@ -90,11 +93,94 @@ def test_halo_first_decoder_and_halo_latent():
     assert halo_latent(x, run)[0, 1, 2, :, 1].tolist() == [0.0, 0.0, 1.0, 2.0, 3.0]
 
 
+class _StandInAlone:
+    """The comm of a 1-rank band decode: the halo rows are the global edges' zeros, the gather is the band."""
+
+    rank, world, name, _global = 0, 1, "alone", (0,)
+
+    def exchange_edges(self, first, last, what):
+        return None, None
+
+    def gather_rows(self, x, heights, what):
+        return x
+
+
+def test_band_conv_forms_record_check_and_gather():
+    """Each spatial conv of the halo-first decoder is recorded once per call shape; its check passes where the
+    band form gives the whole conv's rows and names the call where it does not; and the gathered forms (every
+    conv gathered) compute what the band forms do: on one rank, where the halo rows are the zero pad and the
+    gather is the band, chunk 0 and two steady steps agree bit for bit, frames and caches (tiny Wan 2.1 bf16)."""
+    from rewrite.capture.wan import export_wan_steps
+    from rewrite.distributed.band_convs import (CAUSAL_HALO, CAUSAL_POINTWISE, RESAMPLE_HALO, ConvForms,
+                                                check_call)
+    from rewrite.distributed.band_graphs import halo_first_decoder
+    from rewrite.distributed.band_ops import BandContext
+    from rewrite.distributed.bands import BandRun
+    from rewrite.models.wan import build_wan
+    from rewrite.pipeline import rewrite_graph
+
+    bf16 = torch.bfloat16
+    decoder = build_wan("wan2.1", "tiny").decoder.to(bf16)
+    ctx = BandContext([(0, 3), (3, 5)], 0)
+    forms = ConvForms(ctx.id)
+    traced, _ = halo_first_decoder(decoder, ctx, forms)
+    export_wan_steps(traced, bf16, torch.device("cpu"), (1, 5, 6))
+    kinds = [c.kind for c in forms.calls]
+    assert len(set(forms.calls)) == len(forms.calls)
+    # chunk 0 and steady: 22 3x3x3 convs each (conv_in, conv_out, 20 in residual blocks); 2 1x1x1 shortcuts
+    # each, 2 time_convs in steady only (chunk 0 repeats the frame); 3 resamplers each
+    assert (kinds.count(CAUSAL_HALO), kinds.count(CAUSAL_POINTWISE), kinds.count(RESAMPLE_HALO)) == (44, 6, 6)
+    modules = dict(traced.named_modules(prefix="decoder"))
+    like = torch.empty(0, dtype=bf16)
+    call = next(c for c in forms.calls if c.module == "decoder.conv_in" and c.cache is not None)
+    padding = forms.paddings["decoder.conv_in"]
+    assert check_call(call, modules[call.module], padding, ctx.rows, 0, like) == (True, "")
+    unpadded = (1, 1, 0, 0, 2, 0)  # a whole conv without its row pad: the band form's rows differ from it
+    ok, reason = check_call(call, modules[call.module], unpadded, ctx.rows, 0, like)
+    assert not ok and reason.startswith("decoder.conv_in (causal conv on a halo band, input (1, 4, 1, 5, 6))")
+
+    alone = BandContext([(0, 5)], 0)
+    alone.run = BandRun(_StandInAlone(), alone.rows)
+    steps = []
+    for gathered in (False, True):
+        forms = ConvForms(alone.id)
+        traced, _ = halo_first_decoder(decoder, alone, forms)
+        export_wan_steps(traced, bf16, torch.device("cpu"), (1, 7, 6))
+        if gathered:
+            forms = ConvForms(alone.id, forms.calls)
+            traced, _ = halo_first_decoder(decoder, alone, forms)
+        chunk0, steady = export_wan_steps(traced, bf16, torch.device("cpu"), (1, 7, 6))
+        for graph in (chunk0, steady):
+            rewrite_graph(graph, "lossless")
+        gathers = sum(n.target is torch.ops.rewrite.band_gather_rows.default for n in steady.graph_module.graph.nodes)
+        steps.append((chunk0, steady, gathers))
+    try:
+        g = torch.Generator().manual_seed(0)
+        frames = [torch.randn((1, 4, 1, 7, 6), generator=g).to(bf16) for _ in range(3)]
+        for frame in frames:  # the step input's halo rows: zeros at the global edges (`halo_latent`)
+            frame[..., 0, :] = frame[..., -1, :] = 0
+        outputs = []
+        with torch.no_grad():
+            for chunk0, steady, _ in steps:
+                y, *caches = chunk0(chunk0.weights(decoder), frames[0])
+                seen = [y, *caches]
+                for frame in frames[1:]:
+                    y, *caches = steady(steady.weights(decoder), frame, *caches)
+                    seen += [y, *caches]
+                outputs.append(seen)
+        assert (steps[0][2], steps[1][2]) == (1, 30)  # the attention's gather; then 22 + 4 + 3 convs' too
+        assert len(outputs[0]) == len(outputs[1])
+        assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    finally:
+        alone.run = None
+
+
 def test_band_norms_take_the_whole_tensors_order(monkeypatch):
     """A band's norm sums in ATen's order for the whole tensor: the band graphs give each norm of a halo band
     the whole tensor's rows (`norm_rows`), and the plan for those rows is the whole tensor's, which differs
     from the band's own for Wan 2.2's 1024-channel norm at 720p on 2 ranks (10 blocks per output against 16;
     H200: 132 SMs, 2048 threads each)."""
+    from rewrite.distributed.band_convs import ConvForms
     from rewrite.distributed.band_graphs import halo_first_decoder, whole_norm_orders
     from rewrite.distributed.band_ops import BandContext
     from rewrite.capture.wan import export_wan_steps
@@ -111,7 +197,7 @@ def test_band_norms_take_the_whole_tensors_order(monkeypatch):
 
     decoder = build_wan("wan2.1", "tiny").decoder.to(torch.bfloat16)
     ctx = BandContext([(0, 3), (3, 5)], 0)
-    traced, _ = halo_first_decoder(decoder, ctx)
+    traced, _ = halo_first_decoder(decoder, ctx, ConvForms(ctx.id))
     chunk0, _ = export_wan_steps(traced, torch.bfloat16, torch.device("cpu"), (1, 5, 6))
     rewrite_graph(chunk0, "lossless")
     assert whole_norm_orders(chunk0.graph_module, ctx) == 21  # every norm + SiLU that feeds a conv
@@ -127,6 +213,7 @@ def test_band_graph_segments_replay_what_the_graphs_compute():
     import operator
 
     from rewrite.capture.wan import export_wan_steps
+    from rewrite.distributed.band_convs import ConvForms
     from rewrite.distributed.band_graphs import halo_first_decoder
     from rewrite.distributed.band_ops import COLLECTIVES, BandContext
     from rewrite.distributed.band_segments import (Collective, Compute, SegmentedBandSteps, run_split,
@@ -139,7 +226,7 @@ def test_band_graph_segments_replay_what_the_graphs_compute():
     bf16 = torch.bfloat16
     decoder = build_wan("wan2.1", "tiny").decoder.to(bf16)
     ctx = BandContext([(0, 3), (3, 5)], 0)
-    traced, _ = halo_first_decoder(decoder, ctx)
+    traced, _ = halo_first_decoder(decoder, ctx, ConvForms(ctx.id))
     chunk0, steady = export_wan_steps(traced, bf16, torch.device("cpu"), (1, 5, 6))
     for graph in (chunk0, steady):
         rewrite_graph(graph, "lossless")
@@ -293,7 +380,20 @@ def gloo_cuda_segments():
     return GlooCudaSegments()
 
 
-def _graph_case(version, batch, frames, height, width, refuse=False, segments=None, cuda_graphs="segments"):
+def _forced_conv_check(rank):
+    """A conv check that fails chosen calls as a cuDNN kernel chosen from the band's shape would: on rank 0
+    the calls of one residual block's conv1, on rank 1 every resampler's, so the ranks must take the union."""
+    from rewrite.distributed.band_convs import RESAMPLE_HALO, check_call
+
+    def check(call, *args):
+        if (call.module == "decoder.up_blocks.1.resnets.0.conv1") if rank == 0 else call.kind == RESAMPLE_HALO:
+            return False, f"{call.describe()}: failed by the test"
+        return check_call(call, *args)
+    return check
+
+
+def _graph_case(version, batch, frames, height, width, refuse=False, segments=None, cuda_graphs="segments",
+                gather=False):
     """An optimized module's sharded decode through the band graphs (bf16: on this CPU fp32's SiLU depends on
     an element's position, so fp32 band graphs are refused): the first call checks chunk 0 and two steady
     steps against the eager band mode, the second serves from the graphs alone, a third after a weight edit
@@ -302,7 +402,8 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=No
     mode finishes the decode. `segments` (a capture factory: `StandInSegments` or `gloo_cuda_segments`): the band
     graphs captured as `cuda_graphs` says: checked against the band graphs on the second call, replayed alone
     on the third (after the in-place edit), captured and checked again on a fourth after a weight was
-    replaced by a new tensor."""
+    replaced by a new tensor. `gather`: the conv checks fail chosen calls (`_forced_conv_check`), so their
+    convs run gathered, the same on every rank."""
     def case(rank, world):
         from rewrite import optimize, report
         from rewrite.distributed import decode_sharded
@@ -314,6 +415,8 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=No
         backend = segments() if segments is not None else None
         if backend is not None:
             store_of(installed_runner(vae)).segment_backend = backend
+        if gather:
+            store_of(installed_runner(vae)).conv_check = _forced_conv_check(rank)
         if refuse and rank == 1:
             runner = installed_runner(vae)
             rewrite_graph = runner.rewrite_graph
@@ -346,7 +449,7 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=No
                 video, info = decode_sharded(vae, z, return_info=True, cuda_graphs=cuda_graphs)
                 calls.append({"equal": bool(torch.equal(video, expected)), "mode": info.mode,
                               "steps": info.graph_steps, "checks": info.graph_checks, "reason": info.graph_reason,
-                              "replays": info.graph_replays})
+                              "replays": info.graph_replays, "gathered convs": info.graph_gathered_convs})
         first = calls[0]
         return {"equal": all(c["equal"] for c in calls), "mode": first["mode"], "reason": None,
                 "local": 1, "gathered": 0, "gathered_reasons": [], "tiles": None, "module_unchanged": True,
@@ -402,12 +505,16 @@ def _check_graphs(results, world, frames):
             state = ("graphs refused" if "refused" in name else
                      "captured steps segments: serving" if "segments" in name else
                      "captured steps whole: serving" if name.startswith("wan2.1 band graph whole steps b1") else
-                     "graphs serving; captured steps ")
+                     "graphs serving, 8 of 56 conv calls gathered" if "gathered convs" in name else
+                     "graphs serving, 0 of ")
             if f"rank {rank} of {world}, latent rows" not in value["report"] or state not in value["report"]:
                 problems.append(f"{name}, rank {rank}: the report does not say {state!r}: {value['report']}")
             if seen != expected:
                 problems.append(f"{name}, rank {rank}: (graph steps, checks, reason, replays) per call {seen}, "
                                 f"expected {expected}")
+            gathered = [c["gathered convs"] for c in calls if c["steps"]]
+            if gathered != [8 if "gathered convs" in name else 0] * len(gathered):
+                problems.append(f"{name}, rank {rank}: gathered conv calls per call {gathered}")
     return problems
 
 
@@ -608,6 +715,7 @@ def _gpu_case(version, height, width, frames):
                       "gathered": info.gathered_ops, "gathered_reasons": info.gathered_reasons, "tiles": None,
                       "checks": info.checks_run, "module_unchanged": True,
                       "graph calls": [(i.graph_steps, i.graph_replays, i.graph_checks, i.graph_reason) for i in infos],
+                      "gathered convs": [i.graph_gathered_convs for i in infos],
                       "graph seconds": graph_seconds}
             served = (infos[2].graph_steps, infos[2].graph_replays, infos[2].graph_checks) == (frames, frames, 0)
             if rank == 0:
@@ -641,6 +749,7 @@ def _cases(name):
             "wan2.1 band graphs b1 f4 5x6": _graph_case("wan2.1", 1, 4, 5, 6),
             "wan2.2 band graphs b1 f3 5x6": _graph_case("wan2.2", 1, 3, 5, 6),
             "wan2.1 band graphs refused b1 f3 4x4": _graph_case("wan2.1", 1, 3, 4, 4, refuse=True),
+            "wan2.1 band graphs gathered convs b1 f3 5x6": _graph_case("wan2.1", 1, 3, 5, 6, gather=True),
             "wan2.2 band graph segments b1 f3 5x6": _graph_case("wan2.2", 1, 3, 5, 6, segments=StandInSegments),
             "wan2.1 band graph whole steps b1 f3 4x4": _graph_case("wan2.1", 1, 3, 4, 4, segments=StandInSegments,
                                                                    cuda_graphs="whole"),
@@ -736,6 +845,7 @@ def test_two_ranks(tmp_path):
                 problems.append(f"{key}, rank {rank}: expected a ShardMismatchError naming {needle!r}; got {value}")
     problems += _check_optimize(results, 2)
     problems += _check_graphs(results, 2, {"wan2.1 band graphs b1 f4 5x6": 4, "wan2.2 band graphs b1 f3 5x6": 3,
+                                           "wan2.1 band graphs gathered convs b1 f3 5x6": 3,
                                            "wan2.2 band graph segments b1 f3 5x6": 3,
                                            "wan2.1 band graph whole steps b1 f3 4x4": 3,
                                            "wan2.1 band graph captures off b1 f3 4x4": 3,

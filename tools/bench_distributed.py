@@ -164,7 +164,8 @@ def _compare(adapter, levels: list, sharded: dict, lossless: torch.Tensor, backe
     peaks = [p for p in sharded["peaks"] if p == p]  # NaN on the CPU
     path = f"sharded: {info.mode}" + (f" ({info.reason})" if info.reason else "")
     if info.mode == "bands":
-        path += " through band graphs" if info.graph_steps else f" eagerly ({info.graph_reason})"
+        path += (f" through band graphs ({info.graph_gathered_convs} conv calls gathered)" if info.graph_steps
+                 else f" eagerly ({info.graph_reason})")
     result = bench.LevelResult(f"lossless x{world}", sharded["first_s"], None, min(sharded["times_s"]),
                                sharded["times_s"], max(peaks) if peaks else float("nan"), path=path)
     result.bit_identical, result.max_abs, result.quality_db = adapter.compare(sharded["video"].cpu(), lossless)
@@ -181,6 +182,7 @@ def _compare(adapter, levels: list, sharded: dict, lossless: torch.Tensor, backe
         "band_cuda_graphs": sharded["cuda_graphs"], "band_graph_replays": info.graph_replays,
         "band_graph_steps": info.graph_steps, "band_graph_checks_first_call": sharded["first"].graph_checks,
         "band_graph_reason": info.graph_reason or sharded["first"].graph_reason,
+        "band_graph_gathered_convs": info.graph_gathered_convs,
         "peak_gib_per_rank": sharded["peaks"],
         "cpu_threads_per_rank": torch.get_num_threads(),
     }

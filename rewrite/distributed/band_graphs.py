@@ -43,17 +43,18 @@ import dataclasses
 import functools
 import logging
 import weakref
+import zlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rewrite.capture.export import tracing_copy
 from rewrite.capture.wan import export_wan_steps, reference_forward
 from rewrite.distributed import band_ops  # noqa: F401 - registers the collective ops before any export
+from rewrite.distributed.band_convs import ConvForms, causal_conv_forward, check_call, resample_forward
 from rewrite.distributed.band_ops import COLLECTIVES, BandContext, halo_rows
 from rewrite.distributed.band_segments import CudaSegments, SegmentedBandSteps
-from rewrite.distributed.bands import BandRun, cache_slots, empty_like_layout, passive_reason
+from rewrite.distributed.bands import BandRun, backend_settings, cache_slots, empty_like_layout, passive_reason
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.graphs import describe_key
@@ -65,6 +66,8 @@ logger = logging.getLogger("rewrite")
 BAND_LEVEL = "lossless"
 #: steady steps a graph pair must agree on before it serves alone
 STEADY_CHECKS = 2
+#: exports of one pair, and agreement rounds over the ranks, before the convs to gather must have settled
+MAX_EXPORTS = 3
 
 ops = torch.ops.rewrite
 
@@ -80,16 +83,6 @@ def _halo_norm(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
     return _wan().WanRMS_norm.forward(m, halo_rows(x, context_id))
 
 
-def _halo_upsample(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
-    return _wan().WanUpsample.forward(m, halo_rows(x, context_id))
-
-
-def _cropped_conv2d(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """The resampler's 3x3 conv of the upsampled halo band: columns padded, rows not, one row cut each side."""
-    y = F.conv2d(x, m.weight, m.bias, m.stride, (0, m.padding[1]), m.dilation, m.groups)
-    return y[:, :, 1:-1, :]
-
-
 def _gathered_attention(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
     whole = ops.band_gather_rows(x, context_id)
     return ops.band_own_rows(_wan().WanAttentionBlock.forward(m, whole), context_id)
@@ -103,29 +96,35 @@ def _is_pointwise_in_space(m: nn.Module) -> bool:
     return tuple(m.kernel_size[1:]) == (1, 1) and tuple(m._padding[:4]) == (0, 0, 0, 0)
 
 
-def halo_first_decoder(decoder: nn.Module, ctx: BandContext):
-    """(copy, None): a `tracing_copy` of `decoder` in halo-first band form (module docstring), to export; or
-    (None, reason) where a module or setting has no such form."""
+def halo_first_decoder(decoder: nn.Module, ctx: BandContext, forms: ConvForms):
+    """(copy, None): a `tracing_copy` of `decoder` in halo-first band form (module docstring), to export, each
+    spatial conv in the form `forms` chooses (`band_convs`; `forms.paddings` gets the single-process
+    `_padding` of each causal conv); or (None, reason) where a module or setting has no such form."""
     wan = _wan()
     copy = tracing_copy(decoder)
     named = dict(copy.named_modules(prefix="decoder"))
-    parent_of = {id(child): parent for parent in named.values() for child in parent.children()}
     inside_attention = {id(sub) for mod in named.values() if type(mod) is wan.WanAttentionBlock
                         for sub in mod.modules() if sub is not mod}
     resblock_parts = {id(getattr(mod, part)) for mod in named.values() if type(mod) is wan.WanResidualBlock
                       for part in ("norm1", "norm2", "conv1", "conv2")}
     head = {id(copy.norm_out), id(copy.conv_in), id(copy.conv_out)}
+    in_resamplers = set()  # a resampler's upsample and conv2d: run by its Sequential's forward
     for name, mod in named.items():
         if id(mod) in inside_attention:
             continue
         kind = type(mod)
         if kind is wan.WanCausalConv3d:
+            forms.paddings[name] = tuple(mod._padding)
             if _is_3x3_causal(mod) and (id(mod) in resblock_parts or id(mod) in head):
                 padding = list(mod._padding)
                 padding[2] = padding[3] = 0  # the halo rows are the row pad
                 mod._padding = tuple(padding)
-            elif not _is_pointwise_in_space(mod):
+                halo = 1
+            elif _is_pointwise_in_space(mod):
+                halo = 0
+            else:
                 return None, f"{name}: a causal conv with kernel {tuple(mod.kernel_size)} there has no halo-first form"
+            mod.forward = functools.partial(causal_conv_forward, mod, forms, name, halo, forms.paddings[name])
         elif kind is wan.WanRMS_norm:
             if not (id(mod) in resblock_parts or id(mod) in head) or not mod.channel_first:
                 return None, f"{name}: a norm that feeds no 3x3x3 conv has no halo-first form"
@@ -140,15 +139,16 @@ def halo_first_decoder(decoder: nn.Module, ctx: BandContext):
                     or tuple(conv.padding) != (1, 1) or tuple(conv.stride) != (1, 1) or tuple(conv.dilation) != (1, 1)
                     or conv.padding_mode != "zeros"):
                 return None, f"{name}: only a 2x upsample followed by a 3x3 conv2d (padding 1) has a halo-first form"
-        elif kind is wan.WanUpsample:
-            if (mod.mode != "nearest-exact" or tuple(mod.scale_factor or ()) != (2.0, 2.0) or mod.size is not None
-                    or type(parent_of.get(id(mod))) is not nn.Sequential):
+            if (up.mode != "nearest-exact" or tuple(up.scale_factor or ()) != (2.0, 2.0) or up.size is not None):
                 return None, f"{name}: only a resampler's nearest-exact x2 upsampling is band-local"
-            mod.forward = functools.partial(_halo_upsample, mod, ctx.id)
+            mod.resample.forward = functools.partial(resample_forward, mod.resample, forms, f"{name}.resample")
+            in_resamplers |= {id(mod.resample), id(up), id(conv)}
+        elif id(mod) in in_resamplers:
+            continue
+        elif kind is wan.WanUpsample:
+            return None, f"{name}: only a resampler's nearest-exact x2 upsampling is band-local"
         elif kind is nn.Conv2d:
-            if type(parent_of.get(id(mod))) is not nn.Sequential:
-                return None, f"{name}: a conv2d outside a resampler has no band form"
-            mod.forward = functools.partial(_cropped_conv2d, mod)
+            return None, f"{name}: a conv2d outside a resampler has no band form"
         else:
             reason = passive_reason(name, mod)
             if reason is not None:
@@ -225,6 +225,7 @@ class BandGraphs:
     chunk0: object
     steady: object
     snapshot: guards.ModuleSnapshot
+    forms: ConvForms  # which conv calls run gathered (`band_convs`)
     checks: Checks = dataclasses.field(default_factory=Checks)
     segments: object = None
     segments_mode: str | None = None  # the `cuda_graphs` mode `segments` were captured for
@@ -245,30 +246,84 @@ class BandGraphStore:
         self.captures: CaptureCache = CaptureCache()
         #: captures the CUDA-graph segments (`band_segments.CudaSegments`; tests: a CPU stand-in)
         self.segment_backend = CudaSegments()
+        #: checks one conv call's band form (`band_convs.check_call`; tests: one that fails chosen calls)
+        self.conv_check = check_call
+        #: the conv checks' verdicts: (call, rows, rank, dtype, device, settings) -> (ok, reason)
+        self.conv_verdicts: dict[tuple, tuple[bool, str]] = {}
 
-    def pair(self, runner, decoder: nn.Module, key: tuple, rows, rank: int, size, dtype, device):
-        """The pair of `key` (None with the reason where its capture failed or it was refused)."""
+    def pair(self, runner, decoder: nn.Module, key: tuple, rows, rank: int, size, dtype, device, forced=()):
+        """The pair of `key` (None with the reason where its capture failed or it was refused); `forced`:
+        conv calls to gather whatever their checks say (the ranks' union, `agree_on_gathers`)."""
         listing = list(decoder.named_modules(prefix="decoder"))
         found = self.captures.values.get(key)
-        if found is not None and found.snapshot.changes(listing):
-            self.captures.forget(key)  # the module tree changed since its capture: capture again
+        if found is not None and (found.snapshot.changes(listing) or not set(forced) <= found.forms.gathered):
+            self.captures.forget(key)  # the module tree changed since its capture, or more convs must gather
         what = f"the band graphs of rank {rank} at latent size {size}"
 
         def capture():
-            ctx = BandContext(rows, rank)
-            traced, reason = halo_first_decoder(decoder, ctx)
-            if traced is None:
-                raise ValueError(reason)
-            chunk0, steady = export_wan_steps(traced, dtype, device, size)
+            gathered = set(forced)
+            for _ in range(MAX_EXPORTS):
+                ctx = BandContext(rows, rank)
+                forms = ConvForms(ctx.id, gathered)
+                traced, reason = halo_first_decoder(decoder, ctx, forms)
+                if traced is None:
+                    raise ValueError(reason)
+                chunk0, steady = export_wan_steps(traced, dtype, device, size)
+                failing = {call for call in forms.calls
+                           if call not in gathered and not self._band_form_ok(call, traced, forms, rows, rank, dtype,
+                                                                               device)}
+                if not failing:
+                    break
+                gathered |= failing  # export again with those convs gathered
+            else:
+                raise ValueError(f"the conv calls to gather did not settle within {MAX_EXPORTS} exports")
             for graph in (chunk0, steady):
                 runner.rewrite_graph(graph, BAND_LEVEL)
                 whole_norm_orders(graph.graph_module, ctx)
-            return BandGraphs(ctx, chunk0, steady, guards.ModuleSnapshot.of(listing))
+            return BandGraphs(ctx, chunk0, steady, guards.ModuleSnapshot.of(listing), forms)
 
         graphs = self.captures.get(key, capture, what)
         if graphs is None:
             return None, self.captures.errors[key]
         return graphs, graphs.refused
+
+    def _band_form_ok(self, call, traced: nn.Module, forms: ConvForms, rows, rank: int, dtype, device) -> bool:
+        key = (call, tuple(rows), rank, dtype, device, backend_settings(device))
+        if key not in self.conv_verdicts:
+            module = dict(traced.named_modules(prefix="decoder"))[call.module]
+            like = torch.empty(0, dtype=dtype, device=device)
+            try:
+                self.conv_verdicts[key] = self.conv_check(call, module, forms.paddings.get(call.module), rows, rank,
+                                                          like)
+            except Exception as error:  # noqa: BLE001 - a check that cannot run admits nothing
+                self.conv_verdicts[key] = (False, f"{call.describe()}: its check raised {type(error).__name__}: "
+                                                  f"{error}")
+            ok, reason = self.conv_verdicts[key]
+            if not ok:
+                logger.info("rewrite.distributed: band graphs gather %s", reason)
+        return self.conv_verdicts[key][0]
+
+
+def agree_on_gathers(store: BandGraphStore, graphs: BandGraphs, run: BandRun, recapture):
+    """(graphs, None) whose gathered conv calls are the same on every rank (the union of the ranks' own:
+    each gather is a collective), captured again by `recapture(forced)` where this rank's lacked some; or
+    (None, reason) on every rank where the ranks' calls do not line up or a capture failed. Collective."""
+    for _ in range(MAX_EXPORTS):
+        calls = graphs.forms.calls
+        signature = zlib.crc32("|".join(f"{c.module}:{c.kind}" for c in calls).encode())
+        shapes = run.comm.all_gather_vector(torch.tensor([len(calls), signature]), "the band graphs' conv calls")
+        if any(not torch.equal(v, shapes[0]) for v in shapes):
+            return None, "the ranks' band graphs make different conv calls"
+        flags = torch.tensor([int(c in graphs.forms.gathered) for c in calls], dtype=torch.int64)
+        every = run.comm.all_gather_vector(flags, "the band graphs' gathered convs")
+        union = torch.stack(every).amax(0)
+        if all(torch.equal(v, union) for v in every):
+            return graphs, None
+        graphs, reason = recapture({c for c, f in zip(calls, union.tolist()) if f})
+        ok = run.comm.all_reduce_min(int(graphs is not None and reason is None), "the choice of the band graphs")
+        if not ok:
+            return None, reason or "another rank has no band graphs with the gathered convs of all ranks"
+    return None, f"the ranks' gathered convs did not settle within {MAX_EXPORTS} captures"
 
 
 def _progress(checks: Checks) -> str:
@@ -293,7 +348,8 @@ def describe(runner) -> list[str]:
         elif graphs.segment_reasons:
             captured = "; ".join(f"{mode} off ({why})" for mode, why in graphs.segment_reasons.items())
         lines.append(f"rank {rank} of {len(rows)}, latent rows {a}:{b}, step input "
-                     f"{describe_key((batch, ext_rows, width, dtype, device))}: graphs {_progress(graphs.checks)}; "
+                     f"{describe_key((batch, ext_rows, width, dtype, device))}: graphs {_progress(graphs.checks)}, "
+                     f"{len(graphs.forms.gathered)} of {len(graphs.forms.calls)} conv calls gathered; "
                      f"captured steps {captured}")
     if store is not None:
         lines += [f"capture failed: {error}" for error in store.captures.errors.values()]
@@ -414,6 +470,15 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
     if not ok:
         stats["reason"] = reason or "another rank has no band graphs for this call"
         return None
+    graphs, reason = agree_on_gathers(store_of(runner), graphs, run, lambda forced: store_of(runner).pair(
+        runner, decoder, key, run.rows, run.rank, size, x_whole.dtype, x_whole.device, forced))
+    if graphs is None:
+        refused = store_of(runner).captures.values.get(key)
+        if refused is not None:  # remembered, so the next call does not try again
+            refused.checks.refused = reason
+        stats["reason"] = reason
+        return None
+    stats["gathered_convs"] = len(graphs.forms.gathered)
     x_ext = halo_latent(x_whole, run)
     graphs.ctx.run = run
     try:

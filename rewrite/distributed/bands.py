@@ -108,7 +108,7 @@ def compact_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _settings(device: torch.device) -> tuple:
+def backend_settings(device: torch.device) -> tuple:
     if device.type == "cuda":
         b = torch.backends.cudnn
         return ("cuda", torch.cuda.get_device_name(device), b.enabled, b.benchmark, b.deterministic,
@@ -236,7 +236,7 @@ class BandRun:
         shape = list(x.shape)
         shape[-2] = rows[-1][1]
         fits = halo <= min(b - a for a, b in rows)
-        key = (kind, tuple(shape), str(x.dtype), layout_key(x), signature, tuple(rows), halo, _settings(x.device))
+        key = (kind, tuple(shape), str(x.dtype), layout_key(x), signature, tuple(rows), halo, backend_settings(x.device))
         check = functools.partial(self._spatial_check, shape, x, halo, band_fn, whole_fn, rows)
         if fits and self.verdict(key, check, local=tuple(x.stride())):
             self.stats.local += 1
@@ -328,7 +328,7 @@ def band_silu(run: BandRun, m: nn.SiLU, x: torch.Tensor) -> torch.Tensor:
     def silu(t):
         return F.silu(t, inplace=m.inplace)
 
-    key = ("silu", str(x.dtype), _settings(x.device))
+    key = ("silu", str(x.dtype), backend_settings(x.device))
     if run.verdict(key, lambda: position_independent(F.silu, x.dtype, x.device)):
         run.stats.local += 1
         return silu(x)

@@ -67,6 +67,8 @@ class ShardedInfo:
     graph_checks: int = 0                  # bands: of those, steps checked (graphs against the eager band
     #                                        mode, segments against the graphs)
     graph_reason: str | None = None        # bands: why the band graphs did not serve (some) steps
+    graph_gathered_convs: int = 0          # bands: conv calls the band graphs run on the gathered whole
+    #                                        tensor (their band form failed its check on some rank)
     tiles: list | None = None              # tiles: tile origins (latent row, col) this rank decoded
 
 
@@ -189,7 +191,8 @@ def _decode(vae, z, comm: Comm, output: str, verify: bool, cuda_graphs: str = "s
                            gathered_ops=run.stats.gathered, checks_run=run.stats.checks,
                            gathered_reasons=list(run.stats.reasons), graph_steps=graph_stats.get("graph_steps", 0),
                            graph_replays=graph_stats.get("replayed_steps", 0),
-                           graph_checks=graph_stats.get("checked_steps", 0), graph_reason=graph_stats.get("reason"))
+                           graph_checks=graph_stats.get("checked_steps", 0), graph_reason=graph_stats.get("reason"),
+                           graph_gathered_convs=graph_stats.get("gathered_convs", 0))
         s = run.scale(band.shape[-2])
         info.output_rows = run.rows_at(s)
         if output == "band":
