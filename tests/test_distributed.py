@@ -175,6 +175,40 @@ def test_band_conv_forms_record_check_and_gather():
         alone.run = None
 
 
+def test_band_graph_store_captures_again_a_bounded_number_of_times():
+    """A band pair is captured again when the module tree changed, at most `MAX_RECAPTURES` times per key;
+    then its key keeps the reason and the eager band mode serves (the graphs are not rewritten here: a
+    runner whose passes do nothing)."""
+    from torch import nn
+
+    from rewrite.distributed.band_graphs import BandGraphStore
+    from rewrite.models.wan import build_wan
+    from rewrite.runtime.runner import MAX_RECAPTURES
+
+    class Passless:
+        def rewrite_graph(self, graph, level):
+            pass
+
+    bf16 = torch.bfloat16
+    decoder = build_wan("wan2.1", "tiny").decoder.to(bf16)
+    store, key, seen = BandGraphStore(), ("a key",), []
+    for i in range(MAX_RECAPTURES + 2):
+        graphs, reason = store.pair(Passless(), decoder, key, [(0, 3), (3, 5)], 0, (1, 5, 6), bf16,
+                                    torch.device("cpu"))
+        again, _ = store.pair(Passless(), decoder, key, [(0, 3), (3, 5)], 0, (1, 5, 6), bf16, torch.device("cpu"))
+        seen.append((graphs is not None, again is graphs, reason))
+        if i % 2:  # a module added, then removed again: each a change of the tree
+            del decoder.extra
+        else:
+            decoder.extra = nn.Identity()
+    assert seen[:-1] == [(True, True, None)] * (MAX_RECAPTURES + 1)
+    last, why = seen[-1], seen[-1][2] or ""
+    assert last[:2] == (False, True), seen
+    assert why.startswith("the decoder changed after 3 recaptures of the band graphs of rank 0 at latent size "
+                          "(1, 5, 6) (decoder children: ") and why.endswith(
+                              "decoder.extra removed); the eager band mode serves it from now on"), why
+
+
 def test_band_norms_take_the_whole_tensors_order(monkeypatch):
     """A band's norm sums in ATen's order for the whole tensor: the band graphs give each norm of a halo band
     the whole tensor's rows (`norm_rows`), and the plan for those rows is the whole tensor's, which differs

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rewrite.distributed.band_ops import halo_rows
-from rewrite.distributed.bands import compact_like, dim_order
+from rewrite.distributed.bands import compact_like, diffusers_wan, dim_order
 
 ops = torch.ops.rewrite
 
@@ -45,11 +45,6 @@ CAUSAL_HALO = "causal conv on a halo band"
 CAUSAL_POINTWISE = "pointwise-in-space causal conv"
 RESAMPLE_HALO = "upsample and conv2d on a halo band"
 
-
-def _wan():
-    from diffusers.models.autoencoders import autoencoder_kl_wan as wan
-
-    return wan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +99,7 @@ def causal_conv_forward(m: nn.Module, forms: ConvForms, name: str, halo: int, wh
     call = ConvCall(name, CAUSAL_HALO if halo else CAUSAL_POINTWISE, _spec(x),
                     _spec(cache_x) if cache_x is not None and whole_padding[4] > 0 else None)
     if not forms.gathers(call):
-        return _wan().WanCausalConv3d.forward(m, x, cache_x)
+        return diffusers_wan().WanCausalConv3d.forward(m, x, cache_x)
     padding = list(whole_padding)
     if call.cache is not None:
         x = torch.cat([cache_x.to(x.device), x], dim=2)
@@ -125,7 +120,7 @@ def resample_forward(seq: nn.Sequential, forms: ConvForms, name: str, x: torch.T
     """A resampler's `Sequential(WanUpsample, Conv2d)`: band form (the halo band upsampled, convolved with
     rows unpadded, cropped) or gathered form (upsample and conv on the whole tensor, own rows kept)."""
     up, conv = seq[0], seq[1]
-    upsample = _wan().WanUpsample.forward
+    upsample = diffusers_wan().WanUpsample.forward
     if not forms.gathers(ConvCall(name, RESAMPLE_HALO, _spec(x))):
         return cropped_conv2d(conv, upsample(up, halo_rows(x, forms.context_id)))
     whole = ops.band_gather_rows(x, forms.context_id)
@@ -176,7 +171,7 @@ def check_call(call: ConvCall, module: nn.Module, whole_padding, rows, rank: int
     with torch.no_grad():
         if call.kind == RESAMPLE_HALO:
             up, conv = module[0], module[1]
-            upsample = _wan().WanUpsample.forward
+            upsample = diffusers_wan().WanUpsample.forward
             expected = nn.Conv2d.forward(conv, upsample(up, x))[..., 2 * lo:2 * hi, :]
             band = cropped_conv2d(conv, upsample(up, _halo_band(x, lo - 1, hi + 1)))
         else:

@@ -15,7 +15,10 @@ which no pattern crosses):
 * a resampler's 2x upsample reads its input as a halo row band; its 3x3 conv2d pads only columns and the
   one extra output row on each side is cut off;
 * the middle block's attention runs on its all-gathered input (`rewrite::band_gather_rows`), its output cut
-  to this rank's rows (`rewrite::band_own_rows`).
+  to this rank's rows (`rewrite::band_own_rows`);
+* a conv whose band form is not exact for its shape (cuDNN picks kernels by shape) runs gathered instead,
+  as the single-process conv on the whole tensor (`rewrite.distributed.band_convs`: checked per call shape
+  after a first export, the failing calls exported again gathered, the union taken over the ranks).
 
 After the passes, each norm of a halo band is given the whole tensor's summation order (`norm_rows`,
 `whole_norm_orders`): ATen's order for one output depends on how many outputs the tensor has, and the
@@ -39,6 +42,7 @@ keeps the sharded decode `torch.equal` to the eager band mode).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -54,10 +58,12 @@ from rewrite.distributed import band_ops  # noqa: F401 - registers the collectiv
 from rewrite.distributed.band_convs import ConvForms, causal_conv_forward, check_call, resample_forward
 from rewrite.distributed.band_ops import COLLECTIVES, BandContext, halo_rows
 from rewrite.distributed.band_segments import CudaSegments, SegmentedBandSteps
-from rewrite.distributed.bands import BandRun, backend_settings, cache_slots, empty_like_layout, passive_reason
+from rewrite.distributed.bands import (BandRun, backend_settings, cache_slots, diffusers_wan, empty_like_layout,
+                                      passive_reason)
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.graphs import describe_key
+from rewrite.runtime.runner import MAX_RECAPTURES
 from rewrite.runtime.wan import finish_video, store_frames, temporal_factor
 
 logger = logging.getLogger("rewrite")
@@ -72,20 +78,15 @@ MAX_EXPORTS = 3
 ops = torch.ops.rewrite
 
 
-def _wan():
-    from diffusers.models.autoencoders import autoencoder_kl_wan as wan
-
-    return wan
-
 
 # ---- the halo-first band decoder (exported) ------------------------------------------------------------
 def _halo_norm(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
-    return _wan().WanRMS_norm.forward(m, halo_rows(x, context_id))
+    return diffusers_wan().WanRMS_norm.forward(m, halo_rows(x, context_id))
 
 
 def _gathered_attention(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
     whole = ops.band_gather_rows(x, context_id)
-    return ops.band_own_rows(_wan().WanAttentionBlock.forward(m, whole), context_id)
+    return ops.band_own_rows(diffusers_wan().WanAttentionBlock.forward(m, whole), context_id)
 
 
 def _is_3x3_causal(m: nn.Module) -> bool:
@@ -100,7 +101,7 @@ def halo_first_decoder(decoder: nn.Module, ctx: BandContext, forms: ConvForms):
     """(copy, None): a `tracing_copy` of `decoder` in halo-first band form (module docstring), to export, each
     spatial conv in the form `forms` chooses (`band_convs`; `forms.paddings` gets the single-process
     `_padding` of each causal conv); or (None, reason) where a module or setting has no such form."""
-    wan = _wan()
+    wan = diffusers_wan()
     copy = tracing_copy(decoder)
     named = dict(copy.named_modules(prefix="decoder"))
     inside_attention = {id(sub) for mod in named.values() if type(mod) is wan.WanAttentionBlock
@@ -226,6 +227,7 @@ class BandGraphs:
     steady: object
     snapshot: guards.ModuleSnapshot
     forms: ConvForms  # which conv calls run gathered (`band_convs`)
+    gathers_agreed: bool = False  # every rank's pair gathers the same calls (`agree_on_gathers`)
     checks: Checks = dataclasses.field(default_factory=Checks)
     segments: object = None
     segments_mode: str | None = None  # the `cuda_graphs` mode `segments` were captured for
@@ -250,15 +252,25 @@ class BandGraphStore:
         self.conv_check = check_call
         #: the conv checks' verdicts: (call, rows, rank, dtype, device, settings) -> (ok, reason)
         self.conv_verdicts: dict[tuple, tuple[bool, str]] = {}
+        #: captures again after a module change, per key (at most `MAX_RECAPTURES`)
+        self.recaptures: collections.Counter = collections.Counter()
 
     def pair(self, runner, decoder: nn.Module, key: tuple, rows, rank: int, size, dtype, device, forced=()):
         """The pair of `key` (None with the reason where its capture failed or it was refused); `forced`:
         conv calls to gather whatever their checks say (the ranks' union, `agree_on_gathers`)."""
         listing = list(decoder.named_modules(prefix="decoder"))
-        found = self.captures.values.get(key)
-        if found is not None and (found.snapshot.changes(listing) or not set(forced) <= found.forms.gathered):
-            self.captures.forget(key)  # the module tree changed since its capture, or more convs must gather
         what = f"the band graphs of rank {rank} at latent size {size}"
+        found = self.captures.values.get(key)
+        changes = found.snapshot.changes(listing) if found is not None else []
+        if changes:  # the module tree changed since its capture: capture again, a bounded number of times
+            self.recaptures[key] += 1
+            self.captures.forget(key)
+            if self.recaptures[key] > MAX_RECAPTURES:
+                self.captures.errors[key] = (f"the decoder changed after {MAX_RECAPTURES} recaptures of {what} "
+                                             f"({'; '.join(changes)}); the eager band mode serves it from now on")
+                logger.warning("rewrite.distributed: %s", self.captures.errors[key])
+        elif found is not None and not set(forced) <= found.forms.gathered:
+            self.captures.forget(key)  # more convs must gather (the ranks' union)
 
         def capture():
             gathered = set(forced)
@@ -304,10 +316,11 @@ class BandGraphStore:
         return self.conv_verdicts[key][0]
 
 
-def agree_on_gathers(store: BandGraphStore, graphs: BandGraphs, run: BandRun, recapture):
+def agree_on_gathers(graphs: BandGraphs, run: BandRun, recapture):
     """(graphs, None) whose gathered conv calls are the same on every rank (the union of the ranks' own:
-    each gather is a collective), captured again by `recapture(forced)` where this rank's lacked some; or
-    (None, reason) on every rank where the ranks' calls do not line up or a capture failed. Collective."""
+    each gather is a collective), captured again by `recapture(forced)` where this rank's lacked some, and
+    marked `gathers_agreed`; or (None, reason) on every rank where the ranks' calls do not line up or a
+    capture failed. Collective."""
     for _ in range(MAX_EXPORTS):
         calls = graphs.forms.calls
         signature = zlib.crc32("|".join(f"{c.module}:{c.kind}" for c in calls).encode())
@@ -318,6 +331,7 @@ def agree_on_gathers(store: BandGraphStore, graphs: BandGraphs, run: BandRun, re
         every = run.comm.all_gather_vector(flags, "the band graphs' gathered convs")
         union = torch.stack(every).amax(0)
         if all(torch.equal(v, union) for v in every):
+            graphs.gathers_agreed = True
             return graphs, None
         graphs, reason = recapture({c for c, f in zip(calls, union.tolist()) if f})
         ok = run.comm.all_reduce_min(int(graphs is not None and reason is None), "the choice of the band graphs")
@@ -466,18 +480,21 @@ def decode_band_graphs(vae, eager_decoder: nn.Module, run: BandRun, z: torch.Ten
     else:
         graphs, reason = store_of(runner).pair(runner, decoder, key, run.rows, run.rank, size, x_whole.dtype,
                                                x_whole.device)
-    ok = run.comm.all_reduce_min(int(graphs is not None and reason is None), "the choice of the band graphs")
-    if not ok:
+    # 0: some rank has no pair; 1: the ranks must agree on the convs to gather; 2: every rank's pair agreed
+    state = 0 if graphs is None or reason is not None else 2 if graphs.gathers_agreed else 1
+    state = run.comm.all_reduce_min(state, "the choice of the band graphs")
+    if not state:
         stats["reason"] = reason or "another rank has no band graphs for this call"
         return None
-    graphs, reason = agree_on_gathers(store_of(runner), graphs, run, lambda forced: store_of(runner).pair(
-        runner, decoder, key, run.rows, run.rank, size, x_whole.dtype, x_whole.device, forced))
-    if graphs is None:
-        refused = store_of(runner).captures.values.get(key)
-        if refused is not None:  # remembered, so the next call does not try again
-            refused.checks.refused = reason
-        stats["reason"] = reason
-        return None
+    if state == 1:
+        graphs, reason = agree_on_gathers(graphs, run, lambda forced: store_of(runner).pair(
+            runner, decoder, key, run.rows, run.rank, size, x_whole.dtype, x_whole.device, forced))
+        if graphs is None:
+            refused = store_of(runner).captures.values.get(key)
+            if refused is not None:  # remembered, so the next call does not try again
+                refused.checks.refused = reason
+            stats["reason"] = reason
+            return None
     stats["gathered_convs"] = len(graphs.forms.gathered)
     x_ext = halo_latent(x_whole, run)
     graphs.ctx.run = run

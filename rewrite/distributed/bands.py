@@ -75,7 +75,8 @@ def split_rows(height: int, world: int) -> list[tuple[int, int]]:
     return rows
 
 
-def _wan():
+def diffusers_wan():
+    """diffusers' Wan VAE module (imported on first use: importing diffusers takes seconds)."""
     from diffusers.models.autoencoders import autoencoder_kl_wan as wan
 
     return wan
@@ -317,7 +318,7 @@ def band_conv2d(run: BandRun, m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 def band_norm(run: BandRun, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`WanRMS_norm` (over channels) on the band."""
-    forward = functools.partial(_wan().WanRMS_norm.forward, m)
+    forward = functools.partial(diffusers_wan().WanRMS_norm.forward, m)
     signature = ("rms_norm", tuple(m.gamma.shape), str(m.gamma.dtype), m.channel_first, float(m.scale),
                  not isinstance(m.bias, float))
     return run.spatial_op("rms_norm", signature, x, 0, lambda xb, _t, _b: forward(xb), forward)
@@ -340,13 +341,13 @@ def band_attention(run: BandRun, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The middle block's attention: all-gathered input, the whole block, the own rows."""
     run.stats.gathered += 1
     whole = run.gather(x, "the gather of the attention input")
-    return run.own(_wan().WanAttentionBlock.forward(m, whole))
+    return run.own(diffusers_wan().WanAttentionBlock.forward(m, whole))
 
 
 def band_decoder(decoder: nn.Module, run: BandRun):
     """(copy, None): a `tracing_copy` of `decoder` whose modules run band-locally; or (None, reason) where a
     module has no band form (a type or setting this file does not know)."""
-    wan = _wan()
+    wan = diffusers_wan()
     copy = tracing_copy(decoder)
     inside_attention = {id(sub) for mod in copy.modules() if type(mod) is wan.WanAttentionBlock
                         for sub in mod.modules() if sub is not mod}
@@ -383,7 +384,7 @@ def band_decoder(decoder: nn.Module, run: BandRun):
 def passive_reason(name: str, mod: nn.Module) -> str | None:
     """Why a module that needs no band forward of its own (containers, blocks whose children have them,
     DupUp3D's data movement, identity, SiLU, eval dropout) cannot run on a band as it is; None where it can."""
-    wan = _wan()
+    wan = diffusers_wan()
     passive = (wan.WanDecoder3d, wan.WanMidBlock, wan.WanUpBlock, wan.WanResidualUpBlock, wan.WanResidualBlock,
                nn.Sequential, nn.ModuleList, nn.Identity, nn.Dropout, nn.SiLU)
     kind = type(mod)
@@ -397,4 +398,4 @@ def passive_reason(name: str, mod: nn.Module) -> str | None:
 
 
 def cache_slots(decoder: nn.Module) -> int:
-    return sum(isinstance(m, _wan().WanCausalConv3d) for m in decoder.modules())
+    return sum(isinstance(m, diffusers_wan().WanCausalConv3d) for m in decoder.modules())

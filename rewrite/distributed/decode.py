@@ -33,6 +33,7 @@ from rewrite.distributed.bands import (
     BandRun,
     band_decoder,
     cache_slots,
+    diffusers_wan,
     forget_verdicts,
     split_rows,
 )
@@ -129,14 +130,9 @@ def decode_sharded(vae: nn.Module, z: torch.Tensor, *, group=None, output: str =
     return (video, info) if return_info else video
 
 
-def _wan():
-    from diffusers.models.autoencoders import autoencoder_kl_wan as wan
-
-    return wan
-
 
 def _check_inputs(vae, z) -> None:
-    if not isinstance(vae, _wan().AutoencoderKLWan):
+    if not isinstance(vae, diffusers_wan().AutoencoderKLWan):
         raise TypeError(f"decode_sharded expects a diffusers AutoencoderKLWan; got {type(vae).__name__}")
     if not isinstance(z, torch.Tensor) or z.dim() != 5 or z.shape[1] != vae.config.z_dim or z.shape[2] < 1:
         shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
@@ -317,7 +313,7 @@ def _tiled_decode(vae, z, comm: Comm, output: str, info: ShardedInfo):
         result_rows.append(torch.cat(result_row, dim=-1))
     dec = torch.cat(result_rows, dim=3)[:, :, :, :sample_height, :sample_width]
     if patch is not None:
-        dec = _wan().unpatchify(dec, patch_size=patch)
+        dec = diffusers_wan().unpatchify(dec, patch_size=patch)
     return torch.clamp(dec, min=-1.0, max=1.0)
 
 
