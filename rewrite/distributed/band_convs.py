@@ -46,7 +46,6 @@ CAUSAL_POINTWISE = "pointwise-in-space causal conv"
 RESAMPLE_HALO = "upsample and conv2d on a halo band"
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ConvCall:
     """One conv call of a band step graph: the module's name, its form family (`CAUSAL_HALO`, ...), and

@@ -78,7 +78,6 @@ MAX_EXPORTS = 3
 ops = torch.ops.rewrite
 
 
-
 # ---- the halo-first band decoder (exported) ------------------------------------------------------------
 def _halo_norm(m: nn.Module, context_id: int, x: torch.Tensor) -> torch.Tensor:
     return diffusers_wan().WanRMS_norm.forward(m, halo_rows(x, context_id))

@@ -130,7 +130,6 @@ def decode_sharded(vae: nn.Module, z: torch.Tensor, *, group=None, output: str =
     return (video, info) if return_info else video
 
 
-
 def _check_inputs(vae, z) -> None:
     if not isinstance(vae, diffusers_wan().AutoencoderKLWan):
         raise TypeError(f"decode_sharded expects a diffusers AutoencoderKLWan; got {type(vae).__name__}")
