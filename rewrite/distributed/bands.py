@@ -237,7 +237,8 @@ class BandRun:
         shape = list(x.shape)
         shape[-2] = rows[-1][1]
         fits = halo <= min(b - a for a, b in rows)
-        key = (kind, tuple(shape), str(x.dtype), layout_key(x), signature, tuple(rows), halo, backend_settings(x.device))
+        key = (kind, tuple(shape), str(x.dtype), layout_key(x), signature, tuple(rows), halo,
+               backend_settings(x.device))
         check = functools.partial(self._spatial_check, shape, x, halo, band_fn, whole_fn, rows)
         if fits and self.verdict(key, check, local=tuple(x.stride())):
             self.stats.local += 1
