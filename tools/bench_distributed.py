@@ -105,12 +105,23 @@ def run_distributed(args, bench) -> dict | None:
         if error is not None:
             raise error
         sharded = _sharded(adapter, case.z, args, device, bench)
-        if dist.get_rank() != 0:
-            return None
-        one_gpu["distributed"] = _compare(adapter, one_gpu["levels"], sharded, lossless, backend, bench)
-        head = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                "torch": torch.__version__, "triton": bench._triton_version(), "model_seed": bench.MODEL_SEED}
-        return adapter.summary(head, [one_gpu])
+        summary = None
+        if dist.get_rank() == 0:
+            try:
+                one_gpu["distributed"] = _compare(adapter, one_gpu["levels"], sharded, lossless, backend, bench)
+                head = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                        "torch": torch.__version__, "triton": bench._triton_version(),
+                        "model_seed": bench.MODEL_SEED}
+                summary = adapter.summary(head, [one_gpu])
+            except Exception as caught:  # noqa: BLE001 - raised after the barrier below
+                error = caught
+        # the ranks tear their group down together: once (gloo, CPU, session 15) rank 1, having destroyed its
+        # group while rank 0 was still comparing, aborted at exit ("terminate called without an active
+        # exception")
+        _barrier(device)
+        if error is not None:
+            raise error
+        return summary
     finally:
         dist.destroy_process_group()
 
