@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rewrite.distributed.band_ops import halo_rows
-from rewrite.distributed.bands import compact_like, diffusers_wan, dim_order
+from rewrite.distributed.bands import diffusers_wan, dim_order, seeded_random, zero_padded_rows
 
 ops = torch.ops.rewrite
 
@@ -82,12 +82,18 @@ class ConvForms:
 
 
 # ---- the forms (installed on the halo-first decoder copy as instance forwards) -------------------------
-def _causal(m: nn.Module, x: torch.Tensor, cache_x, padding) -> torch.Tensor:
-    """`WanCausalConv3d.forward` with the given `_padding`."""
+def _with_cache(x: torch.Tensor, cache_x, padding) -> tuple[torch.Tensor, list[int]]:
+    """(the cache frames before x, the `_padding` left to apply), as `WanCausalConv3d.forward` makes them."""
     padding = list(padding)
     if cache_x is not None and padding[4] > 0:
         x = torch.cat([cache_x.to(x.device), x], dim=2)
         padding[4] -= cache_x.shape[2]
+    return x, padding
+
+
+def _causal(m: nn.Module, x: torch.Tensor, cache_x, padding) -> torch.Tensor:
+    """`WanCausalConv3d.forward` with the given `_padding`."""
+    x, padding = _with_cache(x, cache_x, padding)
     return nn.Conv3d.forward(m, F.pad(x, padding))
 
 
@@ -99,10 +105,7 @@ def causal_conv_forward(m: nn.Module, forms: ConvForms, name: str, halo: int, wh
                     _spec(cache_x) if cache_x is not None and whole_padding[4] > 0 else None)
     if not forms.gathers(call):
         return diffusers_wan().WanCausalConv3d.forward(m, x, cache_x)
-    padding = list(whole_padding)
-    if call.cache is not None:
-        x = torch.cat([cache_x.to(x.device), x], dim=2)
-        padding[4] -= cache_x.shape[2]
+    x, padding = _with_cache(x, cache_x, whole_padding)
     if halo:
         x = x[..., halo:-halo, :]
     whole = ops.band_gather_rows(x, forms.context_id)
@@ -127,24 +130,6 @@ def resample_forward(seq: nn.Sequential, forms: ConvForms, name: str, x: torch.T
 
 
 # ---- the check ----------------------------------------------------------------------------------------
-def _random(shape, order, like: torch.Tensor, seed: int) -> torch.Tensor:
-    generator = torch.Generator(device=like.device).manual_seed(seed)
-    wide = torch.float32 if like.dtype in (torch.bfloat16, torch.float16) else like.dtype
-    values = torch.randn([shape[d] for d in order], generator=generator, device=like.device, dtype=wide)
-    return values.to(like.dtype).permute([order.index(d) for d in range(len(order))])
-
-
-def _halo_band(whole: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """Rows [lo, hi) of `whole` (zeros beyond its edges), dense in its layout."""
-    height = whole.shape[-2]
-    shape = list(whole.shape)
-    shape[-2] = hi - lo
-    out = compact_like(torch.zeros(shape, dtype=whole.dtype, device=whole.device), whole)
-    a, b = max(lo, 0), min(hi, height)
-    out[..., a - lo:b - lo, :] = whole[..., a:b, :]
-    return out
-
-
 def check_call(call: ConvCall, module: nn.Module, whole_padding, rows, rank: int, like: torch.Tensor):
     """(ok, reason): whether the band form of `call` gives the same bits as the same rows of its whole
     conv, on seeded random input of the whole tensor's shape (module docstring). `module`: the decoder
@@ -162,7 +147,7 @@ def check_call(call: ConvCall, module: nn.Module, whole_padding, rows, rank: int
     def whole_of(spec, seed):
         shape = list(spec[0])
         shape[-2] = s * height
-        return _random(shape, spec[1], like, seed + 7919 * len(shape) + shape[-2])
+        return seeded_random(shape, like, seed + 7919 * len(shape) + shape[-2], order=spec[1])
 
     x = whole_of(call.x, 1)
     cache = whole_of(call.cache, 2) if call.cache is not None else None
@@ -172,12 +157,12 @@ def check_call(call: ConvCall, module: nn.Module, whole_padding, rows, rank: int
             up, conv = module[0], module[1]
             upsample = diffusers_wan().WanUpsample.forward
             expected = nn.Conv2d.forward(conv, upsample(up, x))[..., 2 * lo:2 * hi, :]
-            band = cropped_conv2d(conv, upsample(up, _halo_band(x, lo - 1, hi + 1)))
+            band = cropped_conv2d(conv, upsample(up, zero_padded_rows(x, lo - 1, hi + 1)))
         else:
             expected = _causal(module, x, cache, whole_padding)[..., lo:hi, :]
 
             def cut(t):
-                return None if t is None else _halo_band(t, lo - halo, hi + halo)
+                return None if t is None else zero_padded_rows(t, lo - halo, hi + halo)
             band = _causal(module, cut(x), cut(cache), module._padding)
     if band.shape != expected.shape:
         return False, f"{call.describe()}: the band form gives {tuple(band.shape)}, the whole conv's rows " \

@@ -58,8 +58,8 @@ from rewrite.distributed import band_ops  # noqa: F401 - registers the collectiv
 from rewrite.distributed.band_convs import ConvForms, causal_conv_forward, check_call, resample_forward
 from rewrite.distributed.band_ops import COLLECTIVES, BandContext, halo_rows
 from rewrite.distributed.band_segments import CudaSegments, SegmentedBandSteps
-from rewrite.distributed.bands import (BandRun, backend_settings, cache_slots, diffusers_wan, empty_like_layout,
-                                      passive_reason)
+from rewrite.distributed.bands import (BandRun, backend_settings, cache_slots, diffusers_wan, passive_reason,
+                                      zero_padded_rows)
 from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.graphs import describe_key
@@ -280,8 +280,9 @@ class BandGraphStore:
                 if traced is None:
                     raise ValueError(reason)
                 chunk0, steady = export_wan_steps(traced, dtype, device, size)
+                modules = dict(traced.named_modules(prefix="decoder"))
                 failing = {call for call in forms.calls
-                           if call not in gathered and not self._band_form_ok(call, traced, forms, rows, rank, dtype,
+                           if call not in gathered and not self._band_form_ok(call, modules, forms, rows, rank, dtype,
                                                                                device)}
                 if not failing:
                     break
@@ -298,14 +299,15 @@ class BandGraphStore:
             return None, self.captures.errors[key]
         return graphs, graphs.refused
 
-    def _band_form_ok(self, call, traced: nn.Module, forms: ConvForms, rows, rank: int, dtype, device) -> bool:
+    def _band_form_ok(self, call, modules: dict, forms: ConvForms, rows, rank: int, dtype, device) -> bool:
+        """Whether `call`'s band form passed its check (run once per call and geometry); `modules`: the traced
+        decoder copy's modules by name."""
         key = (call, tuple(rows), rank, dtype, device, backend_settings(device))
         if key not in self.conv_verdicts:
-            module = dict(traced.named_modules(prefix="decoder"))[call.module]
             like = torch.empty(0, dtype=dtype, device=device)
             try:
-                self.conv_verdicts[key] = self.conv_check(call, module, forms.paddings.get(call.module), rows, rank,
-                                                          like)
+                self.conv_verdicts[key] = self.conv_check(call, modules[call.module], forms.paddings.get(call.module),
+                                                          rows, rank, like)
             except Exception as error:  # noqa: BLE001 - a check that cannot run admits nothing
                 self.conv_verdicts[key] = (False, f"{call.describe()}: its check raised {type(error).__name__}: "
                                                   f"{error}")
@@ -383,17 +385,7 @@ def store_of(runner) -> BandGraphStore:
 def halo_latent(x: torch.Tensor, run: BandRun) -> torch.Tensor:
     """Latent rows [a - 1, b + 1) of the whole `x` (zeros beyond the global edges), dense in x's layout."""
     a, b = run.rows[run.rank]
-    height = x.shape[-2]
-    shape = list(x.shape)
-    shape[-2] = b - a + 2
-    out = empty_like_layout(shape, x)
-    lo, hi = max(a - 1, 0), min(b + 1, height)
-    out[..., lo - (a - 1):hi - (a - 1), :] = x[..., lo:hi, :]
-    if a == 0:
-        out[..., 0, :] = 0
-    if b == height:
-        out[..., -1, :] = 0
-    return out
+    return zero_padded_rows(x, a - 1, b + 1)
 
 
 def _caches_agree(graph_caches, eager_slots) -> bool:

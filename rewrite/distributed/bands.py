@@ -117,12 +117,24 @@ def backend_settings(device: torch.device) -> tuple:
     return (device.type, torch.get_num_threads(), torch.backends.mkldnn.enabled)
 
 
-def _random(shape, like: torch.Tensor, seed: int) -> torch.Tensor:
+def seeded_random(shape, like: torch.Tensor, seed: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Seeded normal values of `shape` in `like`'s dtype and device, dense with its dims laid out in `order`
+    (default: `like`'s order)."""
+    order = dim_order(like) if order is None else order
     generator = torch.Generator(device=like.device).manual_seed(seed)
-    values = torch.randn([shape[d] for d in dim_order(like)], generator=generator, device=like.device,
+    values = torch.randn([shape[d] for d in order], generator=generator, device=like.device,
                          dtype=torch.float32 if like.dtype in (torch.bfloat16, torch.float16) else like.dtype)
-    order = dim_order(like)
     return values.to(like.dtype).permute([order.index(d) for d in range(len(order))])
+
+
+def zero_padded_rows(whole: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Rows [lo, hi) of `whole` (rows in dim -2; zeros beyond its edges), dense in its layout."""
+    shape = list(whole.shape)
+    shape[-2] = hi - lo
+    out = compact_like(torch.zeros(shape, dtype=whole.dtype, device=whole.device), whole)
+    a, b = max(lo, 0), min(hi, whole.shape[-2])
+    out[..., a - lo:b - lo, :] = whole[..., a:b, :]
+    return out
 
 
 def position_independent(fn, dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
@@ -250,7 +262,7 @@ class BandRun:
         return self.own(whole_fn(self.gather(x, f"the gather of {kind}")))
 
     def _spatial_check(self, shape, like, halo, band_fn, whole_fn, rows):
-        whole_in = _random(shape, like, seed=len(shape) * 7919 + shape[-2])
+        whole_in = seeded_random(shape, like, seed=len(shape) * 7919 + shape[-2])
         whole = whole_fn(whole_in)
         a, b = rows[self.rank]
         piece = compact_like(whole_in[..., a:b, :], like)
