@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Optional
 
 import torch
@@ -45,9 +46,9 @@ def _norm_plan_on_cpu(x, upcast, reference_contiguous=False, rows=None):
 
 
 def kernel_gates_open(monkeypatch) -> None:
-    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", frozenset({(16, 16, 27)}))  # the fast op's cases
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 16, 27): math.inf})  # the fast op's cases
     monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the pair op's
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(layout, "norm_plan", _norm_plan_on_cpu)

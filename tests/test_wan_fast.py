@@ -9,6 +9,8 @@ Routing: a shape the kernel does not serve runs the ``lossless`` op, `torch.equa
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -54,7 +56,9 @@ def _operands(b, c, o, t, h, w, dtype, seed=0):
     (1, 16, 16, 1, 3, 37, SMALL),                              # width not a multiple of the block
     (2, 32, 48, 3, 2, 9, SMALL),                               # 48 outputs: a partial channel block
     (1, 48, 24, 2, 3, 20, ConvTile(32, 32, 16, 4, 2)),         # K = 3 blocks of 16 channels
-    (1, 32, 96, 1, 2, 40, ConvTile(32, 64, 32, 4, 2, True)),   # the 64 + 32 split of 96 channels
+    (1, 32, 96, 1, 2, 40, ConvTile(32, 64, 32, 4, 2, 32)),     # the 64 + 32 split of 96 channels
+    (1, 16, 48, 2, 5, 20, ConvTile(16, 32, 16, 4, 2, 16, 2)),  # two rows per program (an odd row count), 32 + 16
+    (2, 32, 40, 1, 4, 12, ConvTile(16, 32, 32, 4, 2, 0, 2)),   # two rows, a partial channel block, 2 batches
 ])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_matches_the_conv(b, c, o, t, h, w, tile, dtype):
@@ -106,6 +110,61 @@ def test_kernel_epilogue_layouts(out_layout, res_layout, expected_mode, width):
     _within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
 
 
+@needs_kernels
+@pytest.mark.parametrize("out_layout,res_layout", [("channels_last", "ncdhw"), ("ncdhw", "frame_major"),
+                                                   ("frame_major", "channels_last"), ("ncdhw", "channels_first_w")])
+def test_two_row_programs_in_every_epilogue(out_layout, res_layout):
+    """Programs of two output rows (the second skipped past an odd row count) and a 16 + 16 channel split
+    store every row through each epilogue within the module's bound."""
+    padded, weight, bias, residual = _operands(1, 16, 32, 2, 3, 24, torch.bfloat16, seed=7)
+    reference = F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
+    magnitude = (F.conv3d(padded.double().abs(), weight.double().abs()) + bias.double().abs().view(-1, 1, 1, 1)
+                 + residual.double().abs())
+    out = EPILOGUE_LAYOUTS[out_layout](torch.zeros(reference.shape, dtype=torch.bfloat16, device=DEVICE))
+    triton_conv3d.conv3d_channels_last(padded, weight, bias, EPILOGUE_LAYOUTS[res_layout](residual), out,
+                                       config=ConvTile(16, 16, 16, 4, 2, 16, 2))
+    _within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
+
+
+@pytest.mark.parametrize("width,pixels,expected", [
+    (1280, 256, (1, 256)), (640, 256, (2, 128)), (640, 128, (1, 128)), (320, 128, (2, 64)), (160, 128, (2, 64)),
+    (832, 128, (2, 64)), (None, 128, (1, 128)), (40, 256, (2, 128)), (30, 256, (2, 128)),
+])
+def test_pixel_tile_computes_the_fewest_pixels_past_the_row_end(width, pixels, expected):
+    assert triton_conv3d.pixel_tile(width, pixels) == expected
+
+
+@pytest.mark.parametrize("channels,width,served,pixels", [
+    (96, 1280, True, 256), (96, 832, True, 128), (96, 8, True, 128),  # 96: every width; 128-pixel programs at 832
+    (192, 640, True, 128), (192, 416, False, 128),                    # 192, 384: only rows tiled exactly
+    (384, 320, True, 128), (384, 160, False, 128), (384, 208, False, 128), (256, 640, False, 128),
+])
+def test_the_conv_is_chosen_by_channels_and_row_width(channels, width, served, pixels):
+    assert triton_conv3d.chosen(channels, channels, 27, width) is served
+    assert triton_conv3d.launch_config(channels, channels, width).pixels == pixels
+
+
+def test_a_symbolic_width_is_left_to_the_op():
+    """A graph exported with symbolic sizes: the guard admits the channels, the op decides per call."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    width = ShapeEnv().create_unbacked_symint()
+    assert triton_conv3d.chosen(192, 192, 27, width) and not triton_conv3d.chosen(256, 256, 27, width)
+
+
+def test_tiles_the_kernel_cannot_run_are_named():
+    assert "rows per program" in triton_conv3d.tile_reason(ConvTile(64, 64, 32, 4, 2, 0, 3), 64)
+    assert "split" in triton_conv3d.tile_reason(ConvTile(64, 64, 32, 4, 2, 32), 128)
+    assert "split" in triton_conv3d.tile_reason(ConvTile(64, 64, 32, 4, 2, 24), 88)
+    assert triton_conv3d.tile_reason(ConvTile(64, 128, 64, 8, 3, 64), 192) is None
+    assert "three 32-channel pieces" in triton_conv3d.norm_epilogue_reason(96, ConvTile(64, 64, 32, 4, 2, 32)._replace(
+        block_n=32, n_rest=32))
+    padded, weight, _, _ = _operands(1, 16, 48, 1, 2, 8, torch.bfloat16)
+    out = torch.empty(1, 48, 1, 2, 8, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="split"):
+        triton_conv3d.conv3d_channels_last(padded, weight, None, None, out, config=ConvTile(16, 16, 16, 4, 2, 16))
+
+
 def test_unsupported_shapes_and_dtypes_are_named():
     assert "fp32 keeps cuDNN" in triton_conv3d.unsupported_reason((1, 32, 3, 4, 4), (32, 32, 3, 3, 3), torch.float32)
     assert "multiple of 16" in triton_conv3d.unsupported_reason((1, 24, 3, 4, 4), (32, 24, 3, 3, 3), torch.bfloat16)
@@ -145,8 +204,8 @@ def _op_inputs(c, o, dtype, mode="steady_t1", residual=True, seed=1):
 @pytest.fixture
 def served_16_channels(monkeypatch):
     """Let the router pick the kernel for 16 -> 16 channel convs (tiny shapes) with small tiles."""
-    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", frozenset({(16, 16, 27)}))
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o: SMALL)
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 16, 27): math.inf})
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: SMALL)
 
 
 @needs_kernels
@@ -322,9 +381,25 @@ def test_pair_op_on_exact_first_conv_values(kernel_allowed_on_cpu, monkeypatch, 
 
 
 @needs_kernels
+@pytest.mark.parametrize("mode", ["steady", "chunk0"])
+def test_pair_op_with_split_channels_and_two_row_programs(kernel_allowed_on_cpu, monkeypatch, mode):
+    """The norm epilogue over a 32 + 16 channel split (three 16-channel stores per row, as 128 + 64 for 192
+    channels) in programs of two rows (the second skipped past the odd row count): `_check_pair`."""
+    kernel_gates_open(monkeypatch)
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(48, 48, 27): math.inf})
+    monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(48, 48)}))
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: ConvTile(16, 32, 16, 4, 2, 16, 2))
+    args = _pair_inputs(mode, True, True, c=48, h=5, w=18)
+    calls = _pair_fused(monkeypatch)
+    pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
+    assert calls, "the fused epilogue did not run"
+    _check_pair(args, pair)
+
+
+@needs_kernels
 def test_pair_op_runs_the_two_ops_where_the_epilogue_cannot_hold_every_channel(kernel_allowed_on_cpu, monkeypatch):
     kernel_gates_open(monkeypatch)
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o: ConvTile(32, 8, 16, 4, 2))  # 16 = 2 x 8
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: ConvTile(32, 8, 16, 4, 2))  # 16 = 2 x 8
     args = _pair_inputs("steady", True, False)
     calls = _pair_fused(monkeypatch)
     pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)

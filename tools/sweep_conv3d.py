@@ -23,6 +23,8 @@ K2 = (1, 3, 3)
 SHAPES = {
     "wan21": [("96 @ 4x720x1280", 96, 96, 4, 720, 1280, K3), ("192 @ 4x360x640", 192, 192, 4, 360, 640, K3),
               ("384 @ 2x180x320", 384, 384, 2, 180, 320, K3), ("384 @ 1x90x160", 384, 384, 1, 90, 160, K3)],
+    "wan21_480": [("96 @ 4x480x832", 96, 96, 4, 480, 832, K3), ("192 @ 4x240x416", 192, 192, 4, 240, 416, K3),
+                  ("384 @ 2x120x208", 384, 384, 2, 120, 208, K3), ("384 @ 1x60x104", 384, 384, 1, 60, 104, K3)],
     "wan21up": [("up 192->96 @ 4x720x1280", 192, 96, 4, 720, 1280, K2),
                 ("up 384->192 @ 4x360x640", 384, 192, 4, 360, 640, K2)],
     "wan22": [("1024 @ 2x90x160", 1024, 1024, 2, 90, 160, K3), ("512 @ 4x180x320", 512, 512, 4, 180, 320, K3),
@@ -30,30 +32,50 @@ SHAPES = {
 }
 
 
-def candidate_tiles(in_channels: int, out_channels: int, warp_specialize: bool = False):
-    """The tiles the sweep tries for a shape (ConvTile fields: block_m, block_n, block_k, warps, stages,
-    split96, warp_specialize). Warp-specialized tiles only on request: on the H200 with Triton 3.6 the first
-    one had not finished compiling after minutes (docs/tuning.md section 1)."""
-    from rewrite.ops.triton_conv3d import ConvTile
+def _arrangements(width: int, pixels: int):
+    """(rows, block_w) ways to hold `pixels` output pixels: `pixel_tile`'s choice first, then one row and two
+    rows where they differ from it (rows of 64 pixels or more)."""
+    from rewrite.ops.triton_conv3d import pixel_tile
+
+    found = [pixel_tile(width, pixels)]
+    for rows in (1, 2):
+        if pixels // rows >= 64 and (rows, pixels // rows) not in found:
+            found.append((rows, pixels // rows))
+    return found
+
+
+def candidate_tiles(in_channels: int, out_channels: int, width: int, warp_specialize: bool = False):
+    """The tiles the sweep tries for a shape, `launch_config`'s first (ConvTile fields: block_w, block_n,
+    block_k, warps, stages, n_rest, rows, warp_specialize). Each (pixels, channels, warps, stages) family is
+    tried in `_arrangements`' pixel layouts. Warp-specialized tiles only on request: on the H200 with Triton
+    3.6 the first one had not finished compiling after minutes (docs/tuning.md section 1)."""
+    from rewrite.ops.triton_conv3d import ConvTile, launch_config
 
     k = 64 if in_channels % 64 == 0 else 32
-    tiles = []
-    if out_channels == 96:  # best first: --max-tiles keeps the likeliest
-        tiles += [ConvTile(256, 64, k, 8, s, split96=True) for s in (4, 3, 5)]
-        tiles += [ConvTile(128, 64, k, 4, s, split96=True) for s in (3, 4)]
-    tiles += [ConvTile(256, 128, k, 8, 3), ConvTile(128, 128, k, 4, 4), ConvTile(128, 128, k, 8, 4),
-              ConvTile(128, 256, k, 8, 3), ConvTile(128, 128, k, 4, 3), ConvTile(128, 64, k, 4, 4)]
+    families = []  # (pixels, block_n, n_rest, warps, stages)
+    if out_channels == 96:
+        families += [(256, 64, 32, 8, 4), (256, 64, 32, 8, 3), (128, 64, 32, 4, 3), (128, 64, 32, 8, 4)]
+    elif out_channels == 192:
+        families += [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 3), (256, 64, 0, 8, 4),
+                     (128, 64, 0, 4, 4), (128, 128, 0, 4, 4)]
+    else:
+        families += [(128, 128, 0, 4, 4), (128, 128, 0, 4, 3), (128, 128, 0, 8, 4), (256, 128, 0, 8, 3),
+                     (128, 256, 0, 8, 3)]
+    tiles = [launch_config(in_channels, out_channels, width)]
+    for pixels, block_n, n_rest, warps, stages in families:
+        for rows, block_w in _arrangements(width, pixels):
+            tile = ConvTile(block_w, block_n, k, warps, stages, n_rest, rows)
+            if tile not in tiles:
+                tiles.append(tile)
     if warp_specialize:
-        tiles += [ConvTile(128, 128, k, 4, 4, warp_specialize=True)]
-        if out_channels == 96:
-            tiles += [ConvTile(128, 64, k, 4, 4, split96=True, warp_specialize=True)]
+        tiles += [tile._replace(warp_specialize=True) for tile in tiles[:2]]
     return tiles
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    parser.add_argument("--shapes", default="wan21,wan21up,wan22", help=f"comma-separated: {', '.join(SHAPES)}")
+    parser.add_argument("--shapes", default="wan21,wan21_480,wan21up,wan22", help=f"comma-separated: {', '.join(SHAPES)}")
     parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
     parser.add_argument("--only", default=None, help="only the shapes whose name starts with this")
     parser.add_argument("--decode-epilogues", action="store_true",
@@ -65,7 +87,7 @@ def main(argv=None) -> int:
     import torch
     import triton.testing
 
-    from rewrite.ops import triton_conv3d
+    from rewrite.ops import compile_ahead, triton_conv3d
 
     if not torch.cuda.is_available():
         print("sweep_conv3d: needs CUDA", file=sys.stderr)
@@ -99,7 +121,14 @@ def main(argv=None) -> int:
             row = {"shape": name, "cudnn_ms": ms, "cudnn_tflops": flops / ms / 1e9, "tiles": []}
             print(f"{name:<24} cudnn {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s", flush=True)
             out = torch.empty(reference.shape, device="cuda", dtype=dtype).contiguous(memory_format=cl)
-            for tile in candidate_tiles(cin, cout, args.warp_specialize)[:args.max_tiles]:
+            tiles = candidate_tiles(cin, cout, w, args.warp_specialize)[:args.max_tiles]
+            with compile_ahead.compile_ahead() as ahead:  # every tile's kernel compiled in parallel first
+                for tile in tiles if ahead else ():
+                    try:
+                        triton_conv3d.conv3d_channels_last(padded, weight, None, None, out, config=tile)
+                    except Exception:  # noqa: BLE001 - the timed run below reports it
+                        pass
+            for tile in tiles:
                 try:
                     def run(p=padded, wt=weight, o=out, tile=tile):
                         triton_conv3d.conv3d_channels_last(p, wt, None, None, o, config=tile)
@@ -114,7 +143,10 @@ def main(argv=None) -> int:
                       flush=True)
                 row["tiles"].append({"tile": list(tile), "ms": ms, "tflops": flops / ms / 1e9, "max_abs": err})
             if args.decode_epilogues:
-                row["decode_epilogues"] = _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops)
+                timed = [t for t in row["tiles"] if "ms" in t]
+                best = triton_conv3d.ConvTile(*min(timed, key=lambda t: t["ms"])["tile"]) if timed else None
+                row["decode_epilogues"] = _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops,
+                                                            best)
             results.append(row)
     if args.json:
         with open(args.json, "w") as f:
@@ -123,19 +155,20 @@ def main(argv=None) -> int:
     return 0
 
 
-def _epilogue_tiles(triton_conv3d, in_channels: int, out_channels: int) -> list:
-    """`launch_config`'s tile and, for 96 outputs, the same capped at 128 registers per thread (ptxas spills the
-    rest: two programs fit an SM with any epilogue) and the 128-pixel split tile on 8 warps (docs/tuning.md
-    section 1.6)."""
-    tiles = [triton_conv3d.launch_config(in_channels, out_channels)]
-    if out_channels == 96:
-        k = tiles[0].block_k
-        tiles += [triton_conv3d.ConvTile(256, 64, k, 8, 4, split96=True, max_registers=128),
-                  triton_conv3d.ConvTile(128, 64, k, 8, 4, split96=True)]
+def _epilogue_tiles(triton_conv3d, in_channels: int, out_channels: int, width: int, best=None) -> list:
+    """`launch_config`'s tile, the sweep's fastest plain tile (`best`) where it differs, and each capped at 128
+    registers per thread where one program holds every output channel (ptxas spills the rest: two programs fit
+    an SM with the fused norm; docs/tuning.md section 1.6)."""
+    tiles = [triton_conv3d.launch_config(in_channels, out_channels, width)]
+    if best is not None and best not in tiles:
+        tiles.append(best)
+    for tile in list(tiles):
+        if triton_conv3d.norm_epilogue_reason(out_channels, tile) is None and tile.max_registers is None:
+            tiles.append(tile._replace(max_registers=128))
     return tiles
 
 
-def _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops) -> dict:
+def _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops, best=None) -> dict:
     """ms of each `_epilogue_tiles` tile writing a contiguous (NCDHW) output, without and with bias + residual
     (NCDHW too), and (3x3x3, all channels in one program) the fused norm into the next conv's input."""
     import torch
@@ -144,7 +177,7 @@ def _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops) -
     residual = torch.randn(reference.shape, device="cuda", dtype=padded.dtype)
     bias = torch.randn(reference.shape[1], device="cuda", dtype=padded.dtype)
     timings = {}
-    for tile in _epilogue_tiles(triton_conv3d, weight.shape[1], weight.shape[0]):
+    for tile in _epilogue_tiles(triton_conv3d, weight.shape[1], weight.shape[0], reference.shape[4], best):
         for name, extra in (("ncdhw", (None, None)), ("ncdhw+bias+residual", (bias, residual))):
             def run(extra=extra, tile=tile):
                 triton_conv3d.conv3d_channels_last(padded, weight, extra[0], extra[1], out, config=tile)

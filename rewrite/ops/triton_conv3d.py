@@ -42,6 +42,7 @@ of 16, O >= 16, the input and weight channels-last with 16-byte aligned rows.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -65,48 +66,103 @@ MIN_OUT_CHANNELS = 16  # the smallest tensor-core tile side
 
 
 class ConvTile(NamedTuple):
-    """A launch configuration: `block_m` output pixels x `block_n` output channels per program (`split96`: 64 +
-    32 channels in two accumulators), `block_k` input channels per step, `warps`, pipeline `stages`,
-    `warp_specialize` (Triton's warp-specialized loop: producer warps issue the TMA loads), `max_registers`
-    (Triton's `maxnreg`; ignored by the interpreter)."""
+    """A launch configuration: `rows` adjacent output rows of `block_w` pixels each (one accumulator per row)
+    by `block_n` output channels per program, and with `n_rest` > 0 that many more channels in a second
+    accumulator (one program then holds ``block_n + n_rest`` channels, e.g. 96 = 64 + 32 or 192 = 128 + 64,
+    with no MMA work spent on padding channels); `block_k` input channels per step, `warps`, pipeline
+    `stages`, `warp_specialize` (Triton's warp-specialized loop: producer warps issue the TMA loads),
+    `max_registers` (Triton's `maxnreg`; ignored by the interpreter)."""
 
-    block_m: int
+    block_w: int
     block_n: int
     block_k: int
     warps: int
     stages: int
-    split96: bool = False
+    n_rest: int = 0
+    rows: int = 1
     warp_specialize: bool = False
     max_registers: Optional[int] = None  # ptxas's cap per thread (spilling past it): 128 lets two programs share an SM
+
+    @property
+    def pixels(self) -> int:
+        """Output pixels per program."""
+        return self.rows * self.block_w
+
+
+MAX_ROWS = 2  # output rows per program the kernel unrolls (one accumulator each)
 
 
 def _block_k(channels: int) -> int:
     return 64 if channels % 64 == 0 else 32 if channels % 32 == 0 else 16
 
 
-def launch_config(in_channels: int, out_channels: int) -> ConvTile:
-    """The tile for a conv with these channel counts (docs/tuning.md section 1: the H200 sweep)."""
-    if out_channels == 96:
-        return ConvTile(256, 64, _block_k(in_channels), 8, 4, split96=True)
-    block_n = min(128, triton.next_power_of_2(out_channels)) if triton is not None else 128
-    return ConvTile(128, block_n, _block_k(in_channels), 4, 4)
+def pixel_tile(width: Optional[int], pixels: int) -> tuple[int, int]:
+    """(rows, block_w) of a `pixels`-pixel program for output rows of `width` pixels: the arrangement that
+    computes the fewest pixels past the row end (rows of at least 64 pixels, the Hopper MMA's M; one row on a
+    tie). E.g. 256 pixels: one row of 256 at width 1280, two of 128 at width 640 (no waste either way); 128
+    pixels at width 320: two rows of 64 (5 per row, none wasted) rather than one of 128 (3 per row, 17%)."""
+    if width is None:
+        return 1, pixels
+    best = None
+    for rows in range(1, MAX_ROWS + 1):
+        block_w = pixels // rows
+        if block_w < 64 and rows > 1:
+            break
+        computed = -(-width // block_w) * block_w
+        if best is None or computed < best[0]:
+            best = (computed, rows, block_w)
+    return best[1], best[2]
+
+
+# Per output channel count, the program shapes to choose from, best first: (pixels per program, block_n, n_rest,
+# warps, stages); `launch_config` takes the one that computes the fewest pixels past the row ends (the first on
+# a tie). Other counts take `_DEFAULT_TILES` with block_n the next power of two up to 128. From the H200 sweeps
+# (docs/tuning.md section 1.7): 96 channels 491 TFLOP/s at 1280 wide with 256-pixel programs, 469 at 832 wide
+# with 128 (two rows of 64); 192 = 128 + 64 channels 590-597 at 640 wide; 384 in 128-channel blocks 674 at
+# 320 wide (two rows of 64).
+_TILES = {96: ((256, 64, 32, 8, 4), (128, 64, 32, 4, 3)), 192: ((128, 128, 64, 8, 3),)}
+_DEFAULT_TILES = ((128, 128, 0, 4, 4),)
+
+
+def launch_config(in_channels: int, out_channels: int, width: Optional[int] = None) -> ConvTile:
+    """The tile for a conv with these channel counts and output rows of `width` pixels (`_TILES`, each program
+    shape arranged by `pixel_tile`; docs/tuning.md section 1: the H200 sweeps)."""
+    best = None
+    for pixels, block_n, n_rest, warps, stages in _TILES.get(out_channels, _DEFAULT_TILES):
+        if out_channels not in _TILES and triton is not None:
+            block_n = min(block_n, triton.next_power_of_2(out_channels))
+        rows, block_w = pixel_tile(width, pixels)
+        tile = ConvTile(block_w, block_n, _block_k(in_channels), warps, stages, n_rest, rows)
+        if best is None or (width is not None and wasted_fraction(tile, width) < wasted_fraction(best, width)):
+            best = tile
+    return best
+
+
+def wasted_fraction(tile: ConvTile, width: int) -> float:
+    """The share of pixels `tile`'s programs compute past the ends of rows of `width` pixels (per pixel kept)."""
+    return (-(-width // tile.block_w) * tile.block_w - width) / width
 
 
 # (in channels, out channels, kernel taps) of the convs this kernel measured faster than cuDNN's on the H200
-# (bf16, docs/tuning.md section 1); everything else keeps cuDNN's conv.
-_FASTER_THAN_CUDNN = frozenset({(96, 96, 27)})
+# (bf16, docs/tuning.md sections 1.5 and 1.7), with the largest `wasted_fraction` of `launch_config`'s tile at
+# which it was: 96 channels at every measured width (491 / 469 TFLOP/s against cuDNN's 275 / 272); 192 and 384
+# only where the programs tile the rows exactly (192 @ 640 wide 590-597 against 586, 384 @ 320 wide 674 against
+# 591; with 7.7-23% wasted 473-573 against 579-592, 384 @ 160 wide 494 against 512). Everything else keeps
+# cuDNN's conv.
+_FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.0, (384, 384, 27): 0.0}
 
 
-def norm_launch_config(in_channels: int, out_channels: int) -> ConvTile:
+def norm_launch_config(in_channels: int, out_channels: int, width: Optional[int] = None) -> ConvTile:
     """The tile of the fused norm epilogue (`conv3d_channels_last_norm_padded`): `launch_config`'s, capped at 128
     registers per thread so that two programs share an SM (docs/tuning.md section 1.6)."""
-    return launch_config(in_channels, out_channels)._replace(max_registers=128)
+    return launch_config(in_channels, out_channels, width)._replace(max_registers=128)
 
 
 # (in channels, out channels) of the convs whose fused norm epilogue measured faster on the H200 than the conv
-# with a raw output plus the norm kernel: 96 -> 96 @ 4x720x1280, 4.01 ms against 4.52-4.56 with the capped tile
-# (5.07 uncapped: 139 registers, one program per SM; docs/tuning.md section 1.6).
-_NORM_EPILOGUE_FASTER: frozenset = frozenset({(96, 96)})
+# with a raw output plus the norm kernel, with `norm_launch_config`'s tile: 96 -> 96 @ 4x720x1280 4.05 ms against
+# 4.79 (the uncapped tile: 4.87, one program per SM), @ 4x480x832 1.86 against 2.13; 192 -> 192 @ 4x360x640
+# 3.39 against 3.75 (docs/tuning.md sections 1.6 and 1.7).
+_NORM_EPILOGUE_FASTER: frozenset = frozenset({(96, 96), (192, 192)})
 
 
 def norm_epilogue_chosen(in_channels: int, out_channels: int) -> bool:
@@ -114,9 +170,16 @@ def norm_epilogue_chosen(in_channels: int, out_channels: int) -> bool:
     return (in_channels, out_channels) in _NORM_EPILOGUE_FASTER
 
 
-def chosen(in_channels: int, out_channels: int, taps: int) -> bool:
-    """Whether the Wan ``channels_last`` ops run this kernel (else cuDNN's conv) for the conv shape."""
-    return (in_channels, out_channels, taps) in _FASTER_THAN_CUDNN
+def chosen(in_channels: int, out_channels: int, taps: int, width=None) -> bool:
+    """Whether the Wan ``channels_last`` ops run this kernel (else cuDNN's conv) for the conv shape with output
+    rows of `width` pixels (`_FASTER_THAN_CUDNN`). A width that is not a plain int (a symbolic graph's) is
+    decided by the op at run time, on its tensors: here only the channels and taps count."""
+    limit = _FASTER_THAN_CUDNN.get((in_channels, out_channels, taps))
+    if limit is None:
+        return False
+    if not isinstance(width, int):
+        return True
+    return wasted_fraction(launch_config(in_channels, out_channels, width), width) <= limit
 
 
 def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
@@ -160,7 +223,7 @@ if triton is not None:
 
     @triton.jit
     def _offsets(w, n, s_w, s_n, WIDE: tl.constexpr):
-        """The [BLOCK_M, BLOCK_N] in-row offsets of pixels w and channels n: int32 unless WIDE (an offset within
+        """The [BLOCK_W, BLOCK_N] in-row offsets of pixels w and channels n: int32 unless WIDE (an offset within
         one output row reaches 2^31); the row's own offset is one int64 scalar added to the base pointer. (int64
         tiles: 304 bytes of spills with a residual on sm_90, against 16.)"""
         if WIDE:
@@ -194,44 +257,42 @@ if triton is not None:
         return _round(acc, dtype)
 
     @triton.jit
-    def _load_rows(desc, b, t, h, w0, n0, C, T, H, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
-        """The [BLOCK_M pixels, BLOCK_N channels] tile at (b, t, h, w0.., n0..) of a tensor whose descriptor views
-        it as [B*T*H, W, C] (MODE 1, channels-last), [B*C, T*H, W] (MODE 2, NCDHW) or [B*T*C, H, W] (MODE 3,
-        frame-major: a per-frame conv's output); TMA zero-fills past W."""
+    def _load_rows(desc, b, t, h, w0, n0, T, H, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The [BLOCK_W pixels, BLOCK_N channels] tile at (b, t, h, w0.., n0..) of a tensor whose descriptor views
+        it as [B*T*H, W, C] (MODE 1, channels-last), [B, C, T*H, W] (MODE 2, NCDHW) or [B*T, C, H, W] (MODE 3,
+        frame-major: a per-frame conv's output); TMA zero-fills past W and C (each its own dimension)."""
         if MODE == 1:
-            return tl.reshape(desc.load([(b * T + t) * H + h, w0, n0]), [BLOCK_M, BLOCK_N])
+            return tl.reshape(desc.load([(b * T + t) * H + h, w0, n0]), [BLOCK_W, BLOCK_N])
         elif MODE == 2:
-            return tl.trans(tl.reshape(desc.load([b * C + n0, t * H + h, w0]), [BLOCK_N, BLOCK_M]))
+            return tl.trans(tl.reshape(desc.load([b, n0, t * H + h, w0]), [BLOCK_N, BLOCK_W]))
         else:
-            return tl.trans(tl.reshape(desc.load([(b * T + t) * C + n0, h, w0]), [BLOCK_N, BLOCK_M]))
+            return tl.trans(tl.reshape(desc.load([b * T + t, n0, h, w0]), [BLOCK_N, BLOCK_W]))
 
     @triton.jit
-    def _store_rows(desc, tile, b, t, h, w0, n0, C, T, H, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
+    def _store_rows(desc, tile, b, t, h, w0, n0, T, H, MODE: tl.constexpr, BLOCK_W: tl.constexpr,
                     BLOCK_N: tl.constexpr):
         """`_load_rows`' tile stored (TMA clips it at the tensor's W and C)."""
         if MODE == 1:
-            desc.store([(b * T + t) * H + h, w0, n0], tl.reshape(tile, [1, BLOCK_M, BLOCK_N]))
+            desc.store([(b * T + t) * H + h, w0, n0], tl.reshape(tile, [1, BLOCK_W, BLOCK_N]))
         elif MODE == 2:
-            desc.store([b * C + n0, t * H + h, w0], tl.reshape(tl.trans(tile), [BLOCK_N, 1, BLOCK_M]))
+            desc.store([b, n0, t * H + h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, BLOCK_W]))
         else:
-            desc.store([(b * T + t) * C + n0, h, w0], tl.reshape(tl.trans(tile), [BLOCK_N, 1, BLOCK_M]))
+            desc.store([b * T + t, n0, h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, BLOCK_W]))
 
     @triton.jit
     def _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
                        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
-                       OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                       OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
         """`_epilogue` with the residual read and the output written by TMA (no per-element addresses)."""
         n = n0 + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            r = _load_rows(r_desc, b, t, h, w0, n0, C_OUT, T_OUT, H_OUT, RES_MODE, BLOCK_M, BLOCK_N).to(tl.float32)
+            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
-        _store_rows(o_desc, _round(acc, o_desc.dtype), b, t, h, w0, n0, C_OUT, T_OUT, H_OUT, OUT_MODE, BLOCK_M,
-                    BLOCK_N)
+        _store_rows(o_desc, _round(acc, o_desc.dtype), b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
 
     @triton.jit
     def _inverse_norm(squares, scale, eps):
@@ -241,7 +302,7 @@ if triton is not None:
 
     @triton.jit
     def _store_normalized(y, n0, inv_norm, w, pad_row, pad_col, cache_row, cache_col, IN_CACHE, pad_desc,
-                          cache_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU: tl.constexpr, BLOCK_M: tl.constexpr,
+                          cache_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU: tl.constexpr, BLOCK_W: tl.constexpr,
                           BLOCK_N: tl.constexpr):
         """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
         norms) in fp32, rounded once, stored by TMA into the next conv's padded input row (0 past the row end:
@@ -250,79 +311,52 @@ if triton is not None:
         v = y.to(tl.float32) * inv_norm * gamma + nbias
         if SILU:
             v = v * tl.sigmoid(v)
-        v = tl.reshape(_round(tl.where((w < W_OUT)[:, None], v, 0.0), y.dtype), [1, BLOCK_M, BLOCK_N])
+        v = tl.reshape(_round(tl.where((w < W_OUT)[:, None], v, 0.0), y.dtype), [1, BLOCK_W, BLOCK_N])
         pad_desc.store([pad_row, pad_col, n0], v)
         if IN_CACHE:
             cache_desc.store([cache_row, cache_col, n0], v)
 
     @triton.jit
-    def _conv3d_kernel(a_desc, w_desc, w2_desc, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, bias_ptr, res_ptr,
-                       rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, TP, HP, WP, so0, so1, so2, so3, so4,
-                       sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps, C_IN: tl.constexpr,
-                       KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr,
-                       SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, SPLIT96: tl.constexpr,
-                       WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-        """One program: BLOCK_M output pixels of row (b, t, h) by BLOCK_N channels (SPLIT96: channels 0-63 and
-        64-95 in two accumulators; the *2 descriptors are the second's tiles). Epilogues: OUT_MODE 0 stores by
-        pointers (any strides), 1 / 2 by TMA into a channels-last / NCDHW output (`o_desc`, the residual by
-        `r_desc` in RES_MODE's layout); NORM normalizes every output channel into the next conv's padded input
-        and next cache (`n_desc`, and `o_desc` then views the cache) instead (module docstring)."""
-        pid_w = tl.program_id(0)
-        row = tl.program_id(1)
-        n0 = tl.program_id(2) * BLOCK_N
-        h = row % H_OUT
-        t = (row // H_OUT) % T_OUT
-        b = row // (H_OUT * T_OUT)
-        w0 = pid_w * BLOCK_M
-        blocks: tl.constexpr = C_IN // BLOCK_K
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if SPLIT96:
-            acc2 = tl.zeros((BLOCK_M, 32), dtype=tl.float32)
-        for step in tl.range(0, KT * KH * KW * blocks, num_stages=STAGES, warp_specialize=WARP_SPECIALIZE):
-            tap = step // blocks
-            c0 = (step % blocks) * BLOCK_K
-            i = tap // (KH * KW)
-            j = (tap // KW) % KH
-            k = tap % KW
-            a = a_desc.load([((b * TP + t + i) * HP + h + j) * WP + w0 + k, c0])
-            wt = w_desc.load([n0, tap * C_IN + c0])
-            acc = _dot(a, wt.T, acc)
-            if SPLIT96:
-                wt2 = w2_desc.load([64, tap * C_IN + c0])
-                acc2 = _dot(a, wt2.T, acc2)
-        w = w0 + tl.arange(0, BLOCK_M)
+    def _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, bias_ptr, res_ptr,
+                      rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3, so4, sr0, sr1, sr2,
+                      sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS: tl.constexpr,
+                      HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
+                      OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, N_REST: tl.constexpr, WIDE: tl.constexpr,
+                      BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The epilogue of one output row (b, t, h) of a program: `acc` holds channels n0.. (BLOCK_N) of pixels
+        w0.. (BLOCK_W) and, N_REST > 0, `acc2` channels BLOCK_N.. (N_REST) of the same pixels (the kernel's
+        docstring says where they go)."""
+        w = w0 + tl.arange(0, BLOCK_W)
         if NORM:
             dtype: tl.constexpr = n_desc.dtype
             pad_row = (b * TO + FT + t) * HO + PH + h
             slot = t - SLOT0
             cache_row = (b * 2 + slot) * H_OUT + h
             in_cache = (slot >= 0) & (slot < 2)
-            if SPLIT96:  # rounded at once (half the registers of the fp32 sums), stored 32 channels at a time
-                y = _biased(acc, 0, bias_ptr, C_OUT, dtype, HAS_BIAS, 64)
-                y2 = _biased(acc2, 64, bias_ptr, C_OUT, dtype, HAS_BIAS, 32)
+            if N_REST > 0:  # rounded at once (half the registers of the fp32 sums), stored N_REST channels at a time
+                y = _biased(acc, 0, bias_ptr, C_OUT, dtype, HAS_BIAS, BLOCK_N)
+                y2 = _biased(acc2, BLOCK_N, bias_ptr, C_OUT, dtype, HAS_BIAS, N_REST)
                 squares = (tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
                            + tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1))
                 inv_norm = _inverse_norm(squares, scale, eps)
-                _store_normalized(y2, 64, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, o2_desc,
-                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_M, 32)
-                ya, yb = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, 32]), [0, 2, 1]))
+                _store_normalized(y2, BLOCK_N, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc,
+                                  o2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
+                ya, yb = tl.split(tl.permute(tl.reshape(y, [BLOCK_W, 2, N_REST]), [0, 2, 1]))
                 _store_normalized(ya, 0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, o2_desc,
-                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_M, 32)
-                _store_normalized(yb, 32, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, o2_desc,
-                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_M, 32)
+                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
+                _store_normalized(yb, N_REST, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc,
+                                  o2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
             else:
                 y = _biased(acc, n0, bias_ptr, C_OUT, dtype, HAS_BIAS, BLOCK_N)
                 inv_norm = _inverse_norm(tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1), scale, eps)
                 _store_normalized(y, n0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n_desc, o_desc,
-                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_M, BLOCK_N)
+                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, BLOCK_N)
         elif OUT_MODE != 0:
-            if SPLIT96:  # the narrow accumulator first: fewer registers live while the residual tile is
-                _epilogue_rows(acc2, 64, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
-                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_M, 32)
+            if N_REST > 0:  # the narrow accumulator first: fewer registers live while the residual tile is
+                _epilogue_rows(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
+                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
             _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, HAS_BIAS,
-                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_M, BLOCK_N)
+                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
         else:
             b64 = b.to(tl.int64)
             t64 = t.to(tl.int64)
@@ -331,9 +365,77 @@ if triton is not None:
             res_row = res_ptr + (b64 * sr0 + t64 * sr2 + h64 * sr3)
             _epilogue(acc, n0, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4, HAS_BIAS,
                       HAS_RESIDUAL, HAS_RES_BIAS, BLOCK_N, WIDE)
-            if SPLIT96:
-                _epilogue(acc2, 64, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4,
-                          HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, 32, WIDE)
+            if N_REST > 0:
+                _epilogue(acc2, BLOCK_N, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4,
+                          HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, N_REST, WIDE)
+
+    @triton.jit
+    def _row_dots(a_desc, a_row, c0, wt, wt2, acc, acc2, N_REST: tl.constexpr):
+        """One K step of one output row: the [BLOCK_W, BLOCK_K] input tile at flat pixel `a_row` times the
+        weight tiles, into both accumulators."""
+        a = a_desc.load([a_row, c0])
+        acc = _dot(a, wt.T, acc)
+        if N_REST > 0:
+            acc2 = _dot(a, wt2.T, acc2)
+        return acc, acc2
+
+    @triton.jit
+    def _conv3d_kernel(a_desc, w_desc, w2_desc, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, bias_ptr, res_ptr,
+                       rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, TP, HP, WP, N_BLOCKS, W_TILES, so0,
+                       so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
+                       C_IN: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
+                       NORM: tl.constexpr, SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr,
+                       N_REST: tl.constexpr, ROWS: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                       WARP_SPECIALIZE: tl.constexpr):
+        """One program: ROWS output rows (b, t, h..) of BLOCK_W pixels (w0..) by BLOCK_N channels (N_REST > 0:
+        channels 0..BLOCK_N-1 and BLOCK_N..BLOCK_N+N_REST-1 in two accumulators; the *2 descriptors are the
+        second's tiles). Program ids: axis 0 runs over the channel blocks fastest (the programs that read the
+        same input pixels run together), then the pixel tiles (w fastest); axis 1 over the frames (b, t).
+        Epilogues (`_row_epilogue`, per row): OUT_MODE 0 stores by pointers (any strides), 1 / 2 / 3 by TMA
+        into a channels-last / NCDHW / frame-major output (`o_desc`, the residual by `r_desc` in RES_MODE's
+        layout); NORM normalizes every output channel into the next conv's padded input and next cache
+        (`n_desc`, and `o_desc` then views the cache) instead (module docstring)."""
+        pid = tl.program_id(0)
+        tile = pid // N_BLOCKS
+        n0 = (pid % N_BLOCKS) * BLOCK_N
+        h = (tile // W_TILES) * ROWS
+        w0 = (tile % W_TILES) * BLOCK_W
+        frame = tl.program_id(1)
+        t = frame % T_OUT
+        b = frame // T_OUT
+        blocks: tl.constexpr = C_IN // BLOCK_K
+        REST: tl.constexpr = N_REST if N_REST > 0 else 16  # the placeholder accumulator's width when unused
+        acc = tl.zeros((BLOCK_W, BLOCK_N), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_W, REST), dtype=tl.float32)
+        accb = tl.zeros((BLOCK_W, BLOCK_N), dtype=tl.float32)  # row h + 1 (ROWS == 2)
+        acc2b = tl.zeros((BLOCK_W, REST), dtype=tl.float32)
+        for step in tl.range(0, KT * KH * KW * blocks, num_stages=STAGES, warp_specialize=WARP_SPECIALIZE):
+            tap = step // blocks
+            c0 = (step % blocks) * BLOCK_K
+            i = tap // (KH * KW)
+            j = (tap // KW) % KH
+            k = tap % KW
+            wt = w_desc.load([n0, tap * C_IN + c0])
+            wt2 = wt
+            if N_REST > 0:
+                wt2 = w2_desc.load([BLOCK_N, tap * C_IN + c0])
+            a_row = ((b * TP + t + i) * HP + h + j) * WP + w0 + k
+            acc, acc2 = _row_dots(a_desc, a_row, c0, wt, wt2, acc, acc2, N_REST)
+            if ROWS == 2:
+                accb, acc2b = _row_dots(a_desc, a_row + WP, c0, wt, wt2, accb, acc2b, N_REST)
+        _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, bias_ptr, res_ptr,
+                      rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3, so4, sr0, sr1, sr2,
+                      sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS,
+                      NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W, BLOCK_N)
+        if ROWS == 2:
+            if h + 1 < H_OUT:  # an odd row count's last program holds one row
+                _row_epilogue(accb, acc2b, b, t, h + 1, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc,
+                              bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1,
+                              so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
+                              HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE,
+                              BLOCK_W, BLOCK_N)
 
 
 def _checked_shapes(padded: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple[int, ...]:
@@ -352,31 +454,44 @@ def _checked_shapes(padded: Tensor, weight: Tensor, bias: Optional[Tensor]) -> t
 
 
 def _row_view(t: Tensor) -> Optional[tuple[Tensor, int]]:
-    """(3-D view, mode) of a [B, C, T, H, W] tensor for `_load_rows` / `_store_rows`: channels-last memory as
-    [B*T*H, W, C] (mode 1), NCDHW as [B*C, T*H, W] (mode 2), frame-major (B, T, C, H, W memory) as [B*T*C, H, W]
-    (mode 3); None for other strides or rows TMA cannot address (16-byte aligned base and strides)."""
+    """(view, mode) of a [B, C, T, H, W] tensor for `_load_rows` / `_store_rows`: channels-last memory as
+    [B*T*H, W, C] (mode 1), NCDHW as [B, C, T*H, W] (mode 2), frame-major (B, T, C, H, W memory) as
+    [B*T, C, H, W] (mode 3): the channels a dimension of their own in each, so that a tile of channels past C
+    is clipped rather than landing in the next frame's; None for other strides or rows TMA cannot address
+    (16-byte aligned base and strides)."""
     b, c, frames, h, w = t.shape
     if t.is_contiguous(memory_format=torch.channels_last_3d):
         view, mode = t.permute(0, 2, 3, 4, 1).reshape(b * frames * h, w, c), 1
     elif t.is_contiguous():
-        view, mode = t.reshape(b * c, frames * h, w), 2
+        view, mode = t.reshape(b, c, frames * h, w), 2
     elif layout.frame_major(t):
-        view, mode = t.transpose(1, 2).reshape(b * frames * c, h, w), 3
+        view, mode = t.transpose(1, 2).reshape(b * frames, c, h, w), 3
     else:
         return None
     size = t.element_size()
-    if t.data_ptr() % 16 or any(s * size % 16 for s in view.stride()[:2]):
+    if t.data_ptr() % 16 or any(s * size % 16 for s in view.stride()[:-1]):
         return None
     return view, mode
 
 
-def _rows_descriptor(view: Tensor, mode: int, block_m: int, block_n: int):
-    return TensorDescriptor.from_tensor(view, [1, block_m, block_n] if mode == 1 else [block_n, 1, block_m])
+def _rows_descriptor(view: Tensor, mode: int, block_w: int, block_n: int):
+    return TensorDescriptor.from_tensor(view, [1, block_w, block_n] if mode == 1 else [1, block_n, 1, block_w])
 
 
 def _row_offsets_wide(shape: tuple[int, ...], *strides: tuple[int, ...]) -> bool:
     """Whether an offset within one output row (w, channel) of a tensor of these strides reaches 2^31."""
     return any((shape[4] - 1) * abs(s[4]) + (shape[1] - 1) * abs(s[1]) >= 2 ** 31 for s in strides)
+
+
+def tile_reason(tile: ConvTile, out_channels: int) -> Optional[str]:
+    """None when `tile` can compute a conv with `out_channels` outputs, else why not."""
+    if tile.rows not in range(1, MAX_ROWS + 1):
+        return f"{tile.rows} rows per program (1 to {MAX_ROWS} are unrolled)"
+    if tile.n_rest and (tile.block_n + tile.n_rest != out_channels or tile.n_rest & (tile.n_rest - 1)
+                        or tile.n_rest < 16):
+        return (f"a {tile.block_n} + {tile.n_rest} channel split (the second a power of two >= 16) for "
+                f"{out_channels} output channels")
+    return None
 
 
 def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ...], bias: Optional[Tensor],
@@ -386,17 +501,19 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
     eps, silu) of the NORM epilogue, `out` then the next conv's padded input."""
     batch, channels, tp, hp, wp = padded.shape
     out_channels, _, kt, kh, kw = weight.shape
-    if tile.split96 and (out_channels != 96 or tile.block_n != 64):
-        raise ValueError(f"conv3d_channels_last: split96 tiles are for 96 output channels, got {out_channels}")
+    reason = tile_reason(tile, out_channels)
+    if reason is not None:
+        raise ValueError(f"conv3d_channels_last: {reason}")
     a2d = padded.permute(0, 2, 3, 4, 1).reshape(batch * tp * hp * wp, channels)  # views of NDHWC memory
     w2d = weight.permute(0, 2, 3, 4, 1).reshape(out_channels, kt * kh * kw * channels)
-    a_desc = TensorDescriptor.from_tensor(a2d, [tile.block_m, tile.block_k])
+    a_desc = TensorDescriptor.from_tensor(a2d, [tile.block_w, tile.block_k])
     w_desc = TensorDescriptor.from_tensor(w2d, [tile.block_n, tile.block_k])
-    w2_desc = TensorDescriptor.from_tensor(w2d, [32, tile.block_k]) if tile.split96 else w_desc
-    grid = (triton.cdiv(shape[4], tile.block_m), batch * shape[2] * shape[3],
-            1 if tile.split96 else triton.cdiv(out_channels, tile.block_n))
+    w2_desc = TensorDescriptor.from_tensor(w2d, [tile.n_rest, tile.block_k]) if tile.n_rest else w_desc
+    n_blocks = 1 if tile.n_rest else triton.cdiv(out_channels, tile.block_n)
+    w_tiles = triton.cdiv(shape[4], tile.block_w)
+    grid = (n_blocks * w_tiles * triton.cdiv(shape[3], tile.rows), batch * shape[2])
     res = residual if residual is not None else out
-    blocks = (tile.block_n, 32 if tile.split96 else tile.block_n)
+    blocks = (tile.block_n, tile.n_rest or tile.block_n)
     descriptors = [a_desc] * 6  # o, o2, r, r2, n, n2: placeholders where the epilogue reads none
     out_mode = res_mode = 0
     wide = False
@@ -406,25 +523,26 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
         res_rows = None if residual is None else _row_view(residual)
         if out_rows is not None and (residual is None or res_rows is not None):
             out_mode = out_rows[1]
-            descriptors[0:2] = [_rows_descriptor(*out_rows, tile.block_m, n) for n in blocks]
+            descriptors[0:2] = [_rows_descriptor(*out_rows, tile.block_w, n) for n in blocks]
             if res_rows is not None:
                 res_mode = res_rows[1]
-                descriptors[2:4] = [_rows_descriptor(*res_rows, tile.block_m, n) for n in blocks]
+                descriptors[2:4] = [_rows_descriptor(*res_rows, tile.block_w, n) for n in blocks]
         else:
             strides = [out.stride()] + ([residual.stride()] if residual is not None else [])
             wide = _row_offsets_wide(shape, *strides)
     else:  # both buffers channels-last (the caller checked): mode 1 rows
         gamma, next_cache, geometry, scale, norm_bias, eps, silu = norm
-        descriptors[0:2] = [_rows_descriptor(*_row_view(next_cache), tile.block_m, n) for n in blocks]
-        descriptors[4:6] = [_rows_descriptor(*_row_view(out), tile.block_m, n) for n in blocks]
+        descriptors[0:2] = [_rows_descriptor(*_row_view(next_cache), tile.block_w, n) for n in blocks]
+        descriptors[4:6] = [_rows_descriptor(*_row_view(out), tile.block_w, n) for n in blocks]
     launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, *descriptors, bias if bias is not None else out, res,
            residual_bias if residual_bias is not None else out, out, gamma, out_channels, shape[2], shape[3],
-           shape[4], tp, hp, wp, *out.stride(), *res.stride(), *geometry, float(scale), float(norm_bias), float(eps),
-           C_IN=channels, KT=kt, KH=kh, KW=kw, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-           HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None, SILU=silu, OUT_MODE=out_mode,
-           RES_MODE=res_mode, SPLIT96=tile.split96, WIDE=wide, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-           BLOCK_K=tile.block_k, STAGES=tile.stages, WARP_SPECIALIZE=tile.warp_specialize, num_warps=tile.warps,
-           exact=False, **({"maxnreg": tile.max_registers} if tile.max_registers and not INTERPRETING else {}))
+           shape[4], tp, hp, wp, n_blocks, w_tiles, *out.stride(), *res.stride(), *geometry, float(scale),
+           float(norm_bias), float(eps), C_IN=channels, KT=kt, KH=kh, KW=kw, HAS_BIAS=bias is not None,
+           HAS_RESIDUAL=residual is not None, HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None,
+           SILU=silu, OUT_MODE=out_mode, RES_MODE=res_mode, N_REST=tile.n_rest, ROWS=tile.rows, WIDE=wide,
+           BLOCK_W=tile.block_w, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.stages,
+           WARP_SPECIALIZE=tile.warp_specialize, num_warps=tile.warps, exact=False,
+           **({"maxnreg": tile.max_registers} if tile.max_registers and not INTERPRETING else {}))
 
 
 def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
@@ -443,14 +561,16 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
         raise ValueError(f"conv3d_channels_last: residual must be {shape}, got {tuple(residual.shape)}")
     if out.numel() == 0:
         return out
-    tile = config or launch_config(padded.shape[1], out_channels)
+    tile = config or launch_config(padded.shape[1], out_channels, shape[4])
     _launch(padded, weight, tile, shape, bias, out, residual, residual_bias)
     return out
 
 
 def norm_epilogue_reason(out_channels: int, tile: ConvTile) -> Optional[str]:
     """None when one program of `tile` holds every output channel (the NORM epilogue's precondition)."""
-    if tile.split96 or tile.block_n >= out_channels:
+    if tile.n_rest and tile.block_n != 2 * tile.n_rest:
+        return f"a {tile.block_n} + {tile.n_rest} channel split (the epilogue stores three {tile.n_rest}-channel pieces)"
+    if tile.n_rest or tile.block_n >= out_channels:
         return None
     return f"{out_channels} output channels span several programs of a {tile.block_n}-channel tile"
 
@@ -469,7 +589,7 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
     multiply by the reciprocal norm, Triton's sigmoid) and rounds once, where ATen rounds after each op."""
     shape = _checked_shapes(padded, weight, bias)
     batch, out_channels, frames, rows, columns = shape
-    tile = config or norm_launch_config(padded.shape[1], out_channels)
+    tile = config or norm_launch_config(padded.shape[1], out_channels, columns)
     reason = norm_epilogue_reason(out_channels, tile)
     if reason is not None:
         raise ValueError(f"conv3d_channels_last_norm_padded: {reason}")

@@ -43,8 +43,9 @@ def conv_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
         return reason
     out_channels, in_channels, *kernel = weight_shape
     taps = kernel[0] * kernel[1] * kernel[2]
-    if not triton_conv3d.chosen(in_channels, out_channels, taps):
-        return f"cuDNN's conv measured faster for {in_channels} -> {out_channels} channels, {taps} taps"
+    width = in_shape[4] - kernel[2] + 1
+    if not triton_conv3d.chosen(in_channels, out_channels, taps, width):
+        return f"cuDNN's conv measured faster for {in_channels} -> {out_channels} channels, {taps} taps, {width} wide"
     return None
 
 
