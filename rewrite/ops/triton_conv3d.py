@@ -12,21 +12,26 @@ strides the caller allocates (the layout the replaced subgraph had, or channels-
 that another fused op reads). The Wan ``channels_last`` level runs its 3x3x3 causal convs here where the
 `chosen` table says this kernel beats cuDNN's (docs/tuning.md section 1).
 
-Kernel: one program computes ``BLOCK_M`` consecutive output pixels of one output row ``(b, t, h)`` by
-``BLOCK_N`` output channels (or by 64 + 32 for 96 channels: two accumulators, so no MMA work is spent on
-padding channels). For each tap ``(i, j, k)`` the input pixels of that row are ``BLOCK_M`` consecutive rows
-of the ``[B*Tp*Hp*Wp, C]`` view of ``padded``, so a TMA descriptor loads the ``[BLOCK_M, BLOCK_K]`` operand
-tile directly (rows past the row end are other pixels or zero fill: their outputs are masked at the store);
-the weight tile ``[BLOCK_N, BLOCK_K]`` is a TMA load of the ``[O, kt*kh*kw*C]`` view of the channels-last
-weight (K-major, the layout the tensor cores read). The reduction runs tap by tap, channel block by channel
-block, in fp32; bias, the residual and its deferred bias are added to the fp32 accumulator and the sum is
-rounded once to the activation dtype. Outputs and residuals whose rows TMA can address (channels-last,
-NCDHW or frame-major, `_row_view`) are read and written through tensor descriptors, others by per-element
-pointers: the descriptors keep the epilogue under 128 registers per thread, so two programs share an SM and
-one's epilogue overlaps the other's main loop (docs/tuning.md section 1.6).
+Kernel: one program computes ``ROWS`` (1 or 2) adjacent output rows ``(b, t, h..)`` of ``BLOCK_W``
+consecutive pixels by ``BLOCK_N`` output channels, with ``N_REST`` more channels in a second accumulator
+where one program holds every channel (96 = 64 + 32, 192 = 128 + 64: no MMA work spent on padding
+channels). Each row has its own accumulator, so every operand tile stays a 2-D TMA box that the tensor cores
+read from shared memory. For each tap ``(i, j, k)`` the input pixels of a row are ``BLOCK_W`` consecutive
+rows of the ``[B*Tp*Hp*Wp, C]`` view of ``padded``, so a TMA descriptor loads the ``[BLOCK_W, BLOCK_K]``
+operand tile directly (rows past the row end are other pixels or zero fill: their outputs are masked at the
+store); the weight tile ``[BLOCK_N, BLOCK_K]`` is a TMA load of the ``[O, kt*kh*kw*C]`` view of the
+channels-last weight (K-major, the layout the tensor cores read), shared by the program's rows. The
+reduction runs tap by tap, channel block by channel block, in fp32; bias, the residual and its deferred bias
+are added to the fp32 accumulator and the sum is rounded once to the activation dtype. `launch_config`
+chooses the program shape per output width so that programs compute as few pixels past the row ends as
+possible (`pixel_tile`). Outputs and residuals whose rows TMA can address (channels-last, NCDHW or
+frame-major, `_row_view`, each with the channels as a dimension of its own so that a channel block past C is
+clipped) are read and written through tensor descriptors, others by per-element pointers: the descriptors
+keep the epilogue near 128 registers per thread, so two programs share an SM and one's epilogue overlaps the
+other's main loop (docs/tuning.md sections 1.6 and 1.7).
 
 Norm epilogue (`conv3d_channels_last_norm_padded`, the pair op of `rewrite.ops.wan_fast`): where one program
-holds every output channel of its pixels (the 64 + 32 split, or one channel block), it adds the bias, rounds
+holds every output channel of its pixels (a ``2n + n`` split, or one channel block), it adds the bias, rounds
 once, takes the Wan RMS norm over the channels (gamma, scale, SiLU) in fp32 with one rounding, and stores
 the result by TMA straight into the next causal conv's padded channels-last input and next cache, so the
 conv's own output is never written (`norm_launch_config`: the tile capped at 128 registers).
@@ -37,7 +42,7 @@ the conv, then the bias add, then the residual add): differences of about one ou
 (`unsupported_reason`): cuDNN's TF32 conv stays.
 
 Preconditions (`unsupported_reason`): Triton with tensor descriptors, bf16/fp16 for every tensor, C a multiple
-of 16, O >= 16, the input and weight channels-last with 16-byte aligned rows.
+of 16, O >= 16, the input and weight channels-last with 16-byte aligned rows; a tile `tile_reason` accepts.
 """
 
 from __future__ import annotations
