@@ -248,9 +248,13 @@ def test_fast_op_off_the_kernel_path_is_the_lossless_op():
 
 # ---- on the GPU: the Wan shape classes ---------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("c,t,h,w", [(96, 4, 72, 130), (96, 1, 45, 80)])
+@pytest.mark.parametrize("c,t,h,w", [
+    (96, 4, 72, 130), (96, 1, 45, 80), (96, 4, 9, 832),   # 256-pixel programs; two rows of 64 at 832 wide
+    (192, 4, 12, 640), (384, 2, 15, 320),                 # 128 + 64 channels; two rows of 64 (an odd row count)
+])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_kernel_on_wan_shapes(c, t, h, w, dtype):
+    """Each Wan shape class with the tile `launch_config` chooses for its width."""
     padded, weight, bias, residual = _operands(1, c, c, t, h, w, dtype)
     reference = F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
     magnitude = (F.conv3d(padded.double().abs(), weight.double().abs()) + bias.double().abs().view(-1, 1, 1, 1)
@@ -449,9 +453,11 @@ def test_pair_pattern_fuses_every_served_conv_pair_of_a_block(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["steady", "chunk0"])
-def test_gpu_pair_op_on_the_wan_shape_class(monkeypatch, mode):
-    """96 channels with the measured tile (64 + 32 split, two pixel blocks per row): `_check_pair`."""
-    args = _pair_inputs(mode, True, False, c=96, h=4, w=300)
+@pytest.mark.parametrize("c,h,w", [(96, 4, 300), (96, 5, 832), (192, 4, 640)])
+def test_gpu_pair_op_on_the_wan_shape_class(monkeypatch, mode, c, h, w):
+    """The chosen tiles of the pair's shape classes: 96 channels as 64 + 32 (256-pixel programs, or two rows of
+    64 at 832 wide, an odd row count), 192 as 128 + 64: `_check_pair`."""
+    args = _pair_inputs(mode, True, False, c=c, h=h, w=w)
     calls = _pair_fused(monkeypatch)
     pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
     assert calls, "the fused epilogue did not run"
