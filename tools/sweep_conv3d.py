@@ -150,10 +150,17 @@ def main(argv=None) -> int:
                                                             best)
             results.append(row)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"dtype": args.dtype, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
-                       "results": results}, f, indent=1)
+        write_results(args.json, args.dtype, results)
     return 0
+
+
+def write_results(path: str, dtype: str, results: list) -> None:
+    """A sweep's results as JSON, with the dtype, torch version and GPU they were measured with."""
+    import torch
+
+    with open(path, "w") as f:
+        json.dump({"dtype": dtype, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+                   "results": results}, f, indent=1)
 
 
 def _epilogue_tiles(triton_conv3d, in_channels: int, out_channels: int, width: int, best=None) -> list:

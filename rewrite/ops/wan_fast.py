@@ -2,17 +2,20 @@
 the convolution computed by our own Triton kernel (`rewrite.ops.triton_conv3d`) instead of cuDNN's.
 
 `rms_norm_causal_conv3d_fast` takes the arguments of `rewrite::rms_norm_causal_conv3d` (`rewrite.ops.wan`)
-and returns outputs of the same shapes and layouts (its fake is that op's). Its kernel path: the fused norm
-kernel writes the padded channels-last conv input and the next cache exactly as the ``lossless`` op's does,
-then one Triton kernel convolves and adds bias, residual and the residual's deferred bias to the fp32
-accumulator before the one rounding, storing straight into the output layout (no epilogue pass). Everywhere
-the kernel path does not serve (a CPU tensor outside the interpreter tests, autograd, a shape or dtype
-`triton_conv3d.unsupported_reason` declines, ATen's summation order not reproduced for x), the ``lossless``
-op runs: the same answer as level ``lossless``, never a wrong one.
+and returns outputs of the same shapes and layouts (its fake is that op's). Its kernel path: a norm kernel
+writes the padded channels-last conv input and the next cache (`triton_norm_fast`'s one-pass kernel for the
+channel counts where it measured faster, `one_pass_norm_chosen`; else the ``lossless`` op's kernel, exactly
+as that op does), then one Triton kernel convolves and adds bias, residual and the residual's deferred bias
+to the fp32 accumulator before the one rounding, storing straight into the output layout (no epilogue pass).
+Everywhere the kernel path does not serve (a CPU tensor outside the interpreter tests, autograd, a shape or
+dtype `triton_conv3d.unsupported_reason` declines, ATen's summation order not reproduced for x where the
+exact norm kernel would run), the ``lossless`` op runs: the same answer as level ``lossless``, never a wrong
+one.
 
 Tolerance (measured: docs/results.md, tests/test_wan_fast.py): the conv's fp32 sum runs in another order
 than cuDNN's and bias and residual are added before one rounding, so outputs differ from ``lossless`` by
-about one bf16/fp16 ulp per conv; the full-decode contract is the README's (max-abs <= 6e-2, PSNR >= 45 dB
+about one bf16/fp16 ulp per conv; the one-pass norm computes in fp32 and rounds once (ATen rounds after each
+op): about one ulp of its output; the full-decode contract is the README's (max-abs <= 6e-2, PSNR >= 45 dB
 against ``off``).
 """
 
@@ -23,12 +26,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import layout, triton_conv3d, triton_pad
+from rewrite.ops import layout, triton_conv3d, triton_norm_fast, triton_pad
 from rewrite.ops import wan as _exact  # registers rewrite::rms_norm_causal_conv3d
 from rewrite.ops.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
 
-__all__ = ["conv_reason", "pair_reason", "rms_norm_causal_conv3d_fast", "rms_norm_causal_conv3d_pair_fast"]
+__all__ = ["conv_reason", "one_pass_norm_chosen", "pair_reason", "rms_norm_causal_conv3d_fast",
+           "rms_norm_causal_conv3d_pair_fast"]
 
 rewrite_ops = torch.ops.rewrite
 CL = torch.channels_last_3d
@@ -57,6 +61,30 @@ def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weigh
     return in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype) is None
 
 
+def one_pass_norm_chosen(x: Tensor) -> bool:
+    """Whether the conv's input norm runs `triton_norm_fast`'s one-pass kernel (its channel count measured
+    faster than the exact two-pass kernel, `_ONE_PASS_NORM_CHANNELS`, and the kernel serves x)."""
+    return x.shape[1] in _ONE_PASS_NORM_CHANNELS and triton_norm_fast.one_pass_reason(x) is None
+
+
+# Channel counts whose one-pass norm (into the padded conv input) measured faster on the H200 than the exact
+# two-pass kernel (docs/tuning.md section 1.8).
+_ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 384})
+
+
+def _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias):
+    """(the conv's padded channels-last input, the next cache) from the norm (+ SiLU) of x: the one-pass
+    kernel where `one_pass_norm_chosen`, else the exact op's kernel where it reproduces ATen's order
+    (`fused_norm_plan`); None where neither serves (the caller runs the ``lossless`` op)."""
+    if one_pass_norm_chosen(x):
+        return triton_norm_fast.rms_norm_padded_one_pass(x, gamma, scale, norm_bias, eps, act == "silu",
+                                                         cache if mode != "chunk0" else None, pad, x_bias)
+    plan = _exact.fused_norm_plan(x, upcast, act, x_bias)
+    if plan is None:
+        return None
+    return _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, plan, x_bias)
+
+
 @reads_channels_last_weight("weight")
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d_fast", mutates_args=())
 def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
@@ -72,10 +100,9 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
     if (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_fast", tensors, triton_conv3d.SUPPORTED_DTYPES)
             and _serves(x, cache, pad, mode, weight, residual)):
-        plan = _exact.fused_norm_plan(x, upcast, act, x_bias)
-        if plan is not None:
-            padded, next_cache = _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad,
-                                                               mode, plan, x_bias)
+        normalized = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias)
+        if normalized is not None:
+            padded, next_cache = normalized
             shape = conv_output_shape(padded.shape, weight.shape)
             if channels_last_out:
                 out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL)
@@ -124,9 +151,9 @@ def _pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2
 
 def _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2, weight2,
                         residual, tensors):
-    """(x's norm plan, a tensor of the first conv's output shape for the shape checks) where the pair op's
-    kernel path serves the call (the first op's fused-norm conditions, both convs served, `pair_reason`); else
-    None: the two ops run."""
+    """A tensor of the first conv's output shape (for the shape checks) where the pair op's kernel path serves
+    the call (the first op's fused-norm conditions, both convs served, `pair_reason`); else None: the two ops
+    run."""
     if not (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_pair_fast", tensors,
                                       triton_conv3d.SUPPORTED_DTYPES) and gamma2.numel() == weight.shape[0]):
         return None
@@ -138,8 +165,9 @@ def _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2,
     if in_shape2 is None or pair_reason(weight.shape[0], weight.shape[1], in_shape2, weight2.shape, x.dtype,
                                         act2) is not None:
         return None
-    plan = _exact.fused_norm_plan(x, upcast, act, None)
-    return None if plan is None else (plan, y_proxy)
+    if not one_pass_norm_chosen(x) and _exact.fused_norm_plan(x, upcast, act, None) is None:
+        return None
+    return y_proxy
 
 
 @reads_channels_last_weight("weight", "weight2")
@@ -173,9 +201,8 @@ def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, nor
     served = _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2,
                                  weight2, residual, tensors)
     if served is not None:
-        plan, y_proxy = served
-        padded, next_cache = _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad,
-                                                           mode, plan, None)
+        y_proxy = served
+        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None)
         cache2_read = cache2 if mode2 != "chunk0" else None
         padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
         triton_conv3d.conv3d_channels_last_norm_padded(
