@@ -154,7 +154,7 @@ def wasted_fraction(tile: ConvTile, width: int) -> float:
 # only where the programs tile the rows exactly (192 @ 640 wide 590-597 against 586, 384 @ 320 wide 674 against
 # 591; with 7.7-23% wasted 473-573 against 579-592, 384 @ 160 wide 494 against 512). Everything else keeps
 # cuDNN's conv.
-_FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.0, (384, 384, 27): 0.0}
+_FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.0, (384, 384, 27): 0.0, (192, 384, 27): 0.0}
 
 
 def norm_launch_config(in_channels: int, out_channels: int, width: Optional[int] = None) -> ConvTile:
