@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             ms = triton.testing.do_bench_cudagraph(run)
             row[f"{label}_ms"] = ms
         print(f"{name:<18} exact {row['exact_ms']:7.3f} ms  one-pass {row['one_pass_ms']:7.3f} ms "
-              f"({moved / row["one_pass_ms"] / 1e6:5.0f} GB/s)  max-abs {difference:.3g}", flush=True)
+              f"({moved / row['one_pass_ms'] / 1e6:5.0f} GB/s)  max-abs {difference:.3g}", flush=True)
         results.append(row)
     if args.json:
         write_results(args.json, args.dtype, results)
