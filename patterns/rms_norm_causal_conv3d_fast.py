@@ -10,9 +10,10 @@ Exactness: tolerance. The conv is `rewrite.ops.triton_conv3d`'s implicit GEMM: i
           `channels_last` contract; measured in docs/results.md). Where the op's kernel path does not serve a
           call, it runs the replaced `lossless` op.
 Level: channels_last.
-Guard: the graph runs on CUDA (or on CPU under the Triton interpreter, for tests), and `wan_fast.conv_reason`
-          accepts the conv: bf16/fp16, channel counts the kernel tiles, a shape `triton_conv3d.chosen`
-          measured faster than cuDNN's (the reason names what declined).
+Guard: the graph runs on CUDA (or on CPU under the Triton interpreter, for tests), and `wan_fast.fast_reason`
+          accepts the conv: bf16/fp16 and either a shape the Triton conv tiles and `triton_conv3d.chosen`
+          measured faster than cuDNN's, or (cuDNN's conv kept) a channel count whose one-pass norm measured
+          faster than the exact one (the reason names what declined).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def guard(match) -> str | None:
     if x.dim() != 5 or len(pad) != 6 or min(pad) < 0:
         return f"not a causal conv3d of a 5-D input: x {tuple(x.shape)}, pad {pad}"
     in_shape = layout.padded_shape(x.shape, None if cache is None else cache.meta["val"], pad, match.scalars["mode"])
-    return wan_fast.conv_reason(in_shape, tuple(weight.shape), x.dtype)
+    return wan_fast.fast_reason(in_shape, tuple(weight.shape), x.dtype)
 
 
 PATTERNS = variants(search, replace, guard, name="rms_norm_causal_conv3d_fast", exactness="tolerance",

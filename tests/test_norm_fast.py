@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewrite.ops import triton_norm_fast, triton_pad, wan_fast, wan_reference
+from rewrite.ops import triton_conv3d, triton_norm_fast, triton_pad, wan_fast, wan_reference
 from rewrite.ops.dispatch import INTERPRETING
 
 CUDA = torch.cuda.is_available()
@@ -103,7 +103,6 @@ def test_one_pass_norm_is_chosen_by_channel_count(monkeypatch):
 def test_the_fast_op_normalizes_with_the_one_pass_kernel_where_chosen(kernel_allowed_on_cpu, monkeypatch):
     """The fast op's kernel path takes the one-pass norm for a chosen channel count: its next cache is that
     kernel's, bit for bit, and its output the conv of that kernel's padded input."""
-    from rewrite.ops import triton_conv3d
     from tests.op_cases import kernel_gates_open
 
     kernel_gates_open(monkeypatch)
@@ -126,3 +125,42 @@ def test_the_fast_op_normalizes_with_the_one_pass_kernel_where_chosen(kernel_all
     triton_conv3d.conv3d_channels_last(padded, weight.contiguous(memory_format=torch.channels_last_3d), None, None,
                                        expected)
     assert torch.equal(out, expected)
+
+
+def test_fast_reason_admits_a_kept_cudnn_conv_behind_a_chosen_norm():
+    """256 channels: cuDNN's conv stays (not chosen), the one-pass norm serves; 1024 and fp32: neither."""
+    shape, weight = (1, 256, 4, 22, 34), (256, 256, 3, 3, 3)
+    assert "cuDNN's conv measured faster" in wan_fast.conv_reason(shape, weight, torch.bfloat16)
+    assert wan_fast.fast_reason(shape, weight, torch.bfloat16) is None
+    assert "one-pass norm is not chosen for 1024" in wan_fast.fast_reason((1, 1024, 4, 22, 34), (1024, 1024, 3, 3, 3),
+                                                                          torch.bfloat16)
+    assert wan_fast.fast_reason(shape, weight, torch.float32) is not None
+
+
+@needs_kernels
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_fast_op_runs_cudnns_conv_after_the_one_pass_norm_where_the_conv_is_kept(kernel_allowed_on_cpu,
+                                                                                    monkeypatch, residual):
+    """A conv `triton_conv3d.chosen` leaves to cuDNN, with a chosen channel count: the op's next cache is the
+    one-pass kernel's, and its output the ``lossless`` op's conv and epilogue of that kernel's padded input,
+    bit for bit."""
+    from rewrite.ops import wan as wan_ops
+    from tests.op_cases import kernel_gates_open
+
+    kernel_gates_open(monkeypatch)
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {})
+    monkeypatch.setattr(wan_fast, "_ONE_PASS_NORM_CHANNELS", frozenset({16}))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 16, 2, 3, 9, generator=g).to(DEVICE, torch.bfloat16)
+    cache = torch.randn(1, 16, 2, 3, 9, generator=g).to(DEVICE, torch.bfloat16)
+    gamma = (1 + 0.1 * torch.randn(16, 1, 1, 1, generator=g)).to(DEVICE, torch.bfloat16)
+    weight = (0.1 * torch.randn(16, 16, 3, 3, 3, generator=g)).to(DEVICE, torch.bfloat16)
+    bias = torch.randn(16, generator=g).to(DEVICE, torch.bfloat16)
+    res = torch.randn(1, 16, 2, 3, 9, generator=g).to(DEVICE, torch.bfloat16) if residual else None
+    pad = [1, 1, 1, 1, 0, 0]
+    out, next_cache = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache, pad,
+                                                                    "steady", weight, bias, res)
+    padded, expected_cache = triton_norm_fast.rms_norm_padded_one_pass(x, gamma, 4.0, 0.0, 1e-12, True, cache, pad)
+    assert torch.equal(next_cache, expected_cache)
+    expected = wan_ops.channels_last_conv(padded, weight, bias, res)
+    assert torch.equal(out, expected) and out.stride() == expected.stride()

@@ -184,16 +184,16 @@ def _channels_last_conv_serves(x: Tensor, cache: Optional[Tensor], pad: list[int
                                                                           x.device)
 
 
-def _channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+def channels_last_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
                         residual_bias: Optional[Tensor] = None) -> Tensor:
     """cuDNN's conv of the channels-last padded input and weight without bias, then bias (+ residual [+ its
     deferred bias]) with ATen's roundings into the replaced subgraph's layout."""
-    y = _channels_last_conv_raw(padded, weight)
+    y = channels_last_conv_raw(padded, weight)
     return triton_epilogue.conv_epilogue(y, bias, residual, layout.conv_output_strides(list(y.shape), residual),
                                          residual_bias=residual_bias)
 
 
-def _channels_last_conv_raw(padded: Tensor, weight: Tensor) -> Tensor:
+def channels_last_conv_raw(padded: Tensor, weight: Tensor) -> Tensor:
     """cuDNN's conv, without bias, of the channels-last padded input with the channels-last weight."""
     return aten.conv3d.default(padded, weight.contiguous(memory_format=torch.channels_last_3d), None)
 
@@ -218,7 +218,7 @@ def causal_conv3d(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str,
     if use_kernel("causal_conv3d", tensors, FLOAT_DTYPES) and _channels_last_conv_serves(x, cache, pad, mode, weight,
                                                                                           residual):
         padded, next_cache = triton_pad.causal_pad_channels_last(x, cache if mode != "chunk0" else None, pad)
-        return _channels_last_conv(padded, weight, bias, residual), next_cache
+        return channels_last_conv(padded, weight, bias, residual), next_cache
     out, next_cache = causal_conv3d_reference(x, cache, pad, mode, weight, bias, residual)
     return out, channels_last_cache(next_cache)
 
@@ -351,9 +351,9 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
             padded, next_cache = norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode,
                                                         plan, x_bias)
             if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
-                y = _channels_last_conv_raw(padded, weight)
+                y = channels_last_conv_raw(padded, weight)
                 return y.contiguous(memory_format=torch.channels_last_3d), next_cache
-            return _channels_last_conv(padded, weight, bias, residual, residual_bias), next_cache
+            return channels_last_conv(padded, weight, bias, residual, residual_bias), next_cache
     return rms_norm_causal_conv3d_reference(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight,
                                             bias, residual, x_bias, residual_bias, channels_last_out)
 

@@ -7,10 +7,12 @@ writes the padded channels-last conv input and the next cache (`triton_norm_fast
 channel counts where it measured faster, `one_pass_norm_chosen`; else the ``lossless`` op's kernel, exactly
 as that op does), then one Triton kernel convolves and adds bias, residual and the residual's deferred bias
 to the fp32 accumulator before the one rounding, storing straight into the output layout (no epilogue pass).
-Everywhere the kernel path does not serve (a CPU tensor outside the interpreter tests, autograd, a shape or
-dtype `triton_conv3d.unsupported_reason` declines, ATen's summation order not reproduced for x where the
-exact norm kernel would run), the ``lossless`` op runs: the same answer as level ``lossless``, never a wrong
-one.
+Where `triton_conv3d.chosen` keeps cuDNN's conv but the one-pass norm is chosen for the channel count, the
+op runs that norm and then the ``lossless`` op's cuDNN conv and epilogue on its padded input. Everywhere the
+kernel path does not serve (a CPU tensor outside the interpreter tests, autograd, a shape or dtype
+`triton_conv3d.unsupported_reason` declines and the one-pass norm does not apply, ATen's summation order not
+reproduced for x where the exact norm kernel would run), the ``lossless`` op runs: the same answer as level
+``lossless``, never a wrong one.
 
 Tolerance (measured: docs/results.md, tests/test_wan_fast.py): the conv's fp32 sum runs in another order
 than cuDNN's and bias and residual are added before one rounding, so outputs differ from ``lossless`` by
@@ -31,7 +33,7 @@ from rewrite.ops import wan as _exact  # registers rewrite::rms_norm_causal_conv
 from rewrite.ops.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
 
-__all__ = ["conv_reason", "one_pass_norm_chosen", "pair_reason", "rms_norm_causal_conv3d_fast",
+__all__ = ["conv_reason", "fast_reason", "one_pass_norm_chosen", "pair_reason", "rms_norm_causal_conv3d_fast",
            "rms_norm_causal_conv3d_pair_fast"]
 
 rewrite_ops = torch.ops.rewrite
@@ -55,10 +57,21 @@ def conv_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
 
 def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
             residual: Optional[Tensor]) -> bool:
-    """The shape conditions of the exact op's channels-last path (cuDNN's exactness self-check aside) and
-    `conv_reason`."""
+    """The Triton conv serves this call: the shape conditions of the exact op's channels-last path (cuDNN's
+    exactness self-check aside) and `conv_reason`."""
     in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
     return in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype) is None
+
+
+def fast_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
+    """None when the fast op's kernel path serves this conv: the Triton conv (`conv_reason`) or, where cuDNN's
+    conv stays, the one-pass norm before it (a channel count in `_ONE_PASS_NORM_CHANNELS`, bf16/fp16); else
+    why the ``lossless`` op runs it. Read by the pattern's guard on the graph's shapes."""
+    reason = conv_reason(in_shape, weight_shape, dtype)
+    if reason is None or (dtype in triton_conv3d.SUPPORTED_DTYPES and in_shape[1] in _ONE_PASS_NORM_CHANNELS
+                          and in_shape[1] <= triton_norm_fast.MAX_CHANNELS):
+        return None
+    return f"{reason}; the one-pass norm is not chosen for {in_shape[1]} channels"
 
 
 def one_pass_norm_chosen(x: Tensor) -> bool:
@@ -68,8 +81,10 @@ def one_pass_norm_chosen(x: Tensor) -> bool:
 
 
 # Channel counts whose one-pass norm (into the padded conv input) measured faster on the H200 than the exact
-# two-pass kernel (docs/tuning.md section 1.8).
-_ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 384})
+# two-pass kernel at every Wan shape swept (docs/tuning.md section 1.8: 0.76 against 1.13 ms for 96 x 4 x 720
+# x 1280, 0.47 against 0.73 for 256 x 4 x 360 x 640, 0.25 against 0.39 for 512 x 4 x 180 x 320). Wider counts
+# (Wan 2.2's 1024) exceed the kernel's registers (`triton_norm_fast.MAX_CHANNELS`).
+_ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 256, 384, 512})
 
 
 def _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias):
@@ -92,14 +107,27 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
                                 weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
                                 x_bias: Optional[Tensor] = None, residual_bias: Optional[Tensor] = None,
                                 channels_last_out: bool = False) -> tuple[Tensor, Tensor]:
-    """`rewrite::rms_norm_causal_conv3d` with the Triton conv and its fused epilogue (module docstring)."""
+    """`rewrite::rms_norm_causal_conv3d` with the Triton conv and its fused epilogue, or cuDNN's conv after the
+    one-pass norm (module docstring)."""
     args = (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias,
             residual_bias, channels_last_out)
     if channels_last_out and (bias is not None or residual is not None):
         raise ValueError("rms_norm_causal_conv3d_fast: channels_last_out is for the raw conv output (no bias, no residual)")
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
-    if (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_fast", tensors, triton_conv3d.SUPPORTED_DTYPES)
-            and _serves(x, cache, pad, mode, weight, residual)):
+    if not _exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_fast", tensors,
+                                     triton_conv3d.SUPPORTED_DTYPES):
+        return rewrite_ops.rms_norm_causal_conv3d.default(*args)
+    served = _serves(x, cache, pad, mode, weight, residual)
+    if (not served and one_pass_norm_chosen(x)
+            and _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual) is not None):
+        # cuDNN's conv stays; its input comes from the one-pass norm
+        padded, next_cache = triton_norm_fast.rms_norm_padded_one_pass(x, gamma, scale, norm_bias, eps, act == "silu",
+                                                                       cache if mode != "chunk0" else None, pad,
+                                                                       x_bias)
+        if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
+            return _exact.channels_last_conv_raw(padded, weight).contiguous(memory_format=CL), next_cache
+        return _exact.channels_last_conv(padded, weight, bias, residual, residual_bias), next_cache
+    if served:
         normalized = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias)
         if normalized is not None:
             padded, next_cache = normalized
