@@ -121,9 +121,7 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
     if (not served and one_pass_norm_chosen(x)
             and _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual) is not None):
         # cuDNN's conv stays; its input comes from the one-pass norm
-        padded, next_cache = triton_norm_fast.rms_norm_padded_one_pass(x, gamma, scale, norm_bias, eps, act == "silu",
-                                                                       cache if mode != "chunk0" else None, pad,
-                                                                       x_bias)
+        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias)
         if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
             return _exact.channels_last_conv_raw(padded, weight).contiguous(memory_format=CL), next_cache
         return _exact.channels_last_conv(padded, weight, bias, residual, residual_bias), next_cache
