@@ -572,7 +572,8 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
 
 
 def norm_epilogue_reason(out_channels: int, tile: ConvTile) -> Optional[str]:
-    """None when one program of `tile` holds every output channel (the NORM epilogue's precondition)."""
+    """None when one program of `tile` holds every output channel in pieces the NORM epilogue stores (one
+    channel block, or a ``2n + n`` split stored as three n-channel pieces), else why not."""
     if tile.n_rest and tile.block_n != 2 * tile.n_rest:
         return f"a {tile.block_n} + {tile.n_rest} channel split (the epilogue stores three {tile.n_rest}-channel pieces)"
     if tile.n_rest or tile.block_n >= out_channels:
