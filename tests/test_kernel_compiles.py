@@ -113,22 +113,11 @@ x = torch.zeros(1, 96, 2, 4, 8, dtype=BF16)
 triton_norm_fast.rms_norm_padded_one_pass(x, torch.ones(96, dtype=BF16), 1.0, 0.0, 1e-12, True,
                                           torch.zeros(1, 96, 2, 4, 8, dtype=BF16), [1, 1, 1, 1, 0, 0])
 
-def type_of(value):
-    if isinstance(value, torch.Tensor):
-        return "*" + {torch.bfloat16: "bf16", torch.float32: "fp32"}[value.dtype]
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32"
-    if isinstance(value, float):
-        return "fp32"
-    return mangle_type(value)
-
 for kernel, args, kwargs in launches:
     kwargs.pop("exact", None)
     options = {key: kwargs.pop(key) for key in ("num_warps", "maxnreg") if key in kwargs}
     options["num_stages"] = kwargs.get("STAGES", 3)
-    signature = {name: type_of(value) for name, value in zip(inspect.signature(kernel.fn).parameters, args)}
+    signature = {name: mangle_type(value) for name, value in zip(inspect.signature(kernel.fn).parameters, args)}
     signature.update({name: "constexpr" for name in kwargs})
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=kwargs), target=GPUTarget("cuda", 90, 32),
                               options=options)

@@ -16,16 +16,12 @@ import torch
 
 from rewrite.ops import triton_conv3d, triton_norm_fast, triton_pad, wan_fast, wan_reference
 from rewrite.ops.dispatch import INTERPRETING
+from tests.op_cases import frame_major
+from tests.test_wan_fast import _ulp
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
-
-
-def _ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    mantissa = {torch.bfloat16: 8, torch.float16: 11}[dtype]
-    exponent = torch.floor(torch.log2(values.abs().clamp_min(2.0 ** -14)))
-    return torch.pow(2.0, exponent - (mantissa - 1))
 
 
 def _reference(x, x_bias, gamma, scale, bias, eps, silu, cache, pad, mode):
@@ -36,10 +32,6 @@ def _reference(x, x_bias, gamma, scale, bias, eps, silu, cache, pad, mode):
     if silu:
         y = torch.nn.functional.silu(y)
     return wan_reference.causal_conv_input_reference(y, None if cache is None else cache.double(), pad, mode)
-
-
-def _frame_major(t: torch.Tensor) -> torch.Tensor:
-    return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 CASES = [  # (shape, pad, cache frames, mode)
@@ -59,7 +51,7 @@ def test_one_pass_norm_into_the_padded_input(shape, pad, cache_frames, mode, lay
     g = torch.Generator().manual_seed(4)
     channels = shape[1]
     x = (3 * torch.randn(shape, generator=g)).to(DEVICE, dtype)
-    x = _frame_major(x) if layout == "frame_major" else x
+    x = frame_major(x) if layout == "frame_major" else x
     x_bias = (2 * torch.randn(channels, generator=g)).to(DEVICE, dtype) if layout.endswith("bias") else None
     x_in = x.contiguous(memory_format=torch.channels_last_3d) if x_bias is not None else x
     gamma = (1 + 0.2 * torch.randn(channels, 1, 1, 1, generator=g)).to(DEVICE, dtype)

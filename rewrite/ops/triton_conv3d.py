@@ -101,6 +101,11 @@ def _block_k(channels: int) -> int:
     return 64 if channels % 64 == 0 else 32 if channels % 32 == 0 else 16
 
 
+def _computed_pixels(width: int, block_w: int) -> int:
+    """Pixels that programs of `block_w` pixels compute for a row of `width`."""
+    return -(-width // block_w) * block_w
+
+
 def pixel_tile(width: Optional[int], pixels: int) -> tuple[int, int]:
     """(rows, block_w) of a `pixels`-pixel program for output rows of `width` pixels: the arrangement that
     computes the fewest pixels past the row end (rows of at least 64 pixels, the Hopper MMA's M; one row on a
@@ -113,7 +118,7 @@ def pixel_tile(width: Optional[int], pixels: int) -> tuple[int, int]:
         block_w = pixels // rows
         if block_w < 64 and rows > 1:
             break
-        computed = -(-width // block_w) * block_w
+        computed = _computed_pixels(width, block_w)
         if best is None or computed < best[0]:
             best = (computed, rows, block_w)
     return best[1], best[2]
@@ -145,7 +150,7 @@ def launch_config(in_channels: int, out_channels: int, width: Optional[int] = No
 
 def wasted_fraction(tile: ConvTile, width: int) -> float:
     """The share of pixels `tile`'s programs compute past the ends of rows of `width` pixels (per pixel kept)."""
-    return (-(-width // tile.block_w) * tile.block_w - width) / width
+    return (_computed_pixels(width, tile.block_w) - width) / width
 
 
 # (in channels, out channels, kernel taps) of the convs this kernel measured faster than cuDNN's on the H200
@@ -210,6 +215,7 @@ if triton is not None:
     import triton.language as tl
 
     from rewrite.ops.triton_math import round_to as _round
+    from rewrite.ops.triton_norm_fast import inverse_norm, normalized
 
     # The CPU interpreter multiplies bf16 tiles as their raw bits: there the operands go through fp32 (exact).
     _INTERPRET = tl.constexpr(INTERPRETING)
@@ -301,9 +307,8 @@ if triton is not None:
 
     @triton.jit
     def _inverse_norm(squares, scale, eps):
-        """`scale / max(sqrt(squares), eps)` per pixel, as a column to broadcast (clamp_min: NaN stays NaN)."""
-        norm = tl.sqrt(squares)
-        return (scale / tl.where(norm < eps, eps, norm))[:, None]
+        """`scale / max(sqrt(squares), eps)` per pixel, as a column to broadcast."""
+        return inverse_norm(tl.sqrt(squares), scale, eps)[:, None]
 
     @triton.jit
     def _store_normalized(y, n0, inv_norm, w, pad_row, pad_col, cache_row, cache_col, IN_CACHE, pad_desc,
@@ -313,9 +318,7 @@ if triton is not None:
         norms) in fp32, rounded once, stored by TMA into the next conv's padded input row (0 past the row end:
         its right pad) and, IN_CACHE, the next cache's row (both channels-last)."""
         gamma = _per_channel(gamma_ptr, n0 + tl.arange(0, BLOCK_N), C_OUT)
-        v = y.to(tl.float32) * inv_norm * gamma + nbias
-        if SILU:
-            v = v * tl.sigmoid(v)
+        v = normalized(y.to(tl.float32), inv_norm, gamma, nbias, SILU)
         v = tl.reshape(_round(tl.where((w < W_OUT)[:, None], v, 0.0), y.dtype), [1, BLOCK_W, BLOCK_N])
         pad_desc.store([pad_row, pad_col, n0], v)
         if IN_CACHE:

@@ -15,7 +15,7 @@ channels over 4 x 720 x 1280: 2 x 708 MB read, 720 MB written).
 
 Exactness: ``tolerance`` (level ``channels_last`` only). The squares are summed in the tile's order in fp32
 and the output is computed in fp32 and rounded once (ATen rounds after each op, `upcast` then moot): the
-arithmetic of the pair op's fused norm epilogue (`triton_conv3d._store_normalized`).
+arithmetic (`normalized`) the pair op's fused norm epilogue (`triton_conv3d`) shares.
 
 Preconditions (`one_pass_reason`): CUDA or the interpreter (the launcher runs anywhere Triton does), at most
 `MAX_CHANNELS` channels (the tile's registers), x's (h, w) positions one strided run (contiguous planes or
@@ -45,6 +45,20 @@ if triton is not None:
     from rewrite.ops.triton_math import round_to as _round
 
     @triton.jit
+    def inverse_norm(norm, scale, eps):
+        """`scale / max(norm, eps)` (clamp_min: NaN stays NaN), per pixel."""
+        return scale / tl.where(norm < eps, eps, norm)
+
+    @triton.jit
+    def normalized(v, inv_norm, gamma, bias, SILU: tl.constexpr):
+        """The Wan norm's affine part in fp32, `v * inv_norm * gamma + bias` (then SiLU), before its one rounding:
+        the arithmetic of this module's kernel and of the conv's fused norm epilogue (`triton_conv3d`)."""
+        y = v * inv_norm * gamma + bias
+        if SILU:
+            y = y * tl.sigmoid(y)
+        return y
+
+    @triton.jit
     def _norm_padded_one_pass_kernel(x_ptr, xb_ptr, gamma_ptr, out_ptr, next_ptr, C, T, HW, W, sx0, sx1, sx2, sxp,
                                      TO, HO, WO, FT, PH, PW, SLOT0, scale, bias, eps, SILU: tl.constexpr,
                                      HAS_XBIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
@@ -65,13 +79,9 @@ if triton is not None:
         if HAS_XBIAS:  # x is a conv output whose bias was deferred: its value is x + bias, rounded
             v = _round(v + tl.load(xb_ptr + c, mask=cmask, other=0.0).to(tl.float32)[:, None], x.dtype)
             v = tl.where(mask, v.to(tl.float32), 0.0)
-        norm = tl.sqrt(tl.sum(v * v, axis=0))
-        inv_norm = scale / tl.where(norm < eps, eps, norm)  # clamp_min: NaN stays NaN
+        inv_norm = inverse_norm(tl.sqrt(tl.sum(v * v, axis=0)), scale, eps)
         gamma = tl.load(gamma_ptr + c, mask=cmask, other=0.0).to(tl.float32)[:, None]
-        y = v * inv_norm[None, :] * gamma + bias
-        if SILU:
-            y = y * tl.sigmoid(y)
-        y = _round(y, x.dtype)
+        y = _round(normalized(v, inv_norm[None, :], gamma, bias, SILU), x.dtype)
         h = (hw // W).to(tl.int64)
         w = (hw % W).to(tl.int64)
         channels = c[:, None].to(tl.int64)
