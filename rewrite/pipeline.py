@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rewrite.capture.export import CapturedGraph
+from rewrite.passes.chain_block_norms import chain_block_norms
 from rewrite.passes.canonicalize import canonicalize
 from rewrite.passes.drop_clones import drop_redundant_clones
 from rewrite.passes.fuse_patterns import fuse_patterns
@@ -10,9 +11,11 @@ from rewrite.passes.manager import PassContext, PassManager, PassSpec
 
 
 def pipeline_for(level: str) -> PassManager:
-    """canonicalize, then fuse_patterns (which enables the patterns of `level`), then drop_redundant_clones."""
+    """canonicalize, then fuse_patterns (which enables the patterns of `level`), chain_block_norms (level
+    ``channels_last``: links the residual blocks' fused ops), then drop_redundant_clones."""
     specs = [PassSpec("canonicalize", canonicalize), PassSpec("fuse_patterns", fuse_patterns, after=("canonicalize",)),
-             PassSpec("drop_redundant_clones", drop_redundant_clones, after=("fuse_patterns",))]
+             PassSpec("chain_block_norms", chain_block_norms, after=("fuse_patterns",)),
+             PassSpec("drop_redundant_clones", drop_redundant_clones, after=("chain_block_norms",))]
     return PassManager(specs)
 
 

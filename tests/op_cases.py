@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from rewrite.models.auk import AliasFreeSnakeBeta
-from rewrite.ops import aten_reduction, layout, selftest, triton_conv3d
+from rewrite.ops import aten_reduction, layout, selftest, triton_conv3d, wan_fast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,7 @@ def _norm_plan_on_cpu(x, upcast, reference_contiguous=False, rows=None):
 def kernel_gates_open(monkeypatch) -> None:
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 16, 27): math.inf})  # the fast op's cases
     monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the pair op's
+    monkeypatch.setattr(wan_fast, "_RESIDUAL_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the chain op's
     monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
@@ -138,6 +139,21 @@ def _cases() -> dict[str, list[Case]]:
             add("rms_norm_causal_conv3d_pair_fast", f"{mode}_x_{lay}_residual_{res_layout}_deferred_{residual_bias}",
                 x, *norm, rnd(16, dtype=bf), *second, residual, rnd(16, dtype=bf) if residual_bias else None,
                 weight=10)
+        # the chain: the pair linked to the blocks around it (8 wide: rows TMA can store, the fused epilogue)
+        for width in (5, 8):
+            xw = LAYOUTS[lay](rnd(1, 16, frames, h, width, dtype=bf))
+            cache_w = None if mode == "chunk0" else rnd(1, 16, 2, h, width, dtype=bf)
+            norm_w = (*norm[:6], cache_w, *norm[7:])
+            second_w = (*second[:6], None if mode == "chunk0" else rnd(1, 16, 2, h, width, dtype=bf), *second[7:])
+            third = (rnd(16, 1, 1, 1, dtype=bf), 4.0, 0.0, 1e-12, True, "silu",
+                     None if mode == "chunk0" else rnd(1, 16, 2, h, width, dtype=bf), twin_pad, mode)
+            padded = channels_last(rnd(1, 16, frames + 2, h + 2, width + 2, dtype=bf))
+            for linked_in, linked_out in itertools.product((False, True), (False, True)):
+                residual = LAYOUTS["frame_major" if linked_out else "contiguous"](rnd(1, 16, frames, h, width, dtype=bf))
+                nxt = third if linked_out else (None, 1.0, 0.0, 0.0, False, None, None, [0] * 6, "steady")
+                add("rms_norm_causal_conv3d_pair_fast_chain", f"{mode}_w{width}_in_{linked_in}_out_{linked_out}", xw,
+                    padded if linked_in else None, *norm_w[:6], None if linked_in else cache_w, *norm_w[7:],
+                    rnd(16, dtype=bf), *second_w, residual, None, *nxt, weight=10)
 
     for res_layout, bias in itertools.product(LAYOUTS, (True, False)):
         add("conv3d_residual", f"residual_{res_layout}_bias_{bias}", rnd(1, c, 3, h + 2, w + 2),

@@ -139,7 +139,7 @@ def test_the_plain_shortcut_serves_the_wan_graphs_symbolic_sizes_as_the_general_
     from rewrite.models.wan import build_wan
     from rewrite.pipeline import rewrite_graph
 
-    compute, served, compared = rewriter._fake_value, [], []
+    compute, served, compared = rewriter.fake_value, [], []
     plain, layouts = wan._plain_causal_conv3d_fake, wan._plain_causal_layouts
 
     def counted(*args, **kwargs):
@@ -155,7 +155,7 @@ def test_the_plain_shortcut_serves_the_wan_graphs_symbolic_sizes_as_the_general_
             compared.append((node.name, _exact_layouts(value) == _exact_layouts(general)))
         return value
 
-    monkeypatch.setattr(rewriter, "_fake_value", checked)
+    monkeypatch.setattr(rewriter, "fake_value", checked)
     monkeypatch.setattr(wan, "_plain_causal_conv3d_fake", counted)
     decoder = build_wan("wan2.1", "tiny").to(device).decoder
     for graph in capture_wan_decoder(decoder, torch.float32, torch.device(device)):

@@ -63,7 +63,7 @@ except ImportError:  # pragma: no cover - Triton before host tensor descriptors
     TensorDescriptor = None
 
 __all__ = ["ConvTile", "SUPPORTED_DTYPES", "chosen", "conv3d_channels_last", "conv3d_channels_last_norm_padded",
-           "launch_config", "norm_epilogue_chosen", "norm_epilogue_reason", "norm_launch_config",
+           "launch_config", "norm_epilogue_chosen", "norm_epilogue_reason", "norm_launch_config", "row_view_reason",
            "unsupported_reason"]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -260,12 +260,24 @@ if triton is not None:
         tl.store(out_row + _offsets(w, n, so4, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _biased(acc, n0, bias_ptr, C_OUT, dtype: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
-        """The conv output of channels n0.. rounded once to the activation dtype, its bias added first."""
+    def _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype: tl.constexpr,
+                HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, OUT_MODE: tl.constexpr,
+                RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The output of channels n0.. (conv + bias + residual (+ its deferred bias), rounded once to the
+        activation dtype) for the NORM epilogue, also stored by TMA where OUT_MODE is not 0 (a conv whose own
+        output is read again: a residual block's output is the next block's shortcut)."""
         n = n0 + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
-        return _round(acc, dtype)
+        if HAS_RESIDUAL:
+            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
+            if HAS_RES_BIAS:
+                r += _per_channel(rb_ptr, n, C_OUT)
+            acc += r
+        y = _round(acc, dtype)
+        if OUT_MODE != 0:
+            _store_rows(o_desc, y, b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
+        return y
 
     @triton.jit
     def _load_rows(desc, b, t, h, w0, n0, T, H, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -325,10 +337,10 @@ if triton is not None:
             cache_desc.store([cache_row, cache_col, n0], v)
 
     @triton.jit
-    def _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, bias_ptr, res_ptr,
-                      rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3, so4, sr0, sr1, sr2,
-                      sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS: tl.constexpr,
-                      HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
+    def _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
+                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3,
+                      so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
+                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
                       OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, N_REST: tl.constexpr, WIDE: tl.constexpr,
                       BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
         """The epilogue of one output row (b, t, h) of a program: `acc` holds channels n0.. (BLOCK_N) of pixels
@@ -342,22 +354,25 @@ if triton is not None:
             cache_row = (b * 2 + slot) * H_OUT + h
             in_cache = (slot >= 0) & (slot < 2)
             if N_REST > 0:  # rounded at once (half the registers of the fp32 sums), stored N_REST channels at a time
-                y = _biased(acc, 0, bias_ptr, C_OUT, dtype, HAS_BIAS, BLOCK_N)
-                y2 = _biased(acc2, BLOCK_N, bias_ptr, C_OUT, dtype, HAS_BIAS, N_REST)
+                y2 = _summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype,
+                             HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
+                y = _summed(acc, 0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype,
+                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
                 squares = (tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
                            + tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1))
                 inv_norm = _inverse_norm(squares, scale, eps)
                 _store_normalized(y2, BLOCK_N, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc,
-                                  o2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
+                                  c2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
                 ya, yb = tl.split(tl.permute(tl.reshape(y, [BLOCK_W, 2, N_REST]), [0, 2, 1]))
-                _store_normalized(ya, 0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, o2_desc,
+                _store_normalized(ya, 0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, c2_desc,
                                   gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
                 _store_normalized(yb, N_REST, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc,
-                                  o2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
+                                  c2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
             else:
-                y = _biased(acc, n0, bias_ptr, C_OUT, dtype, HAS_BIAS, BLOCK_N)
+                y = _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype,
+                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
                 inv_norm = _inverse_norm(tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1), scale, eps)
-                _store_normalized(y, n0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n_desc, o_desc,
+                _store_normalized(y, n0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n_desc, c_desc,
                                   gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, BLOCK_N)
         elif OUT_MODE != 0:
             if N_REST > 0:  # the narrow accumulator first: fewer registers live while the residual tile is
@@ -388,10 +403,10 @@ if triton is not None:
         return acc, acc2
 
     @triton.jit
-    def _conv3d_kernel(a_desc, w_desc, w2_desc, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, bias_ptr, res_ptr,
-                       rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, TP, HP, WP, N_BLOCKS, W_TILES, so0,
-                       so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
-                       C_IN: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    def _conv3d_kernel(a_desc, w_desc, w2_desc, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
+                       bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, TP, HP, WP, N_BLOCKS,
+                       W_TILES, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale,
+                       nbias, eps, C_IN: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
                        NORM: tl.constexpr, SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr,
                        N_REST: tl.constexpr, ROWS: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -404,7 +419,8 @@ if triton is not None:
         Epilogues (`_row_epilogue`, per row): OUT_MODE 0 stores by pointers (any strides), 1 / 2 / 3 by TMA
         into a channels-last / NCDHW / frame-major output (`o_desc`, the residual by `r_desc` in RES_MODE's
         layout); NORM normalizes every output channel into the next conv's padded input and next cache
-        (`n_desc`, and `o_desc` then views the cache) instead (module docstring)."""
+        (`n_desc`, `c_desc`; the output itself also stored by `o_desc` where OUT_MODE is not 0; module
+        docstring)."""
         pid = tl.program_id(0)
         tile = pid // N_BLOCKS
         n0 = (pid % N_BLOCKS) * BLOCK_N
@@ -433,18 +449,17 @@ if triton is not None:
             acc, acc2 = _row_dots(a_desc, a_row, c0, wt, wt2, acc, acc2, N_REST)
             if ROWS == 2:
                 accb, acc2b = _row_dots(a_desc, a_row + WP, c0, wt, wt2, accb, acc2b, N_REST)
-        _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, bias_ptr, res_ptr,
-                      rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3, so4, sr0, sr1, sr2,
-                      sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS,
-                      NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W, BLOCK_N)
+        _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
+                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3,
+                      so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS,
+                      HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W, BLOCK_N)
         if ROWS == 2:
             if h + 1 < H_OUT:  # an odd row count's last program holds one row
                 _row_epilogue(accb, acc2b, b, t, h + 1, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc,
-                              bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1,
-                              so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
-                              HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE,
-                              BLOCK_W, BLOCK_N)
-
+                              c_desc, c2_desc, bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT,
+                              W_OUT, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0,
+                              scale, nbias, eps, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE,
+                              N_REST, WIDE, BLOCK_W, BLOCK_N)
 
 def _checked_shapes(padded: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple[int, ...]:
     """The unpadded conv's output shape [B, O, T, H, W] after the argument checks every launcher shares."""
@@ -482,6 +497,15 @@ def _row_view(t: Tensor) -> Optional[tuple[Tensor, int]]:
     return view, mode
 
 
+def row_view_reason(t: Tensor) -> Optional[str]:
+    """None when the kernel reads or writes `t` ([B, C, T, H, W]) by TMA rows (`_row_view`), else why not (the
+    NORM epilogue needs it for its output and residual)."""
+    if t.dim() != 5 or _row_view(t) is None:
+        return (f"a tensor of strides {tuple(t.stride())} (rows by TMA need channels-last, NCDHW or frame-major "
+                f"memory, 16-byte aligned)")
+    return None
+
+
 def _rows_descriptor(view: Tensor, mode: int, block_w: int, block_n: int):
     return TensorDescriptor.from_tensor(view, [1, block_w, block_n] if mode == 1 else [1, block_n, 1, block_w])
 
@@ -503,10 +527,10 @@ def tile_reason(tile: ConvTile, out_channels: int) -> Optional[str]:
 
 
 def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ...], bias: Optional[Tensor],
-            out: Tensor, residual: Optional[Tensor], residual_bias: Optional[Tensor],
+            out: Optional[Tensor], residual: Optional[Tensor], residual_bias: Optional[Tensor],
             norm: Optional[tuple] = None) -> None:
-    """One `_conv3d_kernel` launch; `norm`: (gamma, next_cache, (TO, HO, FT, PH, PW, SLOT0), scale, bias,
-    eps, silu) of the NORM epilogue, `out` then the next conv's padded input."""
+    """One `_conv3d_kernel` launch; `norm`: (gamma, next_padded, next_cache, (TO, HO, FT, PH, PW, SLOT0), scale,
+    bias, eps, silu) of the NORM epilogue, `out` then the conv's own output or None (not stored)."""
     batch, channels, tp, hp, wp = padded.shape
     out_channels, _, kt, kh, kw = weight.shape
     reason = tile_reason(tile, out_channels)
@@ -520,31 +544,37 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
     n_blocks = 1 if tile.n_rest else triton.cdiv(out_channels, tile.block_n)
     w_tiles = triton.cdiv(shape[4], tile.block_w)
     grid = (n_blocks * w_tiles * triton.cdiv(shape[3], tile.rows), batch * shape[2])
-    res = residual if residual is not None else out
     blocks = (tile.block_n, tile.n_rest or tile.block_n)
-    descriptors = [a_desc] * 6  # o, o2, r, r2, n, n2: placeholders where the epilogue reads none
+    descriptors = [a_desc] * 8  # o, o2, r, r2, n, n2, c, c2: placeholders where the epilogue uses none
     out_mode = res_mode = 0
     wide = False
+    out_rows = None if out is None else _row_view(out)
+    res_rows = None if residual is None else _row_view(residual)
     if norm is None:
         gamma, geometry, scale, norm_bias, eps, silu = out, (0,) * 6, 1.0, 0.0, 0.0, False
-        out_rows = _row_view(out)
-        res_rows = None if residual is None else _row_view(residual)
-        if out_rows is not None and (residual is None or res_rows is not None):
-            out_mode = out_rows[1]
-            descriptors[0:2] = [_rows_descriptor(*out_rows, tile.block_w, n) for n in blocks]
-            if res_rows is not None:
-                res_mode = res_rows[1]
-                descriptors[2:4] = [_rows_descriptor(*res_rows, tile.block_w, n) for n in blocks]
-        else:
+        tma = out_rows is not None and (residual is None or res_rows is not None)
+        if not tma:
             strides = [out.stride()] + ([residual.stride()] if residual is not None else [])
             wide = _row_offsets_wide(shape, *strides)
-    else:  # both buffers channels-last (the caller checked): mode 1 rows
-        gamma, next_cache, geometry, scale, norm_bias, eps, silu = norm
-        descriptors[0:2] = [_rows_descriptor(*_row_view(next_cache), tile.block_w, n) for n in blocks]
-        descriptors[4:6] = [_rows_descriptor(*_row_view(out), tile.block_w, n) for n in blocks]
-    launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, *descriptors, bias if bias is not None else out, res,
-           residual_bias if residual_bias is not None else out, out, gamma, out_channels, shape[2], shape[3],
-           shape[4], tp, hp, wp, n_blocks, w_tiles, *out.stride(), *res.stride(), *geometry, float(scale),
+    else:  # the next conv's buffers are channels-last (the caller checked): mode 1 rows
+        gamma, next_padded, next_cache, geometry, scale, norm_bias, eps, silu = norm
+        if (out is not None and out_rows is None) or (residual is not None and res_rows is None):
+            raise ValueError("conv3d_channels_last_norm_padded: the output and residual must be rows TMA can address "
+                             "(channels-last, NCDHW or frame-major, 16-byte aligned)")
+        tma = True
+        descriptors[4:6] = [_rows_descriptor(*_row_view(next_padded), tile.block_w, n) for n in blocks]
+        descriptors[6:8] = [_rows_descriptor(*_row_view(next_cache), tile.block_w, n) for n in blocks]
+    if tma and out_rows is not None:
+        out_mode = out_rows[1]
+        descriptors[0:2] = [_rows_descriptor(*out_rows, tile.block_w, n) for n in blocks]
+    if tma and res_rows is not None:
+        res_mode = res_rows[1]
+        descriptors[2:4] = [_rows_descriptor(*res_rows, tile.block_w, n) for n in blocks]
+    base = out if out is not None else padded  # pointer placeholders where nothing is read or written
+    res = residual if residual is not None else base
+    launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, *descriptors, bias if bias is not None else base, res,
+           residual_bias if residual_bias is not None else base, base, gamma, out_channels, shape[2], shape[3],
+           shape[4], tp, hp, wp, n_blocks, w_tiles, *base.stride(), *res.stride(), *geometry, float(scale),
            float(norm_bias), float(eps), C_IN=channels, KT=kt, KH=kh, KW=kw, HAS_BIAS=bias is not None,
            HAS_RESIDUAL=residual is not None, HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None,
            SILU=silu, OUT_MODE=out_mode, RES_MODE=res_mode, N_REST=tile.n_rest, ROWS=tile.rows, WIDE=wide,
@@ -587,15 +617,19 @@ def norm_epilogue_reason(out_channels: int, tile: ConvTile) -> Optional[str]:
 def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optional[Tensor], gamma: Tensor,
                                      scale: float, norm_bias: float, eps: float, silu: bool,
                                      next_padded: Tensor, next_cache: Tensor, pad: list[int], cache_frames: int,
-                                     config: Optional[ConvTile] = None) -> None:
-    """``y = conv3d(padded, weight, bias)`` rounded once, then the Wan RMS norm of y over its channels,
-    ``y / max(||y||, eps) * scale * gamma + norm_bias`` (SiLU if `silu`), stored straight into the next causal
-    conv's padded input `next_padded` (frame t at frame ``pad[4] + cache_frames + t``, pixel (h, w) at
-    ``(pad[2] + h, pad[0] + w)``) and y's last two frames also into `next_cache` ([B, O, 2, H, W]; for a
-    1-frame y, slot 1): the positions `triton_norm.rms_norm_padded_channels_last` stores of an x equal to y.
-    Both buffers channels-last, as `triton_pad.causal_pad_rest_channels_last` allocates them (it writes their
-    other positions). Tolerance: the norm runs in fp32 from y (squares summed in the tile's order, a
-    multiply by the reciprocal norm, Triton's sigmoid) and rounds once, where ATen rounds after each op."""
+                                     config: Optional[ConvTile] = None, residual: Optional[Tensor] = None,
+                                     residual_bias: Optional[Tensor] = None, out: Optional[Tensor] = None) -> None:
+    """``y = conv3d(padded, weight, bias) (+ residual (+ residual_bias))`` rounded once, then the Wan RMS norm
+    of y over its channels, ``y / max(||y||, eps) * scale * gamma + norm_bias`` (SiLU if `silu`), stored
+    straight into the next causal conv's padded input `next_padded` (frame t at frame
+    ``pad[4] + cache_frames + t``, pixel (h, w) at ``(pad[2] + h, pad[0] + w)``) and y's last two frames also
+    into `next_cache` ([B, O, 2, H, W]; for a 1-frame y, slot 1): the positions
+    `triton_norm.rms_norm_padded_channels_last` stores of an x equal to y. Both buffers channels-last, as
+    `triton_pad.causal_pad_rest_channels_last` allocates them (it writes their other positions). With `out`
+    ([B, O, T, H, W], rows TMA can address: channels-last, NCDHW or frame-major) y itself is stored there too
+    (a residual block's output, which the next block reads again as its shortcut); `residual` must be such
+    rows too. Tolerance: the norm runs in fp32 from y (squares summed in the tile's order, a multiply by the
+    reciprocal norm, Triton's sigmoid) and rounds once, where ATen rounds after each op."""
     shape = _checked_shapes(padded, weight, bias)
     batch, out_channels, frames, rows, columns = shape
     tile = config or norm_launch_config(padded.shape[1], out_channels, columns)
@@ -615,7 +649,13 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
                          f"output padded by {pad} after {cache_frames} cache frames")
     if gamma.numel() != out_channels:
         raise ValueError(f"conv3d_channels_last_norm_padded: gamma must have {out_channels} values, got {gamma.numel()}")
+    for name, t in (("out", out), ("residual", residual)):
+        if t is not None and (tuple(t.shape) != shape or t.dtype != padded.dtype):
+            raise ValueError(f"conv3d_channels_last_norm_padded: {name} must be {shape} {padded.dtype}, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+    if residual_bias is not None and (residual is None or tuple(residual_bias.shape) != (out_channels,)):
+        raise ValueError(f"conv3d_channels_last_norm_padded: residual_bias must be [{out_channels}] with a residual")
     if batch * frames * rows * columns == 0:
         return
-    _launch(padded, weight, tile, shape, bias, next_padded, None, None,
-            norm=(gamma, next_cache, geometry, scale, norm_bias, eps, silu))
+    _launch(padded, weight, tile, shape, bias, out, residual, residual_bias,
+            norm=(gamma, next_padded, next_cache, geometry, scale, norm_bias, eps, silu))

@@ -33,8 +33,8 @@ from rewrite.ops import wan as _exact  # registers rewrite::rms_norm_causal_conv
 from rewrite.ops.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
 
-__all__ = ["conv_reason", "fast_reason", "one_pass_norm_chosen", "pair_reason", "rms_norm_causal_conv3d_fast",
-           "rms_norm_causal_conv3d_pair_fast"]
+__all__ = ["chain_reason", "conv_reason", "fast_reason", "one_pass_norm_chosen", "pair_reason",
+           "rms_norm_causal_conv3d_fast", "rms_norm_causal_conv3d_pair_fast", "rms_norm_causal_conv3d_pair_fast_chain"]
 
 rewrite_ops = torch.ops.rewrite
 CL = torch.channels_last_3d
@@ -176,14 +176,17 @@ def _pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2
 
 
 def _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2, weight2,
-                        residual, tensors):
+                        residual, tensors, normalized=None):
     """A tensor of the first conv's output shape (for the shape checks) where the pair op's kernel path serves
     the call (the first op's fused-norm conditions, both convs served, `pair_reason`); else None: the two ops
-    run."""
+    run. `normalized`: the first conv's padded input made by the op before (then x's norm is not run)."""
     if not (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_pair_fast", tensors,
                                       triton_conv3d.SUPPORTED_DTYPES) and gamma2.numel() == weight.shape[0]):
         return None
-    in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, None)
+    if normalized is not None:
+        in_shape = tuple(normalized.shape) if normalized.is_contiguous(memory_format=CL) else None
+    else:
+        in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, None)
     if in_shape is None or conv_reason(in_shape, weight.shape, x.dtype) is not None:
         return None
     y_proxy = torch.empty((), dtype=x.dtype, device=x.device).expand(conv_output_shape(in_shape, weight.shape))
@@ -191,7 +194,7 @@ def _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2,
     if in_shape2 is None or pair_reason(weight.shape[0], weight.shape[1], in_shape2, weight2.shape, x.dtype,
                                         act2) is not None:
         return None
-    if not one_pass_norm_chosen(x) and _exact.fused_norm_plan(x, upcast, act, None) is None:
+    if normalized is None and not one_pass_norm_chosen(x) and _exact.fused_norm_plan(x, upcast, act, None) is None:
         return None
     return y_proxy
 
@@ -256,3 +259,155 @@ def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bi
         *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
                            residual, bias, residual_bias))
     return out, next_cache, next_cache2
+
+
+# ---- a residual block whose second conv also normalizes its output for the next block ----------------------
+# (in channels, out channels) of the second convs of residual blocks (bias, residual) whose fused norm epilogue
+# (the block output stored, and normalized into the next block's padded input) is taken: docs/tuning.md 1.9.
+_RESIDUAL_NORM_EPILOGUE_FASTER: frozenset = frozenset({(96, 96), (192, 192)})
+
+
+def chain_reason(in_channels: int, out_channels: int, dtype: torch.dtype, act: Optional[str]) -> Optional[str]:
+    """None when a block's second conv (`in_channels` -> `out_channels`, with bias and residual) may store its
+    output and normalize it (+ `act`) into the next block's padded input in one epilogue (one program holds
+    every output channel, measured faster: `_RESIDUAL_NORM_EPILOGUE_FASTER`); else why not. Read by the
+    `chain_block_norms` pass on the graph's shapes and by the op on its tensors."""
+    if dtype not in triton_conv3d.SUPPORTED_DTYPES:
+        return f"dtype {dtype} (the Triton conv serves {triton_conv3d.SUPPORTED_DTYPES})"
+    if act not in ("silu", None):
+        return f"activation {act!r} after the next norm (SiLU or none is fused)"
+    tile = triton_conv3d.norm_launch_config(in_channels, out_channels)
+    reason = triton_conv3d.norm_epilogue_reason(out_channels, tile)
+    if reason is None and (in_channels, out_channels) not in _RESIDUAL_NORM_EPILOGUE_FASTER:
+        reason = (f"the residual conv's norm epilogue is not measured faster for {in_channels} -> {out_channels} "
+                  f"channels")
+    return reason
+
+
+def _empty_like_none(x: Tensor) -> Tensor:
+    """The placeholder of an output the call does not make (0 elements)."""
+    return x.new_empty((0,))
+
+
+def _next_input(y: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
+                act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str,
+                kernels: bool) -> tuple[Tensor, Tensor]:
+    """(the next causal conv's padded channels-last input, its next cache, channels-last) from the norm (+ act)
+    of y: the kernels of `_normalized_input` where `kernels` and they serve, else the reference ops."""
+    if kernels:
+        normalized = _normalized_input(y, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None)
+        if normalized is not None:
+            return normalized
+    from rewrite.ops.wan_reference import causal_conv_input_reference, rms_norm_reference
+
+    v = rms_norm_reference(y, gamma, scale, norm_bias, eps, upcast, act)
+    padded, next_cache = causal_conv_input_reference(v, cache if mode != "chunk0" else None, pad, mode)
+    return padded.contiguous(memory_format=CL), next_cache.contiguous(memory_format=CL)
+
+
+def _chain_fake_next(out: Tensor, gamma3: Optional[Tensor], cache3: Optional[Tensor], pad3: list[int],
+                     mode3: str) -> tuple[Tensor, Tensor]:
+    if gamma3 is None:
+        return _empty_like_none(out), _empty_like_none(out)
+    b, c, _, h, w = out.shape
+    padded = layout.empty(layout.padded_shape(out.shape, cache3, pad3, mode3), out, CL)
+    return padded, layout.empty((b, c, 2, h, w), out, CL)
+
+
+@reads_channels_last_weight("weight", "weight2")
+@torch.library.custom_op("rewrite::rms_norm_causal_conv3d_pair_fast_chain", mutates_args=())
+def rms_norm_causal_conv3d_pair_fast_chain(
+        x: Tensor, normalized: Optional[Tensor], gamma: Tensor, scale: float, norm_bias: float, eps: float,
+        upcast: bool, act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+        bias: Optional[Tensor], gamma2: Tensor, scale2: float, norm_bias2: float, eps2: float, upcast2: bool,
+        act2: Optional[str], cache2: Optional[Tensor], pad2: list[int], mode2: str, weight2: Tensor,
+        bias2: Optional[Tensor], residual: Optional[Tensor], residual_bias: Optional[Tensor],
+        gamma3: Optional[Tensor], scale3: float, norm_bias3: float, eps3: float, upcast3: bool, act3: Optional[str],
+        cache3: Optional[Tensor], pad3: list[int], mode3: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """`rms_norm_causal_conv3d_pair_fast` linked to the blocks around it: (output, first next cache, second
+    next cache, next block's padded input, next block's next cache).
+
+    * `normalized` None: the first norm runs here on x (with `cache`), as in the pair op. Given: it is the first
+      conv's padded channels-last input, normalized from x by the op before (its fourth output; x is still
+      passed for the shapes and the fallback), and this op's first next cache is empty (the op before returned
+      it as its fifth output).
+    * `gamma3` given: the output y is also normalized, ``rms_norm(y, gamma3, scale3, norm_bias3, eps3)``
+      (+ `act3`), into the next causal conv's padded channels-last input (`cache3` frames, `pad3`, `mode3`) and
+      next cache: the fourth and fifth outputs. Kernel path: the second conv's epilogue stores y and the
+      normalized y in one pass (`triton_conv3d.conv3d_channels_last_norm_padded` with the residual;
+      `chain_reason`). None: the fourth and fifth outputs are empty.
+
+    Where a part's kernel path does not serve, it runs as the pair op (or the first conv by ATen on
+    `normalized`, then `rms_norm_causal_conv3d_fast`) and the next input by `_next_input`.
+    Tolerance: the pair op's, plus the next norm in fp32 from the rounded y with one rounding (the
+    ``channels_last`` contract); the same values as the unlinked ops up to those roundings."""
+    if residual_bias is not None and residual is None:
+        raise ValueError("rms_norm_causal_conv3d_pair_fast_chain: residual_bias without a residual")
+    tensors = tuple(t for t in (x, normalized, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual,
+                                residual_bias, gamma3, cache3) if t is not None)
+    served = _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2,
+                                 weight2, residual, tensors, normalized)
+    if served is None:
+        if normalized is None:
+            out, next_cache, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_pair_fast.default(
+                x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2,
+                norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias)
+        else:
+            y = _exact.channels_last_conv_raw(normalized, weight).contiguous(memory_format=CL)
+            out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
+                *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2,
+                                   bias2, residual, bias, residual_bias))
+            next_cache = _empty_like_none(x)
+        if gamma3 is None:
+            return out, next_cache, next_cache2, _empty_like_none(x), _empty_like_none(x)
+        kernels = _exact.fused_norm_applies(out, gamma3, act3, "rms_norm_causal_conv3d_pair_fast_chain", tensors,
+                                            triton_conv3d.SUPPORTED_DTYPES)
+        return (out, next_cache, next_cache2,
+                *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, kernels))
+    y_proxy = served
+    if normalized is None:
+        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None)
+    else:
+        padded, next_cache = normalized, _empty_like_none(x)
+    cache2_read = cache2 if mode2 != "chunk0" else None
+    padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
+    triton_conv3d.conv3d_channels_last_norm_padded(
+        padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
+        padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+    del padded
+    shape = conv_output_shape(padded2.shape, weight2.shape)
+    out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
+    weight2_cl = weight2.contiguous(memory_format=CL)
+    if gamma3 is None:
+        triton_conv3d.conv3d_channels_last(padded2, weight2_cl, bias2, residual, out, residual_bias)
+        return out, next_cache, next_cache2, _empty_like_none(x), _empty_like_none(x)
+    cache3_read = cache3 if mode3 != "chunk0" else None
+    if (chain_reason(weight2.shape[1], weight2.shape[0], x.dtype, act3) is None and gamma3.numel() == shape[1]
+            and triton_conv3d.row_view_reason(out) is None
+            and (residual is None or triton_conv3d.row_view_reason(residual) is None)):
+        padded3, next_cache3 = triton_pad.causal_pad_rest_channels_last(out, cache3_read, pad3)
+        triton_conv3d.conv3d_channels_last_norm_padded(
+            padded2, weight2_cl, bias2, gamma3, scale3, norm_bias3, eps3, act3 == "silu", padded3, next_cache3, pad3,
+            0 if cache3_read is None else cache3_read.shape[2], residual=residual, residual_bias=residual_bias,
+            out=out)
+        return out, next_cache, next_cache2, padded3, next_cache3
+    triton_conv3d.conv3d_channels_last(padded2, weight2_cl, bias2, residual, out, residual_bias)
+    del padded2
+    return (out, next_cache, next_cache2,
+            *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, True))
+
+
+@rms_norm_causal_conv3d_pair_fast_chain.register_fake
+def _(x, normalized, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2,
+      norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias, gamma3, scale3,
+      norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3):
+    if normalized is None:
+        y, next_cache = _exact._rms_norm_causal_conv3d_fake(
+            *_pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight))
+    else:
+        y = layout.empty(conv_output_shape(normalized.shape, weight.shape), x, CL)
+        next_cache = _empty_like_none(x)
+    out, next_cache2 = _exact._rms_norm_causal_conv3d_fake(
+        *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
+                           residual, bias, residual_bias))
+    return (out, next_cache, next_cache2, *_chain_fake_next(out, gamma3, cache3, pad3, mode3))
