@@ -153,7 +153,7 @@ def _cases() -> dict[str, list[Case]]:
                 nxt = third if linked_out else (None, 1.0, 0.0, 0.0, False, None, None, [0] * 6, "steady")
                 add("rms_norm_causal_conv3d_pair_fast_chain", f"{mode}_w{width}_in_{linked_in}_out_{linked_out}", xw,
                     padded if linked_in else None, *norm_w[:6], None if linked_in else cache_w, *norm_w[7:],
-                    rnd(16, dtype=bf), *second_w, residual, None, *nxt, weight=10)
+                    rnd(16, dtype=bf), *second_w, residual, None, *nxt, weight=11)
 
     for res_layout, bias in itertools.product(LAYOUTS, (True, False)):
         add("conv3d_residual", f"residual_{res_layout}_bias_{bias}", rnd(1, c, 3, h + 2, w + 2),

@@ -193,7 +193,7 @@ def test_tiny_match_counts_in_the_optimized_model(pair):
     with torch.no_grad():
         optimized.decode(latents(1, 2))
     [graph] = report(optimized).graphs
-    assert graph.name == "decode" and graph.passes == ["canonicalize", "fuse_patterns", "drop_redundant_clones"]
+    assert graph.name == "decode" and graph.passes == ["canonicalize", "fuse_patterns", "chain_block_norms", "drop_redundant_clones"]
     assert nonzero(graph.matches) == LOSSLESS
 
 

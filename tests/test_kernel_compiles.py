@@ -96,11 +96,13 @@ def conv(cin, cout, h, w, tile, epilogue):
     padded = torch.zeros(1, cin, 4, h + 2, w + 2, dtype=BF16).contiguous(memory_format=CL)
     weight = torch.zeros(cout, cin, 3, 3, 3, dtype=BF16).contiguous(memory_format=CL)
     bias = torch.zeros(cout, dtype=BF16)
-    if epilogue == "norm":
+    if epilogue in ("norm", "chain"):  # chain: a residual read, the output stored, then normalized
         nxt = torch.zeros(1, cout, 4, h + 2, w + 2, dtype=BF16).contiguous(memory_format=CL)
         cache = torch.zeros(1, cout, 2, h, w, dtype=BF16).contiguous(memory_format=CL)
+        out = torch.zeros(1, cout, 2, h, w, dtype=BF16) if epilogue == "chain" else None
         triton_conv3d.conv3d_channels_last_norm_padded(padded, weight, bias, torch.ones(cout, dtype=BF16), 1.0, 0.0,
-                                                       1e-12, True, nxt, cache, [1, 1, 1, 1, 0, 0], 2, config=tile)
+                                                       1e-12, True, nxt, cache, [1, 1, 1, 1, 0, 0], 2, config=tile,
+                                                       residual=None if out is None else out.clone(), out=out)
     else:
         out = torch.zeros(1, cout, 2, h, w, dtype=BF16)
         triton_conv3d.conv3d_channels_last(padded, weight, bias, out.clone(), out, config=tile)
@@ -108,6 +110,8 @@ def conv(cin, cout, h, w, tile, epilogue):
 conv(96, 96, 6, 1280, ConvTile(256, 64, 32, 8, 4, 32), "ncdhw+residual")
 conv(96, 96, 6, 832, ConvTile(64, 64, 32, 4, 3, 32, 2, max_registers=128), "norm")
 conv(192, 192, 6, 640, ConvTile(128, 128, 64, 8, 3, 64, max_registers=128), "norm")
+conv(96, 96, 6, 1280, ConvTile(256, 64, 32, 8, 4, 32, max_registers=128), "chain")
+conv(192, 192, 6, 640, ConvTile(128, 128, 64, 8, 3, 64, max_registers=128), "chain")
 conv(384, 384, 6, 320, ConvTile(64, 128, 64, 4, 4, 0, 2), "ncdhw+residual")
 x = torch.zeros(1, 96, 2, 4, 8, dtype=BF16)
 triton_norm_fast.rms_norm_padded_one_pass(x, torch.ones(96, dtype=BF16), 1.0, 0.0, 1e-12, True,
