@@ -203,10 +203,14 @@ def test_the_pass_leaves_other_levels_alone():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["steady", "chunk0"])
 @pytest.mark.parametrize("c,h,w", [(96, 4, 300), (96, 5, 832), (192, 4, 640)])
-def test_gpu_chain_producer_on_the_wan_shape_class(mode, c, h, w):
+def test_gpu_chain_producer_on_the_wan_shape_class(monkeypatch, mode, c, h, w):
     """The chosen tiles of the linked shape classes (96 = 64 + 32, 256-pixel programs or two rows of 64; 192 =
-    128 + 64), with the residual read and the block output stored by TMA: as the CPU test."""
+    128 + 64, its fused epilogue enabled here though not chosen), with the residual read and the block output
+    stored by TMA: as the CPU test."""
+    monkeypatch.setattr(wan_fast, "_RESIDUAL_NORM_EPILOGUE_FASTER", frozenset({(c, c)}))
+    calls = _fused_epilogues(monkeypatch)
     args, nxt, (out, next_cache, next_cache2, padded3, next_cache3) = _producer(mode, c=c, h=h, w=w)
+    assert len(calls) == 2 and calls[1] is not None, "the second conv's fused epilogue did not run"
     expected = pair_op(*args)
     assert all(torch.equal(a, e) for a, e in zip((out, next_cache, next_cache2), expected))
     _check_next_input(out, nxt, padded3, next_cache3)

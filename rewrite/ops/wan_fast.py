@@ -263,8 +263,11 @@ def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bi
 
 # ---- a residual block whose second conv also normalizes its output for the next block ----------------------
 # (in channels, out channels) of the second convs of residual blocks (bias, residual) whose fused norm epilogue
-# (the block output stored, and normalized into the next block's padded input) is taken: docs/tuning.md 1.9.
-_RESIDUAL_NORM_EPILOGUE_FASTER: frozenset = frozenset({(96, 96), (192, 192)})
+# (the block output stored, and normalized into the next block's padded input) measured faster on the H200 than
+# the conv plus the one-pass norm kernel (docs/tuning.md 1.9): 96 -> 96 4.54 against 4.58 ms @ 4x720x1280,
+# 1.99 against 2.05-2.08 @ 4x480x832. 192 -> 192 measured slower (3.62-3.72 against 3.62-3.64 @ 4x360x640,
+# 1.93-1.94 against 1.89-1.91 @ 4x240x416): ptxas spills 256 bytes a thread at the 128-register cap.
+_RESIDUAL_NORM_EPILOGUE_FASTER: frozenset = frozenset({(96, 96)})
 
 
 def chain_reason(in_channels: int, out_channels: int, dtype: torch.dtype, act: Optional[str]) -> Optional[str]:
