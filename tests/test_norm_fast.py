@@ -120,13 +120,16 @@ def test_the_fast_op_normalizes_with_the_one_pass_kernel_where_chosen(kernel_all
 
 
 def test_fast_reason_admits_a_kept_cudnn_conv_behind_a_chosen_norm():
-    """256 channels: cuDNN's conv stays (not chosen), the one-pass norm serves; 1024 and fp32: neither."""
+    """256 channels: cuDNN's conv stays (not chosen), the one-pass norm serves; 1024, fp32 and Wan 2.1's 384
+    (a count whose one-pass norm is chosen before our conv only): neither."""
     shape, weight = (1, 256, 4, 22, 34), (256, 256, 3, 3, 3)
     assert "cuDNN's conv measured faster" in wan_fast.conv_reason(shape, weight, torch.bfloat16)
     assert wan_fast.fast_reason(shape, weight, torch.bfloat16) is None
     assert "one-pass norm is not chosen for 1024" in wan_fast.fast_reason((1, 1024, 4, 22, 34), (1024, 1024, 3, 3, 3),
                                                                           torch.bfloat16)
     assert wan_fast.fast_reason(shape, weight, torch.float32) is not None
+    assert "one-pass norm is not chosen for 384" in wan_fast.fast_reason((1, 384, 3, 92, 162), (384, 384, 3, 3, 3),
+                                                                         torch.bfloat16)
 
 
 @needs_kernels
@@ -142,6 +145,7 @@ def test_the_fast_op_runs_cudnns_conv_after_the_one_pass_norm_where_the_conv_is_
     kernel_gates_open(monkeypatch)
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {})
     monkeypatch.setattr(wan_fast, "_ONE_PASS_NORM_CHANNELS", frozenset({16}))
+    monkeypatch.setattr(wan_fast, "_ONE_PASS_BEFORE_CUDNN_CHANNELS", frozenset({16}))
     g = torch.Generator().manual_seed(5)
     x = torch.randn(1, 16, 2, 3, 9, generator=g).to(DEVICE, torch.bfloat16)
     cache = torch.randn(1, 16, 2, 3, 9, generator=g).to(DEVICE, torch.bfloat16)

@@ -202,7 +202,7 @@ def test_the_pass_leaves_other_levels_alone():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["steady", "chunk0"])
-@pytest.mark.parametrize("c,h,w", [(96, 4, 300), (96, 5, 832), (192, 4, 640)])
+@pytest.mark.parametrize("c,h,w", [(96, 4, 296), (96, 5, 832), (192, 4, 640)])  # rows TMA can store
 def test_gpu_chain_producer_on_the_wan_shape_class(monkeypatch, mode, c, h, w):
     """The chosen tiles of the linked shape classes (96 = 64 + 32, 256-pixel programs or two rows of 64; 192 =
     128 + 64, its fused epilogue enabled here though not chosen), with the residual read and the block output

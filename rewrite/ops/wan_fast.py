@@ -65,10 +65,10 @@ def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weigh
 
 def fast_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
     """None when the fast op's kernel path serves this conv: the Triton conv (`conv_reason`) or, where cuDNN's
-    conv stays, the one-pass norm before it (a channel count in `_ONE_PASS_NORM_CHANNELS`, bf16/fp16); else
-    why the ``lossless`` op runs it. Read by the pattern's guard on the graph's shapes."""
+    conv stays, the one-pass norm before it (a channel count in `_ONE_PASS_BEFORE_CUDNN_CHANNELS`, bf16/fp16);
+    else why the ``lossless`` op runs it. Read by the pattern's guard on the graph's shapes."""
     reason = conv_reason(in_shape, weight_shape, dtype)
-    if reason is None or (dtype in triton_conv3d.SUPPORTED_DTYPES and in_shape[1] in _ONE_PASS_NORM_CHANNELS
+    if reason is None or (dtype in triton_conv3d.SUPPORTED_DTYPES and in_shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
                           and in_shape[1] <= triton_norm_fast.MAX_CHANNELS):
         return None
     return f"{reason}; the one-pass norm is not chosen for {in_shape[1]} channels"
@@ -85,6 +85,12 @@ def one_pass_norm_chosen(x: Tensor) -> bool:
 # x 1280, 0.47 against 0.73 for 256 x 4 x 360 x 640, 0.25 against 0.39 for 512 x 4 x 180 x 320). Wider counts
 # (Wan 2.2's 1024) exceed the kernel's registers (`triton_norm_fast.MAX_CHANNELS`).
 _ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 256, 384, 512})
+# Of those, the counts whose one-pass norm also runs before a conv cuDNN keeps (the op then runs the lossless
+# op's conv on its padded input): Wan 2.2's 256 and 512 (720p 1.78x against 1.73x without, 54.4 dB). Not Wan
+# 2.1's 96 (`conv_out`) and 192 / 384 (its 90x160 level, 480p's 416 and 208 wide levels): with them one-pass,
+# Wan 2.1 720p's max-abs against `off` went 0.044 -> 0.063, past the level's 6e-2, for about 9 ms of 1.55 s
+# (docs/results.md, session 17); their norms keep the exact kernel, the lossless op's numbers.
+_ONE_PASS_BEFORE_CUDNN_CHANNELS = frozenset({256, 512})
 
 
 def _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias):
@@ -118,7 +124,7 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
                                      triton_conv3d.SUPPORTED_DTYPES):
         return rewrite_ops.rms_norm_causal_conv3d.default(*args)
     served = _serves(x, cache, pad, mode, weight, residual)
-    if (not served and one_pass_norm_chosen(x)
+    if (not served and one_pass_norm_chosen(x) and x.shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
             and _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual) is not None):
         # cuDNN's conv stays; its input comes from the one-pass norm
         padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias)
