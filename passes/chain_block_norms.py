@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from rewrite.engine.rewriter import PROVENANCE_META, fake_value
 from rewrite.levels import level_enables
@@ -103,7 +104,10 @@ def _reason(first: fx.Node, second: fx.Node, y: fx.Node) -> str | None:
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and tuple(a.stride()) == tuple(b.stride())
+    """Same dtype, sizes and strides, provably for symbolic ones (no guard is added to the graph's shapes)."""
+    pairs = list(zip(a.shape, b.shape)) + list(zip(a.stride(), b.stride()))
+    return (a.dtype == b.dtype and a.dim() == b.dim()
+            and all(statically_known_true(x == y) for x, y in pairs))
 
 
 def chain_block_norms(gm: fx.GraphModule, ctx: PassContext) -> PassResult:

@@ -169,7 +169,7 @@ def test_the_pass_links_every_run_of_blocks(monkeypatch):
     monkeypatch.setattr(dispatch, "INTERPRETING", True)
     kernel_gates_open(monkeypatch)
     vae = build_wan("wan2.1", "tiny").to(torch.bfloat16)
-    linked = 0
+    linked, declined = 0, {}
     for graph in capture_wan_decoder(vae.decoder, torch.bfloat16, torch.device("cpu")):
         rewrite_graph(graph, "channels_last")
         nodes = list(graph.graph_module.graph.nodes)
@@ -185,7 +185,10 @@ def test_the_pass_links_every_run_of_blocks(monkeypatch):
                             and node.args[23] is x), node.name
         assert graph.matches.get("chain_block_norms", 0) == sum(
             n.target is chain_op.default and n.args[1] is not None for n in nodes)
+        declined.update(graph.declined.get("chain_block_norms", {}))
     assert linked > 0
+    # each up block's first block reads the upsampler's output (or conv_in's path): said, not linked
+    assert set(declined) == {"the block input is not a block output"}, declined
 
 
 def test_the_pass_leaves_other_levels_alone():
