@@ -29,6 +29,7 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.operator_schemas import normalize_function
 
 from rewrite.engine.rewriter import PROVENANCE_META, fake_value
 from rewrite.levels import level_enables
@@ -45,11 +46,7 @@ _NO_NEXT_NORM = {"gamma3": None, "scale3": 1.0, "norm_bias3": 0.0, "eps3": 0.0, 
 
 def _bound(node: fx.Node) -> dict[str, Any]:
     """The node's arguments by schema name (defaults filled in)."""
-    schema = node.target._schema
-    values = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    values.update(zip((a.name for a in schema.arguments), node.args))
-    values.update(node.kwargs)
-    return values
+    return normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True).kwargs
 
 
 def _as_chain(node: fx.Node) -> dict[str, Any]:
@@ -88,19 +85,17 @@ def _item(graph: fx.Graph, node: fx.Node, index: int) -> fx.Node:
     return item
 
 
-def _reason(first: fx.Node, second: fx.Node, y: fx.Node) -> str | None:
-    """Why the pair (first, second) is not linked, or None."""
-    if first.target not in (PAIR, CHAIN):
-        return "the block input is not a block output"
-    ours = _bound(second)
-    if ours["residual"] is not y or ours["residual_bias"] is not None:
+def _reason(first: dict[str, Any], second: dict[str, Any], y: fx.Node, reader: fx.Node) -> str | None:
+    """Why the blocks of arguments `first` (as the chain op's) and `second` (the pair op `reader`'s, whose
+    input y is) are not linked, or None."""
+    if second["residual"] is not y or second["residual_bias"] is not None:
         return "the second block's shortcut is not its input (a conv shortcut)"
-    if set(y.users) != {second}:
+    if set(y.users) != {reader}:
         return "the first block's output has other readers"
-    if first.target is CHAIN and _bound(first)["gamma3"] is not None:
+    if first["gamma3"] is not None:
         return "the first block already normalizes for another reader"
-    weight2 = _val(_as_chain(first)["weight2"])
-    return wan_fast.chain_reason(weight2.shape[1], weight2.shape[0], _val(y).dtype, ours["act"])
+    weight2 = _val(first["weight2"])
+    return wan_fast.chain_reason(weight2.shape[1], weight2.shape[0], _val(y).dtype, second["act"])
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -123,10 +118,14 @@ def chain_block_norms(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         if not (isinstance(y, fx.Node) and y.target is operator.getitem and y.args[1] == 0):
             continue
         first = y.args[0]
-        reason = _reason(first, second, y)
+        if first.target not in (PAIR, CHAIN):
+            stats["rejected"][NAME].append({"node": second.name, "reason": "the block input is not a block output"})
+            continue
+        first_args, second_args = _as_chain(first), _bound(second)
+        reason = _reason(first_args, second_args, y, second)
         if reason is None:
             with graph.inserting_after(first):
-                linked = _call(graph, {**_as_chain(first), **{f"{k}3": _bound(second)[k] for k in _NEXT_NORM}}, first)
+                linked = _call(graph, {**first_args, **{f"{k}3": second_args[k] for k in _NEXT_NORM}}, first)
             with graph.inserting_after(linked):
                 next_input = _item(graph, linked, 3)
                 next_cache = _item(graph, linked, 4)
@@ -141,7 +140,7 @@ def chain_block_norms(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         for index, item in _items(first).items():
             item.args = (linked, index)
         graph.erase_node(first)
-        values = {**_as_chain(second), "normalized": next_input, "cache": None}
+        values = {"normalized": next_input, **second_args, **_NO_NEXT_NORM, "cache": None}
         with graph.inserting_before(second):
             consumer = _call(graph, values, second)
         for index, item in _items(second).items():

@@ -16,15 +16,12 @@ import operator
 import pytest
 import torch
 
-from rewrite.ops import dispatch, triton_conv3d, wan_fast
+from rewrite.ops import dispatch, wan_fast
 from rewrite.ops import wan as _wan_ops
-from rewrite.ops.dispatch import INTERPRETING
 from rewrite.ops.wan_reference import causal_conv_input_reference, rms_norm_reference
 from tests.op_cases import kernel_gates_open
-from tests.test_wan_fast import DEVICE, _pair_inputs, _ulp
+from tests.test_wan_fast import DEVICE, _pair_fused, _pair_inputs, _ulp, needs_kernels
 
-CUDA = torch.cuda.is_available()
-needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
 CL = torch.channels_last_3d
 chain_op = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast_chain
 pair_op = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast
@@ -71,24 +68,12 @@ def _check_next_input(out, nxt, padded3, next_cache3):
     assert bool((error <= _ulp(v, held.dtype)).all()), error.max().item()
 
 
-def _fused_epilogues(monkeypatch):
-    """Record the residual argument of each fused norm epilogue launch."""
-    calls, original = [], triton_conv3d.conv3d_channels_last_norm_padded
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("residual"))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(triton_conv3d, "conv3d_channels_last_norm_padded", spy)
-    return calls
-
-
 @needs_kernels
 @pytest.mark.parametrize("mode", ["steady", "steady_t1", "chunk0"])
 @pytest.mark.parametrize("residual_bias", [False, True])
 def test_chain_producer_is_the_pair_op_and_the_next_norm(kernel_allowed_on_cpu, monkeypatch, mode, residual_bias):
     kernel_gates_open(monkeypatch)
-    calls = _fused_epilogues(monkeypatch)
+    calls = _pair_fused(monkeypatch)
     args, nxt, (out, next_cache, next_cache2, padded3, next_cache3) = _producer(mode, residual_bias)
     assert len(calls) == 2 and calls[1] is not None, "the second conv's fused epilogue did not run"
     expected = pair_op(*args)
@@ -101,7 +86,7 @@ def test_chain_producer_with_rows_tma_cannot_store_normalizes_after_the_conv(ker
     """19 pixels a row: the NCDHW output's rows are not 16-byte aligned, so the second conv stores its output
     as the pair op does and the norm kernel reads it back (the exact kernel for 16 channels: ATen's values)."""
     kernel_gates_open(monkeypatch)
-    calls = _fused_epilogues(monkeypatch)
+    calls = _pair_fused(monkeypatch)
     args, nxt, (out, _, _, padded3, next_cache3) = _producer("steady", w=19)
     assert calls == [None]  # the first conv's only
     assert torch.equal(out, pair_op(*args)[0])
@@ -211,7 +196,7 @@ def test_gpu_chain_producer_on_the_wan_shape_class(monkeypatch, mode, c, h, w):
     128 + 64, its fused epilogue enabled here though not chosen), with the residual read and the block output
     stored by TMA: as the CPU test."""
     monkeypatch.setattr(wan_fast, "_RESIDUAL_NORM_EPILOGUE_FASTER", frozenset({(c, c)}))
-    calls = _fused_epilogues(monkeypatch)
+    calls = _pair_fused(monkeypatch)
     args, nxt, (out, next_cache, next_cache2, padded3, next_cache3) = _producer(mode, c=c, h=h, w=w)
     assert len(calls) == 2 and calls[1] is not None, "the second conv's fused epilogue did not run"
     expected = pair_op(*args)

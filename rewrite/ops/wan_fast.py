@@ -205,6 +205,22 @@ def _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2,
     return y_proxy
 
 
+def _first_conv_into_second_input(padded: Tensor, y_proxy: Tensor, weight: Tensor, bias: Optional[Tensor],
+                                  gamma2: Tensor, scale2: float, norm_bias2: float, eps2: float,
+                                  act2: Optional[str], cache2: Optional[Tensor], pad2: list[int],
+                                  mode2: str) -> tuple[Tensor, Tensor]:
+    """The pair's kernel path up to its second conv: (the second conv's padded input, its next cache), the
+    first conv of `padded` normalized straight into them (`triton_conv3d.conv3d_channels_last_norm_padded`;
+    the pad kernel writes the cache frames and the zero pad). `y_proxy`: a tensor of the first conv's
+    output shape (`_pair_kernel_inputs`)."""
+    cache2_read = cache2 if mode2 != "chunk0" else None
+    padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
+    triton_conv3d.conv3d_channels_last_norm_padded(
+        padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
+        padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+    return padded2, next_cache2
+
+
 @reads_channels_last_weight("weight", "weight2")
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d_pair_fast", mutates_args=())
 def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float,
@@ -236,13 +252,9 @@ def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, nor
     served = _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2,
                                  weight2, residual, tensors)
     if served is not None:
-        y_proxy = served
         padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None)
-        cache2_read = cache2 if mode2 != "chunk0" else None
-        padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
-        triton_conv3d.conv3d_channels_last_norm_padded(
-            padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
-            padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+        padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, gamma2, scale2, norm_bias2,
+                                                             eps2, act2, cache2, pad2, mode2)
         del padded  # the first conv's input: free before the second conv's output is allocated
         shape = conv_output_shape(padded2.shape, weight2.shape)
         out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
@@ -293,8 +305,8 @@ def chain_reason(in_channels: int, out_channels: int, dtype: torch.dtype, act: O
     return reason
 
 
-def _empty_like_none(x: Tensor) -> Tensor:
-    """The placeholder of an output the call does not make (0 elements)."""
+def _absent(x: Tensor) -> Tensor:
+    """The placeholder of an output the call does not make (0 elements, x's dtype and device)."""
     return x.new_empty((0,))
 
 
@@ -317,7 +329,7 @@ def _next_input(y: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: f
 def _chain_fake_next(out: Tensor, gamma3: Optional[Tensor], cache3: Optional[Tensor], pad3: list[int],
                      mode3: str) -> tuple[Tensor, Tensor]:
     if gamma3 is None:
-        return _empty_like_none(out), _empty_like_none(out)
+        return _absent(out), _absent(out)
     b, c, _, h, w = out.shape
     padded = layout.empty(layout.padded_shape(out.shape, cache3, pad3, mode3), out, CL)
     return padded, layout.empty((b, c, 2, h, w), out, CL)
@@ -366,30 +378,26 @@ def rms_norm_causal_conv3d_pair_fast_chain(
             out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
                 *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2,
                                    bias2, residual, bias, residual_bias))
-            next_cache = _empty_like_none(x)
+            next_cache = _absent(x)
         if gamma3 is None:
-            return out, next_cache, next_cache2, _empty_like_none(x), _empty_like_none(x)
+            return out, next_cache, next_cache2, _absent(x), _absent(x)
         kernels = _exact.fused_norm_applies(out, gamma3, act3, "rms_norm_causal_conv3d_pair_fast_chain", tensors,
                                             triton_conv3d.SUPPORTED_DTYPES)
         return (out, next_cache, next_cache2,
                 *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, kernels))
-    y_proxy = served
     if normalized is None:
         padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None)
     else:
-        padded, next_cache = normalized, _empty_like_none(x)
-    cache2_read = cache2 if mode2 != "chunk0" else None
-    padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
-    triton_conv3d.conv3d_channels_last_norm_padded(
-        padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
-        padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+        padded, next_cache = normalized, _absent(x)
+    padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, gamma2, scale2, norm_bias2,
+                                                         eps2, act2, cache2, pad2, mode2)
     del padded
     shape = conv_output_shape(padded2.shape, weight2.shape)
     out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
     weight2_cl = weight2.contiguous(memory_format=CL)
     if gamma3 is None:
         triton_conv3d.conv3d_channels_last(padded2, weight2_cl, bias2, residual, out, residual_bias)
-        return out, next_cache, next_cache2, _empty_like_none(x), _empty_like_none(x)
+        return out, next_cache, next_cache2, _absent(x), _absent(x)
     cache3_read = cache3 if mode3 != "chunk0" else None
     if (chain_reason(weight2.shape[1], weight2.shape[0], x.dtype, act3) is None and gamma3.numel() == shape[1]
             and triton_conv3d.row_view_reason(out) is None
@@ -415,7 +423,7 @@ def _(x, normalized, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode
             *_pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight))
     else:
         y = layout.empty(conv_output_shape(normalized.shape, weight.shape), x, CL)
-        next_cache = _empty_like_none(x)
+        next_cache = _absent(x)
     out, next_cache2 = _exact._rms_norm_causal_conv3d_fake(
         *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
                            residual, bias, residual_bias))
