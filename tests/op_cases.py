@@ -49,6 +49,7 @@ def kernel_gates_open(monkeypatch) -> None:
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 16, 27): math.inf})  # the fast op's cases
     monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the pair op's
     monkeypatch.setattr(wan_fast, "_RESIDUAL_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the chain op's
+    monkeypatch.setattr(wan_fast, "_UPSAMPLE_PHASES_FASTER", frozenset({(16, 16)}))  # the upsample conv's
     monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
@@ -175,6 +176,14 @@ def _cases() -> dict[str, list[Case]]:
             add("upsample_conv2d", f"{lay}_upcast_{upcast}_bias_{bias}", x, upcast,
                 rnd(co, c, 3, 3, scale=0.2, dtype=x.dtype), rnd(co, dtype=x.dtype) if bias else None, [1, 1], [1, 1],
                 weight=2)
+
+    # the channels_last level's upsample conv by phases: bf16, 16 channels (the kernel's multiple) in and out
+    planes16 = {"contiguous": rnd(2, 16, h, w, dtype=torch.bfloat16),
+                "channels_last": channels_last(rnd(2, 16, h, w, dtype=torch.bfloat16)),
+                "frames_of_ncdhw": rnd(16, 2, h, w, dtype=torch.bfloat16).transpose(0, 1)}
+    for (lay, x), bias in itertools.product(planes16.items(), (True, False)):
+        add("upsample_conv2d_fast", f"{lay}_bias_{bias}", x, True, rnd(16, 16, 3, 3, scale=0.2, dtype=x.dtype),
+            rnd(16, dtype=x.dtype) if bias else None, [1, 1], [1, 1], weight=2)
 
     # ---- Wan 2.2's DupUp3D shortcut: alone, and in the upsample conv's epilogue
     cin, cout, ft, fs, t = 8, 4, 2, 2, 2

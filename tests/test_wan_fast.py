@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.ops import dispatch, triton_conv3d, wan_fast
+from rewrite.ops import dispatch, triton_conv3d, triton_norm_fast, wan_fast
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_conv3d import ConvTile
@@ -59,6 +59,7 @@ def _operands(b, c, o, t, h, w, dtype, seed=0):
     (1, 32, 96, 1, 2, 40, ConvTile(32, 64, 32, 4, 2, 32)),     # the 64 + 32 split of 96 channels
     (1, 16, 48, 2, 5, 20, ConvTile(16, 32, 16, 4, 2, 16, 2)),  # two rows per program (an odd row count), 32 + 16
     (2, 32, 40, 1, 4, 12, ConvTile(16, 32, 32, 4, 2, 0, 2)),   # two rows, a partial channel block, 2 batches
+    (1, 32, 3, 2, 3, 24, ConvTile(32, 16, 32, 4, 2)),          # 3 outputs (Wan's head) in a 16-channel tile
 ])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_matches_the_conv(b, c, o, t, h, w, tile, dtype):
@@ -78,6 +79,35 @@ def test_kernel_matches_the_conv(b, c, o, t, h, w, tile, dtype):
     plain = torch.empty(reference.shape, dtype=dtype, device=DEVICE)
     triton_conv3d.conv3d_channels_last(padded, weight, None, None, plain, config=tile)
     _within_one_ulp(plain, F.conv3d(padded.double(), weight.double()), plain_magnitude, terms)
+
+
+@needs_kernels
+@pytest.mark.parametrize("fold", [1, 2])
+@pytest.mark.parametrize("c,o,t,h,w", [(32, 3, 2, 3, 20), (16, 5, 1, 4, 13)])  # a head's 3 outputs; odd sizes
+def test_folded_kernel_matches_the_conv(fold, c, o, t, h, w):
+    """The narrow conv with its kernel taps folded into the output channels: fp32 partial sums (the same
+    products, summed in another order) and one rounding, so the kernel test's bound holds."""
+    padded, weight, bias, residual = _operands(1, c, o, t, h, w, torch.bfloat16, seed=3)
+    residual_bias = bias.flip(0)
+    reference = (F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
+                 + residual_bias.double().view(-1, 1, 1, 1))
+    magnitude = (F.conv3d(padded.double().abs(), weight.double().abs()) + bias.double().abs().view(-1, 1, 1, 1)
+                 + residual.double().abs() + residual_bias.double().abs().view(-1, 1, 1, 1))
+    out = torch.empty(reference.shape, dtype=torch.bfloat16, device=DEVICE)
+    triton_conv3d.conv3d_channels_last_folded(padded, weight, bias, residual, out, residual_bias, fold=fold,
+                                              config=ConvTile(32, 32, 16, 4, 2))
+    _within_one_ulp(out, reference, magnitude, 27 * c + 3)
+
+
+def test_folded_kernel_rejects_bad_operands():
+    padded, weight, bias, residual = _operands(1, 16, 3, 1, 2, 4, torch.bfloat16)
+    out = torch.empty(1, 3, 1, 2, 4, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="fold 3"):
+        triton_conv3d.conv3d_channels_last_folded(padded, weight, bias, None, out, fold=3)
+    with pytest.raises(ValueError, match="out must be"):
+        triton_conv3d.conv3d_channels_last_folded(padded, weight, bias, None, out.float(), fold=1)
+    with pytest.raises(ValueError, match="residual must be"):
+        triton_conv3d.conv3d_channels_last_folded(padded, weight, bias, residual[:, :, :, :1], out, fold=1)
 
 
 EPILOGUE_LAYOUTS = {"ncdhw": lambda t: t.contiguous(), "channels_last": channels_last, "frame_major": frame_major,
@@ -168,7 +198,8 @@ def test_tiles_the_kernel_cannot_run_are_named():
 def test_unsupported_shapes_and_dtypes_are_named():
     assert "fp32 keeps cuDNN" in triton_conv3d.unsupported_reason((1, 32, 3, 4, 4), (32, 32, 3, 3, 3), torch.float32)
     assert "multiple of 16" in triton_conv3d.unsupported_reason((1, 24, 3, 4, 4), (32, 24, 3, 3, 3), torch.bfloat16)
-    assert "output channels" in triton_conv3d.unsupported_reason((1, 32, 3, 4, 4), (3, 32, 3, 3, 3), torch.bfloat16)
+    assert triton_conv3d.unsupported_reason((1, 32, 3, 4, 4), (3, 32, 3, 3, 3), torch.bfloat16) is None
+    assert triton_conv3d.launch_config(96, 3, 1280).block_n == triton_conv3d.MIN_OUT_CHANNELS
     assert triton_conv3d.unsupported_reason((1, 96, 6, 10, 10), (96, 96, 3, 3, 3), torch.bfloat16) is None
     # padded inputs of a 1-frame steady_t1 step: 2 cache frames + 1, 8 x 8 spatially padded to 10 x 10
     assert "cuDNN's conv measured faster" in wan_fast.conv_reason((1, 384, 3, 10, 10), (384, 384, 3, 3, 3),
@@ -228,6 +259,32 @@ def test_fast_op_is_the_lossless_op_up_to_its_rounding(served_16_channels, kerne
     error = (fast.double() - exact.double()).abs()
     bound = 2 * _ulp(magnitude, torch.bfloat16)
     assert bool((error <= bound).all()), error.max()
+
+
+@needs_kernels
+@pytest.mark.parametrize("fold", [0, 1, 2])
+def test_fast_op_serves_a_narrow_head(kernel_allowed_on_cpu, monkeypatch, fold):
+    """A 16 -> 3 conv (a decoder head) on the kernel path, plain (a 16-channel tile) or folded: the conv of the
+    one-pass norm's padded input within the kernel test's bound, and that norm's next cache. (On the CPU the
+    exact norm kernel has no plan, so the one-pass norm is what lets the op take its kernel path here.)"""
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 3, 27): math.inf})
+    monkeypatch.setattr(triton_conv3d, "_FOLDED_TAPS", {(16, 3, 27): fold} if fold else {})
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: SMALL)
+    monkeypatch.setattr(wan_fast, "_ONE_PASS_NORM_CHANNELS", frozenset({16}))
+    ran = []
+    for name in ("conv3d_channels_last", "conv3d_channels_last_folded"):
+        original = getattr(triton_conv3d, name)
+        monkeypatch.setattr(triton_conv3d, name, lambda *a, _name=name, _f=original, **k: ran.append(_name) or _f(*a, **k))
+    x, gamma, scale, norm_bias, eps, _, _, cache, pad, mode, weight, bias, _ = args = _op_inputs(
+        16, 3, torch.bfloat16, "steady", residual=False)
+    out, next_cache = torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
+    assert ran[0] == ("conv3d_channels_last_folded" if fold else "conv3d_channels_last")
+    padded, expected_cache = triton_norm_fast.rms_norm_padded_one_pass(x, gamma, scale, norm_bias, eps, True, cache,
+                                                                       pad)
+    assert torch.equal(next_cache, expected_cache)
+    reference = F.conv3d(padded.double(), weight.double(), bias.double())
+    magnitude = F.conv3d(padded.double().abs(), weight.double().abs()) + bias.double().abs().view(-1, 1, 1, 1)
+    _within_one_ulp(out, reference, magnitude, 27 * 16 + 1)
 
 
 @needs_kernels
@@ -462,3 +519,66 @@ def test_gpu_pair_op_on_the_wan_shape_class(monkeypatch, mode, c, h, w):
     pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
     assert calls, "the fused epilogue did not run"
     _check_pair(args, pair)
+
+
+# ---- the upsampler's conv by phases ------------------------------------------------------------------------
+@needs_kernels
+@pytest.mark.parametrize("n,c,o,h,w,tile", [
+    (2, 32, 16, 3, 5, ConvTile(32, 16, 16, 4, 2)),            # odd sizes, 2 frames
+    (1, 16, 48, 4, 9, ConvTile(16, 32, 16, 4, 2, 16, 2)),     # 32 + 16 channels, two rows per program
+])
+def test_upsample_phases_match_the_conv_of_the_upsample(n, c, o, h, w, tile):
+    """Each output phase is a 2x2 conv with summed weights: against the double conv of the upsampled x with
+    the weights `upsample_phase_weights` rounded (the kernel test's bound), and against the true weights
+    with that rounding's error added (half a weight ulp per summed tap, times |x|)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(n, c, h, w, generator=g).to(torch.bfloat16).to(DEVICE)
+    weight = (torch.randn(o, c, 3, 3, generator=g) / (9 * c) ** 0.5).to(torch.bfloat16).to(DEVICE)
+    bias = torch.randn(o, generator=g).to(torch.bfloat16).to(DEVICE)
+    out = torch.empty(n, o, 2 * h, 2 * w, dtype=torch.bfloat16, device=DEVICE)
+    triton_conv3d.upsample2x_conv2d_channels_last(wan_fast._padded_source(x), weight, bias, out, config=tile)
+    phases = triton_conv3d.upsample_phase_weights(weight).double()  # [4, O, C, 2, 2]
+    source = F.pad(x.double(), (1, 1, 1, 1))
+    reference = torch.empty(out.shape, dtype=torch.float64, device=DEVICE)
+    magnitude = torch.empty_like(reference)
+    for ph in (0, 1):
+        for pw in (0, 1):
+            window = source[:, :, ph:ph + h + 1, pw:pw + w + 1]
+            reference[:, :, ph::2, pw::2] = F.conv2d(window, phases[2 * ph + pw], bias.double())
+            magnitude[:, :, ph::2, pw::2] = (F.conv2d(window.abs(), phases[2 * ph + pw].abs())
+                                             + bias.double().abs().view(-1, 1, 1))
+    _within_one_ulp(out.unsqueeze(2), reference.unsqueeze(2), magnitude.unsqueeze(2), 4 * c + 1)
+    upsampled = F.interpolate(x.double(), scale_factor=2, mode="nearest")
+    exact = F.conv2d(upsampled, weight.double(), bias.double(), padding=1)
+    weight_rounding = 2.0 ** -9 * magnitude  # half a bf16 ulp of each summed tap, relative
+    assert bool(((out.double() - exact).abs() <= (out.double() - reference).abs() + weight_rounding).all())
+
+
+@needs_kernels
+def test_upsample_op_takes_the_phases_where_served(kernel_allowed_on_cpu, monkeypatch):
+    monkeypatch.setattr(wan_fast, "_UPSAMPLE_PHASES_FASTER", frozenset({(16, 16)}))
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: ConvTile(16, 16, 16, 4, 2))
+    ran = []
+    original = triton_conv3d.upsample2x_conv2d_channels_last
+    monkeypatch.setattr(triton_conv3d, "upsample2x_conv2d_channels_last",
+                        lambda *a, **k: ran.append(1) or original(*a, **k))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(16, 2, 3, 4, generator=g).to(torch.bfloat16).transpose(0, 1)  # the frames of an NCDHW tensor
+    weight = (torch.randn(16, 16, 3, 3, generator=g) / 12).to(torch.bfloat16)
+    bias = torch.randn(16, generator=g).to(torch.bfloat16)
+    fast = torch.ops.rewrite.upsample_conv2d_fast(x, True, weight, bias, [1, 1], [1, 1])
+    with use_backend("reference"):
+        exact = torch.ops.rewrite.upsample_conv2d(x, True, weight, bias, [1, 1], [1, 1])
+    assert ran and fast.stride() == exact.stride()
+    assert (fast.float() - exact.float()).abs().max().item() <= 2 * 2.0 ** -6  # 2 ulps of outputs below 4 (max 2.4)
+    assert exact.abs().max().item() < 4
+
+
+def test_upsample_reason_names_what_declines():
+    assert "3x3, 1, 1 served" in wan_fast.upsample_reason((1, 192, 8, 8), (96, 192, 3, 3), [2, 2], [1, 1],
+                                                          torch.bfloat16)
+    assert "fp32 keeps cuDNN" in wan_fast.upsample_reason((1, 192, 8, 8), (96, 192, 3, 3), [1, 1], [1, 1],
+                                                          torch.float32)
+    assert "not measured faster" in wan_fast.upsample_reason((1, 64, 8, 8), (32, 64, 3, 3), [1, 1], [1, 1],
+                                                             torch.bfloat16)
+    assert wan_fast.upsample_reason((4, 192, 8, 8), (96, 192, 3, 3), [1, 1], [1, 1], torch.bfloat16) is None

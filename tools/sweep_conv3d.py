@@ -26,6 +26,8 @@ SHAPES = {
               ("192->384 @ 2x180x320", 192, 384, 2, 180, 320, K3)],
     "wan21_480": [("96 @ 4x480x832", 96, 96, 4, 480, 832, K3), ("192 @ 4x240x416", 192, 192, 4, 240, 416, K3),
                   ("384 @ 2x120x208", 384, 384, 2, 120, 208, K3), ("384 @ 1x60x104", 384, 384, 1, 60, 104, K3)],
+    "head": [("head 96->3 @ 4x720x1280", 96, 3, 4, 720, 1280, K3), ("head 96->3 @ 4x480x832", 96, 3, 4, 480, 832, K3),
+             ("head 256->12 @ 4x360x640", 256, 12, 4, 360, 640, K3)],
     "wan21up": [("up 192->96 @ 4x720x1280", 192, 96, 4, 720, 1280, K2),
                 ("up 384->192 @ 4x360x640", 384, 192, 4, 360, 640, K2)],
     "wan22": [("1024 @ 2x90x160", 1024, 1024, 2, 90, 160, K3), ("512 @ 4x180x320", 512, 512, 4, 180, 320, K3),
@@ -50,12 +52,15 @@ def candidate_tiles(in_channels: int, out_channels: int, width: int, warp_specia
     block_k, warps, stages, n_rest, rows, warp_specialize). Each (pixels, channels, warps, stages) family is
     tried in `_arrangements`' pixel layouts. Warp-specialized tiles only on request: on the H200 with Triton
     3.6 the first one had not finished compiling after minutes (docs/tuning.md section 1)."""
-    from rewrite.ops.triton_conv3d import ConvTile, launch_config
+    from rewrite.ops.triton_conv3d import MIN_OUT_CHANNELS, ConvTile, launch_config
 
     k = 64 if in_channels % 64 == 0 else 32
     families = []  # (pixels, block_n, n_rest, warps, stages)
     if out_channels == 96:
         families += [(256, 64, 32, 8, 4), (256, 64, 32, 8, 3), (128, 64, 32, 4, 3), (128, 64, 32, 8, 4)]
+    elif out_channels < MIN_OUT_CHANNELS:  # a head: 16-channel tiles
+        families += [(256, 16, 0, 8, 4), (256, 16, 0, 8, 3), (256, 16, 0, 4, 4), (128, 16, 0, 4, 4), (128, 16, 0, 4, 3),
+                     (64, 16, 0, 4, 4)]
     elif out_channels == 192:
         families += [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 3), (256, 64, 0, 8, 4),
                      (128, 64, 0, 4, 4), (128, 128, 0, 4, 4)]
@@ -143,6 +148,10 @@ def main(argv=None) -> int:
                 print(f"  {str(tuple(tile)):<40} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
                       flush=True)
                 row["tiles"].append({"tile": list(tile), "ms": ms, "tflops": flops / ms / 1e9, "max_abs": err})
+            if kt == 1:
+                row["phases"] = _upsample_phases(triton, cin, cout, t, h // 2, w // 2, dtype)
+            if cout < triton_conv3d.MIN_OUT_CHANNELS:
+                row["folded"] = _folded(triton, triton_conv3d, padded, weight, reference, flops)
             if args.decode_epilogues:
                 timed = [t for t in row["tiles"] if "ms" in t]
                 best = triton_conv3d.ConvTile(*min(timed, key=lambda t: t["ms"])["tile"]) if timed else None
@@ -197,8 +206,74 @@ def _decode_epilogues(triton, triton_conv3d, padded, weight, reference, flops, b
             timings[f"{tuple(tile)} {name}"] = ms
             print(f"  {str(tuple(tile)):<36} {name:<22} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {err:.3g}",
                   flush=True)
-        if weight.shape[2] == 3 and triton_conv3d.norm_epilogue_reason(weight.shape[0], tile) is None:
+        if (weight.shape[2] == 3 and weight.shape[0] >= triton_conv3d.MIN_OUT_CHANNELS
+                and triton_conv3d.norm_epilogue_reason(weight.shape[0], tile) is None):
             timings.update(_norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops, tile))
+    return timings
+
+
+def _upsample_phases(triton, cin: int, cout: int, frames: int, h: int, w: int, dtype) -> dict:
+    """ms of the upsampler's conv of a 2x nearest upsample (bias, NCHW frames in and out) as the ``lossless``
+    op runs it (upsample kernel, cuDNN's conv, bias epilogue) and as ``upsample_conv2d_fast`` does (a padded
+    copy of the source, four 2x2 phase convs: docs/tuning.md section 1.11)."""
+    import torch
+
+    from rewrite.ops import wan, wan_fast  # noqa: F401  (registers the ops)
+
+    x = torch.randn(frames, cin, h, w, device="cuda", dtype=dtype)
+    weight = (torch.randn(cout, cin, 3, 3, device="cuda", dtype=dtype) / (9 * cin) ** 0.5)
+    bias = torch.randn(cout, device="cuda", dtype=dtype)
+    flops = 2 * cout * cin * 9 * frames * 4 * h * w  # of the upsampled conv
+    timings = {}
+    runs = {"lossless op": torch.ops.rewrite.upsample_conv2d.default,
+            "phases op": torch.ops.rewrite.upsample_conv2d_fast.default}
+    outputs = {}
+    for name, op in runs.items():
+        def run(op=op):
+            return op(x, True, weight, bias, [1, 1], [1, 1])
+        outputs[name] = run()
+        ms = triton.testing.do_bench_cudagraph(run)
+        timings[name] = ms
+        print(f"  {name:<58} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s (upsampled conv's)", flush=True)
+    err = (outputs["lossless op"].float() - outputs["phases op"].float()).abs().max().item()
+    print(f"  max-abs between them {err:.3g}", flush=True)
+    timings["max_abs"] = err
+    return timings
+
+
+def _folded(triton, triton_conv3d, padded, weight, reference, flops) -> dict:
+    """ms of `conv3d_channels_last_folded` (a narrow conv's kernel taps folded into its output channels: kw, or
+    kh and kw) with bias into an NCDHW output, per inner tile (the decode's head: docs/tuning.md section 1.10)."""
+    import torch
+
+    out = torch.empty(reference.shape, device="cuda", dtype=padded.dtype)
+    bias = torch.randn(reference.shape[1], device="cuda", dtype=padded.dtype)
+    expected = reference.float() + bias.float().view(-1, 1, 1, 1)
+    cout, cin, _, kh, kw = weight.shape
+    k = 64 if cin % 64 == 0 else 32
+    timings = {}
+    for fold, folded_out in ((1, kw * cout), (2, kh * kw * cout)):
+        block_n = max(triton_conv3d.MIN_OUT_CHANNELS, triton.next_power_of_2(folded_out))
+        width = padded.shape[4]  # the partial sums cover every padded column
+        tiles = []
+        for pixels, warps, stages in ((256, 8, 4), (256, 8, 3), (256, 4, 4), (128, 4, 4), (128, 4, 3)):
+            for rows, block_w in _arrangements(width, pixels):
+                tile = triton_conv3d.ConvTile(block_w, block_n, k, warps, stages, 0, rows)
+                if tile not in tiles:
+                    tiles.append(tile)
+        for tile in tiles:
+            def run(tile=tile, fold=fold):
+                triton_conv3d.conv3d_channels_last_folded(padded, weight, bias, None, out, fold=fold, config=tile)
+            try:
+                run()
+                err = (out.float() - expected).abs().max().item()
+                ms = triton.testing.do_bench_cudagraph(run)
+            except Exception as error:  # noqa: BLE001 - a tile this Triton cannot compile: say so and go on
+                print(f"  folded {fold} {tuple(tile)} failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
+                continue
+            timings[f"fold {fold} {tuple(tile)}"] = ms
+            print(f"  folded {fold} {str(tuple(tile)):<36} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  "
+                  f"max-abs {err:.3g}", flush=True)
     return timings
 
 

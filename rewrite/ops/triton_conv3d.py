@@ -42,7 +42,8 @@ the conv, then the bias add, then the residual add): differences of about one ou
 (`unsupported_reason`): cuDNN's TF32 conv stays.
 
 Preconditions (`unsupported_reason`): Triton with tensor descriptors, bf16/fp16 for every tensor, C a multiple
-of 16, O >= 16, the input and weight channels-last with 16-byte aligned rows; a tile `tile_reason` accepts.
+of 16 (O any: a tile is at least 16 channels, the weight rows past O zero-filled by TMA), the input and
+weight channels-last with 16-byte aligned rows; a tile `tile_reason` accepts.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ try:
 except ImportError:  # pragma: no cover - Triton before host tensor descriptors
     TensorDescriptor = None
 
-__all__ = ["ConvTile", "SUPPORTED_DTYPES", "chosen", "conv3d_channels_last", "conv3d_channels_last_norm_padded",
+__all__ = ["ConvTile", "SUPPORTED_DTYPES", "chosen", "conv3d_channels_last", "conv3d_channels_last_folded",
+           "conv3d_channels_last_norm_padded", "folded_taps", "upsample2x_conv2d_channels_last",
+           "upsample_phase_weights",
            "launch_config", "norm_epilogue_chosen", "norm_epilogue_reason", "norm_launch_config", "row_view_reason",
            "unsupported_reason"]
 
@@ -129,8 +132,10 @@ def pixel_tile(width: Optional[int], pixels: int) -> tuple[int, int]:
 # a tie). Other counts take `_DEFAULT_TILES` with block_n the next power of two up to 128. From the H200 sweeps
 # (docs/tuning.md section 1.7): 96 channels 491 TFLOP/s at 1280 wide with 256-pixel programs, 469 at 832 wide
 # with 128 (two rows of 64); 192 = 128 + 64 channels 590-597 at 640 wide; 384 in 128-channel blocks 674 at
-# 320 wide (two rows of 64).
-_TILES = {96: ((256, 64, 32, 8, 4), (128, 64, 32, 4, 3)), 192: ((128, 128, 64, 8, 3),)}
+# 320 wide (two rows of 64). 27 and 108 channels: Wan 2.1's and 2.2's heads folded (`_FOLDED_TAPS`), 0.874 and
+# 0.755 ms at 720p.
+_TILES = {96: ((256, 64, 32, 8, 4), (128, 64, 32, 4, 3)), 192: ((128, 128, 64, 8, 3),),
+          27: ((256, 32, 0, 4, 4),), 108: ((128, 128, 0, 4, 3),)}  # the folded heads' inner convs (section 1.10)
 _DEFAULT_TILES = ((128, 128, 0, 4, 4),)
 
 
@@ -140,7 +145,8 @@ def launch_config(in_channels: int, out_channels: int, width: Optional[int] = No
     best = None
     for pixels, block_n, n_rest, warps, stages in _TILES.get(out_channels, _DEFAULT_TILES):
         if out_channels not in _TILES and triton is not None:
-            block_n = min(block_n, triton.next_power_of_2(out_channels))
+            # at least one tensor-core tile side: TMA zero-fills the weight rows past O (Wan's 96 -> 3 head)
+            block_n = max(MIN_OUT_CHANNELS, min(block_n, triton.next_power_of_2(out_channels)))
         rows, block_w = pixel_tile(width, pixels)
         tile = ConvTile(block_w, block_n, _block_k(in_channels), warps, stages, n_rest, rows)
         if best is None or (width is not None and wasted_fraction(tile, width) < wasted_fraction(best, width)):
@@ -157,9 +163,11 @@ def wasted_fraction(tile: ConvTile, width: int) -> float:
 # (bf16, docs/tuning.md sections 1.5 and 1.7), with the largest `wasted_fraction` of `launch_config`'s tile at
 # which it was: 96 channels at every measured width (491 / 469 TFLOP/s against cuDNN's 275 / 272); 192 and 384
 # only where the programs tile the rows exactly (192 @ 640 wide 590-597 against 586, 384 @ 320 wide 674 against
-# 591; with 7.7-23% wasted 473-573 against 579-592, 384 @ 160 wide 494 against 512). Everything else keeps
-# cuDNN's conv.
-_FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.0, (384, 384, 27): 0.0, (192, 384, 27): 0.0}
+# 591; with 7.7-23% wasted 473-573 against 579-592, 384 @ 160 wide 494 against 512); the heads 96 -> 3 and
+# 256 -> 12, folded (`_FOLDED_TAPS`), at every measured width (0.874 / 0.389 ms against cuDNN's 2.360 / 1.036 at
+# 1280 / 832 wide; 0.755 against 1.587 at 640). Everything else keeps cuDNN's conv.
+_FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.0, (384, 384, 27): 0.0, (192, 384, 27): 0.0,
+                            (96, 3, 27): math.inf, (256, 12, 27): math.inf}
 
 
 def norm_launch_config(in_channels: int, out_channels: int, width: Optional[int] = None) -> ConvTile:
@@ -204,8 +212,6 @@ def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[s
     out_channels, in_channels = weight_shape[0], weight_shape[1]
     if in_channels % 16:
         return f"{in_channels} input channels (a multiple of 16 is needed)"
-    if out_channels < MIN_OUT_CHANNELS or out_channels % 8:
-        return f"{out_channels} output channels (16 or more, a multiple of 8, are needed)"
     if any(s < k for s, k in zip(in_shape[2:], weight_shape[2:])):
         return f"input {tuple(in_shape[2:])} is smaller than the kernel {tuple(weight_shape[2:])}"
     return None
@@ -402,11 +408,12 @@ if triton is not None:
             acc2 = _dot(a, wt2.T, acc2)
         return acc, acc2
 
-    @triton.jit
+    # A_OFFSET (the upsampler phases' input offset) is not specialized: one compiled kernel serves 0, 1 and the rest
+    @triton.jit(do_not_specialize=["A_OFFSET"])
     def _conv3d_kernel(a_desc, w_desc, w2_desc, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
                        bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, TP, HP, WP, N_BLOCKS,
-                       W_TILES, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale,
-                       nbias, eps, C_IN: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                       W_TILES, A_OFFSET, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0,
+                       scale, nbias, eps, C_IN: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
                        NORM: tl.constexpr, SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr,
                        N_REST: tl.constexpr, ROWS: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -445,7 +452,7 @@ if triton is not None:
             wt2 = wt
             if N_REST > 0:
                 wt2 = w2_desc.load([BLOCK_N, tap * C_IN + c0])
-            a_row = ((b * TP + t + i) * HP + h + j) * WP + w0 + k
+            a_row = ((b * TP + t + i) * HP + h + j) * WP + w0 + k + A_OFFSET
             acc, acc2 = _row_dots(a_desc, a_row, c0, wt, wt2, acc, acc2, N_REST)
             if ROWS == 2:
                 accb, acc2b = _row_dots(a_desc, a_row + WP, c0, wt, wt2, accb, acc2b, N_REST)
@@ -528,9 +535,10 @@ def tile_reason(tile: ConvTile, out_channels: int) -> Optional[str]:
 
 def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ...], bias: Optional[Tensor],
             out: Optional[Tensor], residual: Optional[Tensor], residual_bias: Optional[Tensor],
-            norm: Optional[tuple] = None) -> None:
+            norm: Optional[tuple] = None, a_offset: int = 0) -> None:
     """One `_conv3d_kernel` launch; `norm`: (gamma, next_padded, next_cache, (TO, HO, FT, PH, PW, SLOT0), scale,
-    bias, eps, silu) of the NORM epilogue, `out` then the conv's own output or None (not stored)."""
+    bias, eps, silu) of the NORM epilogue, `out` then the conv's own output or None (not stored). `a_offset`:
+    the input pixel of output pixel 0 and tap 0, as a flat pixel index into `padded` (0: its first pixel)."""
     batch, channels, tp, hp, wp = padded.shape
     out_channels, _, kt, kh, kw = weight.shape
     reason = tile_reason(tile, out_channels)
@@ -574,7 +582,7 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
     res = residual if residual is not None else base
     launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, *descriptors, bias if bias is not None else base, res,
            residual_bias if residual_bias is not None else base, base, gamma, out_channels, shape[2], shape[3],
-           shape[4], tp, hp, wp, n_blocks, w_tiles, *base.stride(), *res.stride(), *geometry, float(scale),
+           shape[4], tp, hp, wp, n_blocks, w_tiles, a_offset, *base.stride(), *res.stride(), *geometry, float(scale),
            float(norm_bias), float(eps), C_IN=channels, KT=kt, KH=kh, KW=kw, HAS_BIAS=bias is not None,
            HAS_RESIDUAL=residual is not None, HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None,
            SILU=silu, OUT_MODE=out_mode, RES_MODE=res_mode, N_REST=tile.n_rest, ROWS=tile.rows, WIDE=wide,
@@ -587,12 +595,14 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
                          out: Tensor, residual_bias: Optional[Tensor] = None,
                          config: Optional[ConvTile] = None) -> Tensor:
     """``conv3d(padded, weight, bias) (+ residual (+ residual_bias))`` into `out` (any strides, shape
-    [B, O, T, H, W] of the unpadded conv) by the kernel of the module docstring; returns `out`. `padded` and
+    [B, O, T, H, W] of the unpadded conv; the activation dtype, or float32 for the unrounded fp32 sums) by the
+    kernel of the module docstring; returns `out`. `padded` and
     `weight` must be channels-last (NDHWC) and contiguous in that order; `config` overrides `launch_config`."""
     shape = _checked_shapes(padded, weight, bias)
     out_channels = shape[1]
-    if tuple(out.shape) != shape or out.dtype != padded.dtype:
-        raise ValueError(f"conv3d_channels_last: out must be {shape} {padded.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if tuple(out.shape) != shape or out.dtype not in (padded.dtype, torch.float32):
+        raise ValueError(f"conv3d_channels_last: out must be {shape} {padded.dtype} (or float32: the fp32 sums), got "
+                         f"{tuple(out.shape)} {out.dtype}")
     if residual_bias is not None and tuple(residual_bias.shape) != (out_channels,):
         raise ValueError(f"conv3d_channels_last: residual_bias must be [{out_channels}], got {tuple(residual_bias.shape)}")
     if residual is not None and tuple(residual.shape) != shape:
@@ -601,6 +611,125 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
         return out
     tile = config or launch_config(padded.shape[1], out_channels, shape[4])
     _launch(padded, weight, tile, shape, bias, out, residual, residual_bias)
+    return out
+
+
+# (in channels, out channels, kernel taps) of the narrow convs (fewer than MIN_OUT_CHANNELS outputs) that run as
+# `conv3d_channels_last_folded`, and how many trailing kernel dims it folds into the output channels. Measured
+# on the H200 (docs/tuning.md section 1.10), bf16, 4 frames: Wan 2.1's 96 -> 3 head 0.874 ms at 720 x 1280 with kh
+# and kw folded (1.119 with kw; the plain kernel 2.395, cuDNN 2.360), 0.389 at 480 x 832 (cuDNN 1.036); Wan 2.2's
+# 256 -> 12 head 0.755 at 360 x 640 (kw: 0.968; plain 1.501; cuDNN 1.587).
+_FOLDED_TAPS: dict = {(96, 3, 27): 2, (256, 12, 27): 2}
+
+
+def folded_taps(in_channels: int, out_channels: int, taps: int) -> int:
+    """The trailing kernel dims `conv3d_channels_last_folded` folds for this conv (`_FOLDED_TAPS`), 0: not folded."""
+    return _FOLDED_TAPS.get((in_channels, out_channels, taps), 0)
+
+
+def conv3d_channels_last_folded(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                                out: Tensor, residual_bias: Optional[Tensor] = None, fold: int = 1,
+                                config: Optional[ConvTile] = None) -> Tensor:
+    """`conv3d_channels_last` of a conv with few output channels (a decoder's head: 96 -> 3), computed with the
+    last `fold` kernel dims (1: kw; 2: kh and kw) folded into the output channels: the kernel convolves
+    `padded` with the weight ``[kh*kw*O, C, kt, 1, 1]`` (fold 2) into fp32 partial sums over every padded
+    position, and the partial sums of tap (j, k) are added at their offsets, ``out[.., h, w] = sum_{j,k}
+    partial[.., (j*kw + k)*O + o, h + j, w + k]`` (one strided ATen sum), then bias and residual, rounded once.
+    Why: each input tile the kernel loads then serves kh*kw taps, where the plain kernel reloads it per tap
+    from L2 for a 16-channel tile of which 3 are used (docs/tuning.md section 1.10). Returns `out`.
+    Tolerance: the fp32 sum runs in another order (partial sums over C and kt, then the taps); one rounding."""
+    shape = _checked_shapes(padded, weight, bias)
+    batch, out_channels, frames, rows, columns = shape
+    if fold not in (1, 2):
+        raise ValueError(f"conv3d_channels_last_folded: fold {fold} (1: kw, 2: kh and kw)")
+    if tuple(out.shape) != shape or out.dtype != padded.dtype:
+        raise ValueError(f"conv3d_channels_last_folded: out must be {shape} {padded.dtype}, got {tuple(out.shape)} "
+                         f"{out.dtype}")
+    for name, t, expected in (("residual", residual, shape), ("residual_bias", residual_bias, (out_channels,))):
+        if t is not None and tuple(t.shape) != expected:
+            raise ValueError(f"conv3d_channels_last_folded: {name} must be {expected}, got {tuple(t.shape)}")
+    if out.numel() == 0:
+        return out
+    _, channels, _, hp, wp = padded.shape
+    _, _, kt, kh, kw = weight.shape
+    spans = (kh, kw)[2 - fold:]  # the folded kernel dims
+    taps = math.prod(spans)
+    # folded[(j * kw + k) * O + o, c, i, 0, 0] = weight[o, c, i, j, k] (fold 2); folded[k * O + o, c, i, j, 0] (fold 1)
+    if fold == 2:
+        folded = weight.permute(3, 4, 0, 1, 2).reshape(taps * out_channels, channels, kt, 1, 1)
+    else:
+        folded = weight.permute(4, 0, 1, 2, 3).reshape(taps * out_channels, channels, kt, kh, 1)
+    folded = folded.contiguous(memory_format=torch.channels_last_3d)
+    partial_shape = (batch, taps * out_channels, frames, hp if fold == 2 else rows, wp)
+    partial = torch.empty(partial_shape, dtype=torch.float32, device=padded.device)
+    conv3d_channels_last(padded, folded, None, None, partial, config=config)
+    # summed[b, o, t, h, w, (j,) k] = partial[b, (j * kw + k) * O + o, t, h + j, w + k]: one strided view, one sum
+    sb, sc, st, sh, sw = partial.stride()
+    tap_strides = ((kw * out_channels * sc + sh, out_channels * sc + sw) if fold == 2 else (out_channels * sc + sw,))
+    taps_view = partial.as_strided((batch, out_channels, frames, rows, columns, *spans),
+                                   (sb, sc, st, sh, sw, *tap_strides))
+    total = taps_view.sum(dim=tuple(range(5, 5 + fold)))
+    if bias is not None:
+        total += bias.float().view(-1, 1, 1, 1)
+    if residual is not None:
+        total += residual.float()
+        if residual_bias is not None:
+            total += residual_bias.float().view(-1, 1, 1, 1)
+    out.copy_(total)
+    return out
+
+
+def upsample_phase_weights(weight: Tensor) -> Tensor:
+    """The four 2x2 kernels ``[4, O, C, 2, 2]`` (phase ``2 * ph + pw``) of a 3x3 conv2d (pad 1) of a 2x nearest
+    upsample: output pixel ``(2h + ph, 2w + pw)`` reads source rows ``h + ph - 1 + j`` and columns
+    ``w + pw - 1 + k`` (j, k in 0, 1), and each 2x2 tap sums the 3x3 taps that land on that source pixel (rows
+    {0}, {1, 2} for ph 0; {0, 1}, {2} for ph 1; columns alike). Summed in fp32, rounded once to the weight's
+    dtype."""
+    w = weight.float()
+
+    def halves(t: Tensor, dim: int, phase: int) -> Tensor:
+        first, middle, last = t.unbind(dim)
+        pair = (first, middle + last) if phase == 0 else (first + middle, last)
+        return torch.stack(pair, dim)
+
+    phases = [halves(halves(w, 2, ph), 3, pw) for ph in (0, 1) for pw in (0, 1)]
+    return torch.stack(phases).to(weight.dtype)
+
+
+def upsample2x_conv2d_channels_last(padded_source: Tensor, weight: Tensor, bias: Optional[Tensor],
+                                    out: Tensor, config: Optional[ConvTile] = None) -> Tensor:
+    """``conv2d(upsample_nearest2x(source), weight, bias, padding=1)`` into `out` ([N, O, 2H, 2W], any strides)
+    without the upsampled tensor: each output phase ``(ph, pw)`` (every other row and column) is a 2x2 conv of
+    the source with `upsample_phase_weights`, 4/9 of the upsampled conv's products, one kernel launch per phase
+    into that phase's strided view of `out` (bias added before the one rounding). `padded_source`: the source
+    [N, C, H + 2, W + 2] with a zero border of one pixel, channels-last (NHWC) and contiguous; `weight`
+    [O, C, 3, 3]. Returns `out`.
+    Tolerance: the phase kernels' taps are sums of up to four weights rounded once to the weight dtype (about
+    one weight ulp each), the conv's fp32 sum runs in another order than cuDNN's, one rounding."""
+    if padded_source.dim() != 4 or weight.dim() != 4 or tuple(weight.shape[2:]) != (3, 3):
+        raise ValueError(f"upsample2x_conv2d_channels_last: expected a [N, C, H+2, W+2] source and a [O, C, 3, 3] "
+                         f"weight, got {tuple(padded_source.shape)} and {tuple(weight.shape)}")
+    if not padded_source.is_contiguous(memory_format=torch.channels_last):
+        raise ValueError("upsample2x_conv2d_channels_last: the padded source must be channels-last (NHWC) contiguous")
+    n, _, hp, wp = padded_source.shape
+    out_channels = weight.shape[0]
+    rows, columns = hp - 2, wp - 2
+    expected = (n, out_channels, 2 * rows, 2 * columns)
+    if tuple(out.shape) != expected or out.dtype != padded_source.dtype:
+        raise ValueError(f"upsample2x_conv2d_channels_last: out must be {expected} {padded_source.dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    phases = upsample_phase_weights(weight).unsqueeze(3)  # [4, O, C, 1, 2, 2]: 1-frame 3-D kernels
+    source = padded_source.unsqueeze(2)  # [N, C, 1, H + 2, W + 2]: channels-last 3-D memory
+    _checked_shapes(source, phases[0].contiguous(memory_format=torch.channels_last_3d), bias)
+    if out.numel() == 0:
+        return out
+    shape = (n, out_channels, 1, rows, columns)
+    tile = config or launch_config(weight.shape[1], out_channels, columns)
+    for ph in (0, 1):
+        for pw in (0, 1):
+            phase_weight = phases[2 * ph + pw].contiguous(memory_format=torch.channels_last_3d)
+            _launch(source, phase_weight, tile, shape, bias, out[:, :, ph::2, pw::2].unsqueeze(2), None, None,
+                    a_offset=ph * wp + pw)
     return out
 
 
@@ -647,6 +776,9 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
         raise ValueError(f"conv3d_channels_last_norm_padded: next padded input {tuple(next_padded.shape)} / next "
                          f"cache {tuple(next_cache.shape)} (channels-last, {padded.dtype}) do not hold a {shape} "
                          f"output padded by {pad} after {cache_frames} cache frames")
+    if out_channels % 8:
+        raise ValueError(f"conv3d_channels_last_norm_padded: {out_channels} output channels (the next input's "
+                         f"channels-last rows are stored by TMA: a multiple of 8 is needed)")
     if gamma.numel() != out_channels:
         raise ValueError(f"conv3d_channels_last_norm_padded: gamma must have {out_channels} values, got {gamma.numel()}")
     for name, t in (("out", out), ("residual", residual)):

@@ -23,6 +23,7 @@ against ``off``).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -30,11 +31,13 @@ from torch import Tensor
 
 from rewrite.ops import layout, triton_conv3d, triton_norm_fast, triton_pad
 from rewrite.ops import wan as _exact  # registers rewrite::rms_norm_causal_conv3d
+from rewrite.ops.dispatch import use_kernel
 from rewrite.ops.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
 
 __all__ = ["chain_reason", "conv_reason", "fast_reason", "one_pass_norm_chosen", "pair_reason",
-           "rms_norm_causal_conv3d_fast", "rms_norm_causal_conv3d_pair_fast", "rms_norm_causal_conv3d_pair_fast_chain"]
+           "rms_norm_causal_conv3d_fast", "rms_norm_causal_conv3d_pair_fast", "rms_norm_causal_conv3d_pair_fast_chain",
+           "upsample_conv2d_fast", "upsample_reason"]
 
 rewrite_ops = torch.ops.rewrite
 CL = torch.channels_last_3d
@@ -93,6 +96,18 @@ _ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 256, 384, 512})
 _ONE_PASS_BEFORE_CUDNN_CHANNELS = frozenset({256, 512})
 
 
+def _triton_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor], out: Tensor,
+                 residual_bias: Optional[Tensor]) -> Tensor:
+    """The fast ops' conv of a padded channels-last input into `out`: `triton_conv3d.conv3d_channels_last`, or for
+    a narrow conv (Wan's 96 -> 3 head) its folded form where `triton_conv3d.folded_taps` measured it faster."""
+    weight = weight.contiguous(memory_format=CL)
+    out_channels, in_channels, *kernel = weight.shape
+    fold = triton_conv3d.folded_taps(in_channels, out_channels, math.prod(kernel))
+    if fold:
+        return triton_conv3d.conv3d_channels_last_folded(padded, weight, bias, residual, out, residual_bias, fold=fold)
+    return triton_conv3d.conv3d_channels_last(padded, weight, bias, residual, out, residual_bias)
+
+
 def _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias):
     """(the conv's padded channels-last input, the next cache) from the norm (+ SiLU) of x: the one-pass
     kernel where `one_pass_norm_chosen`, else the exact op's kernel where it reproduces ATen's order
@@ -141,8 +156,7 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
             else:
                 out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype,
                                           device=x.device)
-            triton_conv3d.conv3d_channels_last(padded, weight.contiguous(memory_format=CL), bias, residual, out,
-                                               residual_bias)
+            _triton_conv(padded, weight, bias, residual, out, residual_bias)
             return out, next_cache
     return rewrite_ops.rms_norm_causal_conv3d.default(*args)
 
@@ -258,8 +272,7 @@ def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, nor
         del padded  # the first conv's input: free before the second conv's output is allocated
         shape = conv_output_shape(padded2.shape, weight2.shape)
         out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
-        triton_conv3d.conv3d_channels_last(padded2, weight2.contiguous(memory_format=CL), bias2, residual, out,
-                                           residual_bias)
+        _triton_conv(padded2, weight2, bias2, residual, out, residual_bias)
         return out, next_cache, next_cache2
     y, next_cache = rewrite_ops.rms_norm_causal_conv3d_fast.default(*first)
     out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
@@ -396,7 +409,7 @@ def rms_norm_causal_conv3d_pair_fast_chain(
     out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
     weight2_cl = weight2.contiguous(memory_format=CL)
     if gamma3 is None:
-        triton_conv3d.conv3d_channels_last(padded2, weight2_cl, bias2, residual, out, residual_bias)
+        _triton_conv(padded2, weight2_cl, bias2, residual, out, residual_bias)
         return out, next_cache, next_cache2, _absent(x), _absent(x)
     cache3_read = cache3 if mode3 != "chunk0" else None
     if (chain_reason(weight2.shape[1], weight2.shape[0], x.dtype, act3) is None and gamma3.numel() == shape[1]
@@ -408,7 +421,7 @@ def rms_norm_causal_conv3d_pair_fast_chain(
             0 if cache3_read is None else cache3_read.shape[2], residual=residual, residual_bias=residual_bias,
             out=out)
         return out, next_cache, next_cache2, padded3, next_cache3
-    triton_conv3d.conv3d_channels_last(padded2, weight2_cl, bias2, residual, out, residual_bias)
+    _triton_conv(padded2, weight2_cl, bias2, residual, out, residual_bias)
     del padded2
     return (out, next_cache, next_cache2,
             *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, True))
@@ -428,3 +441,62 @@ def _(x, normalized, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode
         *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
                            residual, bias, residual_bias))
     return (out, next_cache, next_cache2, *_chain_fake_next(out, gamma3, cache3, pad3, mode3))
+
+
+# ---- the upsampler's conv2d of a 2x nearest upsample, by phases ------------------------------------------
+# (in channels, out channels) of Wan's upsampler convs (3x3, pad 1, of a 2x nearest upsample) that the phase
+# kernels (`triton_conv3d.upsample2x_conv2d_channels_last`) ran faster on the H200 than the ``lossless`` op
+# (the upsample kernel, cuDNN's conv of the upsampled frames, the bias epilogue): docs/tuning.md section 1.11.
+_UPSAMPLE_PHASES_FASTER: frozenset = frozenset({(192, 96), (384, 192)})
+
+
+def upsample_reason(x_shape, weight_shape, stride, padding, dtype: torch.dtype) -> Optional[str]:
+    """None when `upsample_conv2d_fast`'s phase kernels serve the conv2d of the 2x-upsampled x (4-D, a 3x3 unit
+    stride conv padded by 1, bf16/fp16, a channel pair measured faster); else why the ``lossless`` op runs it.
+    Read by the pattern's guard on the graph's shapes and by the op on its tensors."""
+    if len(x_shape) != 4 or len(weight_shape) != 4 or x_shape[1] != weight_shape[1]:
+        return f"expected [N, C, H, W] and [O, C, kh, kw], got {tuple(x_shape)} and {tuple(weight_shape)}"
+    if tuple(weight_shape[2:]) != (3, 3) or list(stride) != [1, 1] or list(padding) != [1, 1]:
+        return f"a {tuple(weight_shape[2:])} conv, stride {list(stride)}, padding {list(padding)} (3x3, 1, 1 served)"
+    reason = triton_conv3d.unsupported_reason((x_shape[0], x_shape[1], 1, 2 * x_shape[2] + 2, 2 * x_shape[3] + 2),
+                                              (weight_shape[0], weight_shape[1], 1, 2, 2), dtype)
+    if reason is not None:
+        return reason
+    if (weight_shape[1], weight_shape[0]) not in _UPSAMPLE_PHASES_FASTER:
+        return f"the phase kernels are not measured faster for {weight_shape[1]} -> {weight_shape[0]} channels"
+    return None
+
+
+def _padded_source(x: Tensor) -> Tensor:
+    """x [N, C, H, W] with a one-pixel zero border, channels-last (the phase kernels' input)."""
+    n, c, h, w = x.shape
+    padded = torch.empty((n, c, h + 2, w + 2), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    for border in (padded[:, :, 0], padded[:, :, -1], padded[:, :, 1:-1, 0], padded[:, :, 1:-1, -1]):
+        border.zero_()
+    padded[:, :, 1:-1, 1:-1].copy_(x)
+    return padded
+
+
+@reads_channels_last_weight("weight")
+@torch.library.custom_op("rewrite::upsample_conv2d_fast", mutates_args=())
+def upsample_conv2d_fast(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
+                         padding: list[int]) -> Tensor:
+    """`rewrite::upsample_conv2d` (the conv2d of x upsampled 2x, nearest) without the upsampled tensor: each of
+    the four output phases is a 2x2 conv of x with summed weights (`triton_conv3d.upsample2x_conv2d_channels_last`,
+    4/9 of the products), bias added before the one rounding, written into the layout the ``lossless`` op
+    returns. Where `upsample_reason` declines (or no kernel runs on this device), the ``lossless`` op runs.
+    Tolerance: the summed weights are rounded once to the weight dtype, and the conv's fp32 sum runs in
+    another order than cuDNN's (the ``channels_last`` contract)."""
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if (upsample_reason(x.shape, weight.shape, stride, padding, x.dtype) is None
+            and use_kernel("upsample_conv2d_fast", tensors, triton_conv3d.SUPPORTED_DTYPES)):
+        shape = layout.upsample_conv2d_output_shape(x.shape, weight.shape, padding)
+        out = layout.empty(shape, x, layout.suggest_memory_format(x))
+        return triton_conv3d.upsample2x_conv2d_channels_last(_padded_source(x), weight, bias, out)
+    return rewrite_ops.upsample_conv2d.default(x, upcast, weight, bias, stride, padding)
+
+
+@upsample_conv2d_fast.register_fake
+def _(x, upcast, weight, bias, stride, padding):
+    return layout.empty(layout.upsample_conv2d_output_shape(x.shape, weight.shape, padding), x,
+                        layout.suggest_memory_format(x))
