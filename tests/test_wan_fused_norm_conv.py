@@ -18,7 +18,8 @@ import contextlib
 import pytest
 import torch
 
-from rewrite.ops import aten_reduction, layout, triton_epilogue, triton_norm, triton_pad, triton_upsample, wan_reference
+from rewrite.ops import (aten_reduction, layout, triton_epilogue, triton_norm, triton_pad, triton_upsample, wan_fast,
+                         wan_reference)
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_launch import FlatBlock
@@ -165,6 +166,25 @@ def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_fram
     mode = "chunk0" if cache is None else ("steady_t1" if shape[2] == 1 else "steady")
     if (cache is not None or pad[4] >= 1) and (mode != "chunk0" or shape[2] == 1):  # chunk 0 has one frame
         assert torch.equal(next_cache, wan_reference.next_cache_reference(x, cache, mode))
+
+
+@needs_kernels
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major", "frames_of_ncdhw"))
+@pytest.mark.parametrize("shape,pad", [((1, 5, 3, 4, 7), [1, 1, 1, 1, 0, 0]), ((2, 70, 1, 3, 66), [1, 2, 0, 1, 1, 1])])
+def test_channels_last_pad_is_exact(layout, shape, pad):
+    """`pad_channels_last` (no cache, no next cache) and the upsampler's padded source built from it."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
+    x = {"contiguous": x, "frame_major": _frame_major(x),
+         "frames_of_ncdhw": x.transpose(0, 2).contiguous().transpose(0, 2)}[layout]
+    with use_backend("triton"):
+        actual = triton_pad.pad_channels_last(x, pad)
+        frames = x[0].transpose(0, 1)  # [T, C, H, W]: the per-frame view an upsampler's conv reads
+        source = wan_fast._padded_source(frames)
+    assert actual.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(actual, torch.nn.functional.pad(x, pad))
+    assert source.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(source, torch.nn.functional.pad(frames, [1, 1, 1, 1]))
 
 
 @needs_kernels

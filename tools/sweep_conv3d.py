@@ -218,7 +218,7 @@ def _upsample_phases(triton, cin: int, cout: int, frames: int, h: int, w: int, d
     copy of the source, four 2x2 phase convs: docs/tuning.md section 1.11)."""
     import torch
 
-    from rewrite.ops import wan, wan_fast  # noqa: F401  (registers the ops)
+    from rewrite.ops import triton_conv3d, wan, wan_fast  # noqa: F401  (wan, wan_fast: register the ops)
 
     x = torch.randn(frames, cin, h, w, device="cuda", dtype=dtype)
     weight = (torch.randn(cout, cin, 3, 3, device="cuda", dtype=dtype) / (9 * cin) ** 0.5)
@@ -238,6 +238,30 @@ def _upsample_phases(triton, cin: int, cout: int, frames: int, h: int, w: int, d
     err = (outputs["lossless op"].float() - outputs["phases op"].float()).abs().max().item()
     print(f"  max-abs between them {err:.3g}", flush=True)
     timings["max_abs"] = err
+    # the phase kernels alone (the padded source made once), per tile: their K loop is 4 taps long, so the
+    # epilogue's share is larger than in a 27-tap conv and tiles with two programs per SM may win
+    padded = wan_fast._padded_source(x)
+    out = torch.empty_like(outputs["phases op"])
+    k = 64 if cin % 64 == 0 else 32
+    if cout == 96:
+        tiles = [(256, 64, k, 8, 4, 32, 1), (128, 64, k, 8, 4, 32, 2), (128, 64, k, 4, 3, 32, 1),
+                 (64, 64, k, 4, 3, 32, 2), (128, 64, k, 4, 4, 32, 1), (128, 64, k, 8, 3, 32, 1)]
+    else:
+        tiles = [(64, 128, k, 8, 3, 64, 2), (128, 128, k, 8, 3, 64, 1), (64, 128, k, 4, 3, 64, 2),
+                 (128, 128, k, 4, 3, 64, 1), (64, 128, k, 8, 4, 64, 2)]
+    for fields in tiles:
+        tile = triton_conv3d.ConvTile(*fields)
+
+        def phases(tile=tile):
+            triton_conv3d.upsample2x_conv2d_channels_last(padded, weight, bias, out, config=tile)
+        try:
+            phases()
+            ms = triton.testing.do_bench_cudagraph(phases)
+        except Exception as error:  # noqa: BLE001 - a tile this Triton cannot compile: say so and go on
+            print(f"  phases {fields} failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
+            continue
+        timings[f"phases {fields}"] = ms
+        print(f"  phases {str(fields):<50} {ms:8.3f} ms", flush=True)
     return timings
 
 

@@ -64,7 +64,7 @@ except ImportError:  # pragma: no cover - Triton before host tensor descriptors
     TensorDescriptor = None
 
 __all__ = ["ConvTile", "SUPPORTED_DTYPES", "chosen", "conv3d_channels_last", "conv3d_channels_last_folded",
-           "conv3d_channels_last_norm_padded", "folded_taps", "upsample2x_conv2d_channels_last",
+           "conv3d_channels_last_norm_padded", "folded_taps", "phase_launch_config", "upsample2x_conv2d_channels_last",
            "upsample_phase_weights",
            "launch_config", "norm_epilogue_chosen", "norm_epilogue_reason", "norm_launch_config", "row_view_reason",
            "unsupported_reason"]
@@ -679,6 +679,23 @@ def conv3d_channels_last_folded(padded: Tensor, weight: Tensor, bias: Optional[T
     return out
 
 
+# Per output channel count, the program shape (pixels, block_n, n_rest, warps, stages) of the upsampler's phase
+# convs (their K loop is 4 taps long: smaller programs, two per SM, overlap one's epilogue with another's loop).
+# H200 sweep (docs/tuning.md section 1.11): 192 -> 96 @ 4 x 360 x 640 sources 1.489 ms for the four phases
+# against 1.854 with the 27-tap conv's tile; 384 -> 192 @ 4 x 180 x 320 1.306 against 1.476.
+_PHASE_TILES = {96: (128, 64, 32, 4, 4), 192: (128, 128, 64, 4, 3)}
+
+
+def phase_launch_config(in_channels: int, out_channels: int, width: Optional[int] = None) -> ConvTile:
+    """The tile of `upsample2x_conv2d_channels_last`'s phase convs (`_PHASE_TILES`, arranged by `pixel_tile`
+    over source rows of `width` pixels; other channel counts: `launch_config`'s)."""
+    if out_channels not in _PHASE_TILES:
+        return launch_config(in_channels, out_channels, width)
+    pixels, block_n, n_rest, warps, stages = _PHASE_TILES[out_channels]
+    rows, block_w = pixel_tile(width, pixels)
+    return ConvTile(block_w, block_n, _block_k(in_channels), warps, stages, n_rest, rows)
+
+
 def upsample_phase_weights(weight: Tensor) -> Tensor:
     """The four 2x2 kernels ``[4, O, C, 2, 2]`` (phase ``2 * ph + pw``) of a 3x3 conv2d (pad 1) of a 2x nearest
     upsample: output pixel ``(2h + ph, 2w + pw)`` reads source rows ``h + ph - 1 + j`` and columns
@@ -724,7 +741,7 @@ def upsample2x_conv2d_channels_last(padded_source: Tensor, weight: Tensor, bias:
     if out.numel() == 0:
         return out
     shape = (n, out_channels, 1, rows, columns)
-    tile = config or launch_config(weight.shape[1], out_channels, columns)
+    tile = config or phase_launch_config(weight.shape[1], out_channels, columns)
     for ph in (0, 1):
         for pw in (0, 1):
             phase_weight = phases[2 * ph + pw].contiguous(memory_format=torch.channels_last_3d)

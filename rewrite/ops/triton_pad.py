@@ -59,7 +59,8 @@ if triton is not None:
     @triton.jit
     def _causal_pad_cl_kernel(x_ptr, cache_ptr, out_ptr, next_ptr, C, TO, HO, WO, TC, H, W, PT, PH, PW, TS,
                               sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
-                              HAS_CACHE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+                              HAS_CACHE: tl.constexpr, NEXT_CACHE: tl.constexpr, BLOCK_W: tl.constexpr,
+                              BLOCK_C: tl.constexpr):
         """`_causal_pad_kernel` writing the padded input channels-last: out is [B, TO, HO, WO, C] in memory.
 
         One output row (b, t, h) per program along axis 0, a BLOCK_W x BLOCK_C tile of it: read along w from
@@ -67,7 +68,7 @@ if triton is not None:
         TS = TC + (frames of x): the source frames; rows, columns and frames outside them are the zero pad.
         The rows of the last two temporal frames before the right pad (source frames, or the left pad's
         zeros when the source has fewer) are also stored, without the spatial pad, to the next cache
-        ([B, 2, H, W, C] in memory): in every mode that is the next chunk's cache.
+        ([B, 2, H, W, C] in memory): in every mode that is the next chunk's cache (not NEXT_CACHE: none).
         """
         row = tl.program_id(0)
         h = row % HO
@@ -93,10 +94,11 @@ if triton is not None:
                                 other=0.0)
         offsets = (row.to(tl.int64) * WO + w[:, None]) * C + c[None, :]
         tl.store(out_ptr + offsets, value, mask=out_mask)
-        slot = ts - (TS - 2)  # 0 or 1 in the next cache's two frames
-        if (slot >= 0) & (slot < 2) & (hs >= 0) & (hs < H):
-            cache_rows = ((b * 2 + slot) * H + hs) * W
-            tl.store(next_ptr + (cache_rows + ws[:, None]) * C + c[None, :], value, mask=inside)
+        if NEXT_CACHE:
+            slot = ts - (TS - 2)  # 0 or 1 in the next cache's two frames
+            if (slot >= 0) & (slot < 2) & (hs >= 0) & (hs < H):
+                cache_rows = ((b * 2 + slot) * H + hs) * W
+                tl.store(next_ptr + (cache_rows + ws[:, None]) * C + c[None, :], value, mask=inside)
 
     @triton.jit
     def _causal_pad_rest_cl_kernel(cache_ptr, out_ptr, next_ptr, TO, HO, H, TC, PT, PH, TS, ROW, LO, HI,
@@ -219,6 +221,24 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) ->
         grid = (b * frames_out * rows_out, triton.cdiv(columns_out, tile.positions), triton.cdiv(c, block_c))
         launch(_causal_pad_cl_kernel, grid, x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h,
                w, tl_, hl, wl, tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
-               BLOCK_W=tile.positions, BLOCK_C=block_c, num_warps=tile.warps)
+               NEXT_CACHE=True, BLOCK_W=tile.positions, BLOCK_C=block_c, num_warps=tile.warps)
     return out, next_cache
+
+
+def pad_channels_last(x: Tensor, pad: list[int]) -> Tensor:
+    """`pad(x, pad)` of a 5-D x (any strides; `pad` as for `F.pad`, six values) written channels-last (NDHWC
+    memory) in one pass: `causal_pad_channels_last`'s kernel without cache frames or a next cache."""
+    wl, wr, hl, hr, tl_, tr = pad
+    b, c, tx, h, w = x.shape
+    out = torch.empty((b, c, tl_ + tx + tr, hl + h + hr, wl + w + wr), dtype=x.dtype, device=x.device,
+                      memory_format=torch.channels_last_3d)
+    _, _, frames_out, rows_out, columns_out = out.shape
+    if out.numel():
+        tile = PAD_CL_TILE_FEW_CHANNELS if c <= PAD_CL_TILE_FEW_CHANNELS.channels else PAD_CL_TILE
+        block_c = tile.block_channels(c)
+        grid = (b * frames_out * rows_out, triton.cdiv(columns_out, tile.positions), triton.cdiv(c, block_c))
+        launch(_causal_pad_cl_kernel, grid, x, x, out, out, c, frames_out, rows_out, columns_out, 0, h, w, tl_, hl,
+               wl, tx, *x.stride(), *x.stride(), HAS_CACHE=False, NEXT_CACHE=False, BLOCK_W=tile.positions,
+               BLOCK_C=block_c, num_warps=tile.warps)
+    return out
 

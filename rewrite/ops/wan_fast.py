@@ -468,13 +468,11 @@ def upsample_reason(x_shape, weight_shape, stride, padding, dtype: torch.dtype) 
 
 
 def _padded_source(x: Tensor) -> Tensor:
-    """x [N, C, H, W] with a one-pixel zero border, channels-last (the phase kernels' input)."""
-    n, c, h, w = x.shape
-    padded = torch.empty((n, c, h + 2, w + 2), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    for border in (padded[:, :, 0], padded[:, :, -1], padded[:, :, 1:-1, 0], padded[:, :, 1:-1, -1]):
-        border.zero_()
-    padded[:, :, 1:-1, 1:-1].copy_(x)
-    return padded
+    """x [N, C, H, W] with a one-pixel zero border, channels-last (the phase kernels' input), in one pass: the
+    pad kernel writes the frames as one clip [1, C, N, H + 2, W + 2] in NDHWC memory, which is that 4-D
+    tensor's NHWC memory. (ATen's border fill plus transposing copy measured 0.79 ms at 4 x 192 x 360 x 640.)"""
+    clip = triton_pad.pad_channels_last(x.transpose(0, 1).unsqueeze(0), [1, 1, 1, 1, 0, 0])
+    return clip.squeeze(0).transpose(0, 1)
 
 
 @reads_channels_last_weight("weight")
