@@ -119,17 +119,23 @@ def test_graphs_run_with_the_copies_are_equal_to_the_graphs_run_with_the_weights
 
 # ---- which ops read channels-last weights: declared with the op, checked against what the op does ---------------
 class _CopiesOf(TorchDispatchMode):
-    """Counts the copies made of one tensor (a clone or a copy reading it) while active."""
+    """Counts the channels-last copies made of one tensor (a clone or a copy reading it whose result is in
+    channels-last memory; a dtype conversion in the same layout, e.g. to sum weights in fp32, is no such copy)
+    while active."""
 
     def __init__(self, tensor: torch.Tensor):
         super().__init__()
         self.tensor, self.count = tensor, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
         if func in (aten.clone.default, aten._to_copy.default, aten.copy_.default) and any(
                 a is self.tensor for a in args):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+            result = args[0] if func is aten.copy_.default else out
+            fmt = torch.channels_last_3d if result.dim() == 5 else torch.channels_last
+            if result.dim() in (4, 5) and result.is_contiguous(memory_format=fmt) and not result.is_contiguous():
+                self.count += 1
+        return out
 
 
 def _implementation(op: str):

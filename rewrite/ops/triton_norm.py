@@ -363,16 +363,18 @@ def silu(x: Tensor) -> Tensor:
 
 def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
                                   silu: bool, split: int, cache: Tensor | None, pad: list[int],
-                                  ctas: int = 1, x_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                                  ctas: int = 1, x_bias: Tensor | None = None,
+                                  next_cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`causal_pad_channels_last(rms_norm(x [+ x_bias]), cache, pad)` without materializing the norm: the norm
     kernel stores into the padded buffer and the next cache, the pad kernel writes only the rest (cache frames,
     zero pad). x's (h, w) positions must be one strided run (contiguous planes, or channels-last); `split`,
     `ctas` are `aten_reduction`'s plan for the layout whose summation order the norm must follow. `x_bias`: x
-    is a conv output whose bias was deferred; the norm's input is `x.add_(x_bias)` (ATen's rounding)."""
+    is a conv output whose bias was deferred; the norm's input is `x.add_(x_bias)` (ATen's rounding).
+    `next_cache`: the buffer the next cache is written into (`triton_pad.causal_pad_rest_channels_last`)."""
     pixel_stride = run_stride(x)
     if pixel_stride is None:
         raise ValueError(f"rms_norm_padded_channels_last: x's (h, w) positions are not one strided run {x.stride()}")
-    out, next_cache = causal_pad_rest_channels_last(x, cache, pad)
+    out, next_cache = causal_pad_rest_channels_last(x, cache, pad, next_cache)
     if not out.numel():
         return out, next_cache
     wl, _, hl, _, tl_, _ = pad

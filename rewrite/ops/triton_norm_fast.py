@@ -106,16 +106,17 @@ def one_pass_reason(x: Tensor) -> Optional[str]:
 
 
 def rms_norm_padded_one_pass(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, silu: bool,
-                             cache: Optional[Tensor], pad: list[int],
-                             x_bias: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    """(padded channels-last conv input, next cache) of the module docstring; `cache` None for a first chunk."""
+                             cache: Optional[Tensor], pad: list[int], x_bias: Optional[Tensor] = None,
+                             next_cache: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """(padded channels-last conv input, next cache) of the module docstring; `cache` None for a first chunk;
+    `next_cache`: the buffer the next cache is written into (`triton_pad.causal_pad_rest_channels_last`)."""
     reason = one_pass_reason(x)
     if reason is not None:
         raise ValueError(f"rms_norm_padded_one_pass: {reason}")
     if gamma.numel() != x.shape[1] or (x_bias is not None and x_bias.numel() != x.shape[1]):
         raise ValueError(f"rms_norm_padded_one_pass: gamma / x_bias must have {x.shape[1]} values, got "
                          f"{gamma.numel()} / {None if x_bias is None else x_bias.numel()}")
-    out, next_cache = causal_pad_rest_channels_last(x, cache, pad)
+    out, next_cache = causal_pad_rest_channels_last(x, cache, pad, next_cache)
     if not out.numel() or not x.numel():
         return out, next_cache
     wl, _, hl, _, tl_, _ = pad

@@ -167,8 +167,10 @@ PAD_CL_TILE = Tile(positions=64, channels=0, warps=4)
 PAD_CL_TILE_FEW_CHANNELS = Tile(positions=64, channels=128, warps=8)  # up to 128 channels: all in one block
 
 
-def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
-    """Empty (padded input, next cache), channels-last, for `causal_pad_channels_last`."""
+def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
+                          next_cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Empty (padded input, next cache), channels-last, for `causal_pad_channels_last`; `next_cache`: the
+    buffer to write the next cache into instead of a new one (checked)."""
     wl, wr, hl, hr, tl_, tr = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
@@ -176,18 +178,33 @@ def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tu
         raise ValueError(f"causal_pad_channels_last: {tl_ + tc + tx} frames before the right pad, the cache needs 2")
     shape = (b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr)
     out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
-    next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    if next_cache is None:
+        next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    elif (tuple(next_cache.shape) != (b, c, 2, h, w) or next_cache.dtype != x.dtype or next_cache.device != x.device
+          or not next_cache.is_contiguous(memory_format=torch.channels_last_3d)):
+        raise ValueError(f"causal pad: the next cache buffer must be a channels-last {(b, c, 2, h, w)} {x.dtype} "
+                         f"tensor on {x.device}, got {tuple(next_cache.shape)} {next_cache.dtype} on {next_cache.device}")
     return out, next_cache
 
 
 PAD_REST_BLOCK = FlatBlock(values=8192, warps=8)  # `_causal_pad_rest_cl_kernel`
 
 
-def causal_pad_rest_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+def _shares_memory(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def causal_pad_rest_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
+                                  next_cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`causal_pad_channels_last` without the positions that come from x (nor their next-cache copies):
     `rms_norm_padded_channels_last` has the norm kernel write those. The cache is read channels-last (copied
-    so first if it is not)."""
-    out, next_cache = _padded_channels_last(x, cache, pad)
+    so first if it is not). `next_cache`: a buffer for the next cache instead of a new tensor; it may be the
+    cache itself where x has two frames or more (then this kernel writes no next-cache rows, it only reads
+    the cache, and the norm kernel that runs after it writes them all from x)."""
+    if next_cache is not None and cache is not None and x.shape[2] < 2 and _shares_memory(next_cache, cache):
+        raise ValueError(f"causal_pad_rest_channels_last: the next cache can be written over the cache only from "
+                         f"two frames of x or more, got {x.shape[2]}")
+    out, next_cache = _padded_channels_last(x, cache, pad, next_cache)
     wl, _, hl, _, tl_, _ = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]

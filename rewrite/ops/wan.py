@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import layout, selftest, triton_epilogue, triton_norm, triton_pad, triton_upsample
+from rewrite.ops import cache_into, layout, selftest, triton_epilogue, triton_norm, triton_pad, triton_upsample
+from rewrite.ops.cache_into import writes_next_caches
 from rewrite.ops.dispatch import use_kernel
 from rewrite.ops.layout import (cat_memory_format, channels_last_cache, conv_output_shape, frame_major, padded_shape,
                                 reference_layout, upsample_conv2d_output_shape)
@@ -310,12 +311,15 @@ def fused_norm_plan(x: Tensor, upcast: bool, act: Optional[str], x_bias: Optiona
 
 def norm_into_padded_input(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
                            act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str, plan,
-                           x_bias: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """The fused norm (+ SiLU) stored into the conv's padded channels-last input, and the next cache."""
+                           x_bias: Optional[Tensor], next_cache: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """The fused norm (+ SiLU) stored into the conv's padded channels-last input, and the next cache (into
+    `next_cache` if given: `rewrite.ops.cache_into`)."""
     return triton_norm.rms_norm_padded_channels_last(x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
-                                                     cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias)
+                                                     cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias,
+                                                     next_cache=next_cache)
 
 
+@writes_next_caches({1: "cache"})
 @reads_channels_last_weight("weight")
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d", mutates_args=())
 def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
@@ -338,8 +342,10 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
     available (ATen's norm order not reproduced for x, SiLU not proven exact on this device, the channels-last
     conv not proven equal for the shape) the ops run one after the other.
 
-    `norm_rows`: as for `rms_norm` (x a band; the fused norm sums in the whole tensor's order).
+    `norm_rows`: as for `rms_norm` (x a band; the fused norm sums in the whole tensor's order). The kernel
+    path writes the next cache into a buffer `rewrite.ops.cache_into` gives it.
     """
+    into = cache_into.taken()
     if channels_last_out and (bias is not None or residual is not None):
         raise ValueError("rms_norm_causal_conv3d: channels_last_out is for the raw conv output (no bias, no residual)")
     if residual_bias is not None and residual is None:
@@ -348,8 +354,9 @@ def rms_norm_causal_conv3d(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
     if fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d", tensors, FLOAT_DTYPES):
         plan = fused_norm_plan(x, upcast, act, x_bias, norm_rows)
         if plan is not None and _channels_last_conv_serves(x, cache, pad, mode, weight, residual):
+            cache_read = cache if mode != "chunk0" else None
             padded, next_cache = norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode,
-                                                        plan, x_bias)
+                                                        plan, x_bias, cache_into.buffer_for(into.get(1), cache_read, x))
             if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
                 y = channels_last_conv_raw(padded, weight)
                 return y.contiguous(memory_format=torch.channels_last_3d), next_cache

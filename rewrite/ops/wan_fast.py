@@ -29,8 +29,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import layout, triton_conv3d, triton_norm_fast, triton_pad
+from rewrite.ops import cache_into, layout, triton_conv3d, triton_norm_fast, triton_pad
 from rewrite.ops import wan as _exact  # registers rewrite::rms_norm_causal_conv3d
+from rewrite.ops.cache_into import writes_next_caches
 from rewrite.ops.dispatch import use_kernel
 from rewrite.ops.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
@@ -108,19 +109,24 @@ def _triton_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residua
     return triton_conv3d.conv3d_channels_last(padded, weight, bias, residual, out, residual_bias)
 
 
-def _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias):
+def _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias, into=None):
     """(the conv's padded channels-last input, the next cache) from the norm (+ SiLU) of x: the one-pass
     kernel where `one_pass_norm_chosen`, else the exact op's kernel where it reproduces ATen's order
-    (`fused_norm_plan`); None where neither serves (the caller runs the ``lossless`` op)."""
+    (`fused_norm_plan`); None where neither serves (the caller runs the ``lossless`` op). `into`: a buffer
+    for the next cache (`cache_into.buffer_for` decides whether it is written there)."""
+    cache_read = cache if mode != "chunk0" else None
+    next_cache = cache_into.buffer_for(into, cache_read, x)
     if one_pass_norm_chosen(x):
-        return triton_norm_fast.rms_norm_padded_one_pass(x, gamma, scale, norm_bias, eps, act == "silu",
-                                                         cache if mode != "chunk0" else None, pad, x_bias)
+        return triton_norm_fast.rms_norm_padded_one_pass(x, gamma, scale, norm_bias, eps, act == "silu", cache_read,
+                                                         pad, x_bias, next_cache)
     plan = _exact.fused_norm_plan(x, upcast, act, x_bias)
     if plan is None:
         return None
-    return _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, plan, x_bias)
+    return _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, plan, x_bias,
+                                         next_cache)
 
 
+@writes_next_caches({1: "cache"})
 @reads_channels_last_weight("weight")
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d_fast", mutates_args=())
 def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
@@ -129,7 +135,8 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
                                 x_bias: Optional[Tensor] = None, residual_bias: Optional[Tensor] = None,
                                 channels_last_out: bool = False) -> tuple[Tensor, Tensor]:
     """`rewrite::rms_norm_causal_conv3d` with the Triton conv and its fused epilogue, or cuDNN's conv after the
-    one-pass norm (module docstring)."""
+    one-pass norm (module docstring); its norm kernels write the next cache into a buffer `cache_into` gives."""
+    into = cache_into.taken().get(1)
     args = (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias,
             residual_bias, channels_last_out)
     if channels_last_out and (bias is not None or residual is not None):
@@ -142,12 +149,13 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
     if (not served and one_pass_norm_chosen(x) and x.shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
             and _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual) is not None):
         # cuDNN's conv stays; its input comes from the one-pass norm
-        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias)
+        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias,
+                                               into)
         if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
             return _exact.channels_last_conv_raw(padded, weight).contiguous(memory_format=CL), next_cache
         return _exact.channels_last_conv(padded, weight, bias, residual, residual_bias), next_cache
     if served:
-        normalized = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias)
+        normalized = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias, into)
         if normalized is not None:
             padded, next_cache = normalized
             shape = conv_output_shape(padded.shape, weight.shape)
@@ -222,19 +230,21 @@ def _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2,
 def _first_conv_into_second_input(padded: Tensor, y_proxy: Tensor, weight: Tensor, bias: Optional[Tensor],
                                   gamma2: Tensor, scale2: float, norm_bias2: float, eps2: float,
                                   act2: Optional[str], cache2: Optional[Tensor], pad2: list[int],
-                                  mode2: str) -> tuple[Tensor, Tensor]:
+                                  mode2: str, into2: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """The pair's kernel path up to its second conv: (the second conv's padded input, its next cache), the
     first conv of `padded` normalized straight into them (`triton_conv3d.conv3d_channels_last_norm_padded`;
     the pad kernel writes the cache frames and the zero pad). `y_proxy`: a tensor of the first conv's
-    output shape (`_pair_kernel_inputs`)."""
+    output shape (`_pair_kernel_inputs`); `into2`: a buffer for the second next cache (`cache_into`)."""
     cache2_read = cache2 if mode2 != "chunk0" else None
-    padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(y_proxy, cache2_read, pad2)
+    padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(
+        y_proxy, cache2_read, pad2, cache_into.buffer_for(into2, cache2_read, y_proxy))
     triton_conv3d.conv3d_channels_last_norm_padded(
         padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
         padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
     return padded2, next_cache2
 
 
+@writes_next_caches({1: "cache", 2: "cache2"})
 @reads_channels_last_weight("weight", "weight2")
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d_pair_fast", mutates_args=())
 def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float,
@@ -257,7 +267,8 @@ def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, nor
     kernel path does not serve (`pair_reason`, or the first op's conditions), the two ops above run.
     Tolerance: the two fused ops' (their convs' sum order, one rounding of conv + bias), and the second norm
     computed in fp32 from the first conv's rounded output with one rounding at the end (ATen rounds after
-    each op; `upcast2` is then moot)."""
+    each op; `upcast2` is then moot). The kernel path writes the next caches into buffers `cache_into` gives."""
+    into = cache_into.taken()
     first = _pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight)
     if residual_bias is not None and residual is None:
         raise ValueError("rms_norm_causal_conv3d_pair_fast: residual_bias without a residual")
@@ -266,9 +277,10 @@ def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, nor
     served = _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2,
                                  weight2, residual, tensors)
     if served is not None:
-        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None)
+        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None,
+                                               into.get(1))
         padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, gamma2, scale2, norm_bias2,
-                                                             eps2, act2, cache2, pad2, mode2)
+                                                             eps2, act2, cache2, pad2, mode2, into.get(2))
         del padded  # the first conv's input: free before the second conv's output is allocated
         shape = conv_output_shape(padded2.shape, weight2.shape)
         out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
@@ -325,11 +337,12 @@ def _absent(x: Tensor) -> Tensor:
 
 def _next_input(y: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
                 act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str,
-                kernels: bool) -> tuple[Tensor, Tensor]:
+                kernels: bool, into: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """(the next causal conv's padded channels-last input, its next cache, channels-last) from the norm (+ act)
-    of y: the kernels of `_normalized_input` where `kernels` and they serve, else the reference ops."""
+    of y: the kernels of `_normalized_input` where `kernels` and they serve (the next cache into `into`
+    where `cache_into.buffer_for` allows), else the reference ops."""
     if kernels:
-        normalized = _normalized_input(y, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None)
+        normalized = _normalized_input(y, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None, into)
         if normalized is not None:
             return normalized
     from rewrite.ops.wan_reference import causal_conv_input_reference, rms_norm_reference
@@ -348,6 +361,7 @@ def _chain_fake_next(out: Tensor, gamma3: Optional[Tensor], cache3: Optional[Ten
     return padded, layout.empty((b, c, 2, h, w), out, CL)
 
 
+@writes_next_caches({1: "cache", 2: "cache2", 4: "cache3"})
 @reads_channels_last_weight("weight", "weight2")
 @torch.library.custom_op("rewrite::rms_norm_causal_conv3d_pair_fast_chain", mutates_args=())
 def rms_norm_causal_conv3d_pair_fast_chain(
@@ -374,7 +388,9 @@ def rms_norm_causal_conv3d_pair_fast_chain(
     Where a part's kernel path does not serve, it runs as the pair op (or the first conv by ATen on
     `normalized`, then `rms_norm_causal_conv3d_fast`) and the next input by `_next_input`.
     Tolerance: the pair op's, plus the next norm in fp32 from the rounded y with one rounding (the
-    ``channels_last`` contract); the same values as the unlinked ops up to those roundings."""
+    ``channels_last`` contract); the same values as the unlinked ops up to those roundings. The kernel paths
+    write the next caches into buffers `cache_into` gives."""
+    into = cache_into.taken()
     if residual_bias is not None and residual is None:
         raise ValueError("rms_norm_causal_conv3d_pair_fast_chain: residual_bias without a residual")
     tensors = tuple(t for t in (x, normalized, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual,
@@ -397,13 +413,15 @@ def rms_norm_causal_conv3d_pair_fast_chain(
         kernels = _exact.fused_norm_applies(out, gamma3, act3, "rms_norm_causal_conv3d_pair_fast_chain", tensors,
                                             triton_conv3d.SUPPORTED_DTYPES)
         return (out, next_cache, next_cache2,
-                *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, kernels))
+                *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, kernels,
+                             into.get(4)))
     if normalized is None:
-        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None)
+        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None,
+                                               into.get(1))
     else:
         padded, next_cache = normalized, _absent(x)
     padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, gamma2, scale2, norm_bias2,
-                                                         eps2, act2, cache2, pad2, mode2)
+                                                         eps2, act2, cache2, pad2, mode2, into.get(2))
     del padded
     shape = conv_output_shape(padded2.shape, weight2.shape)
     out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
@@ -415,7 +433,8 @@ def rms_norm_causal_conv3d_pair_fast_chain(
     if (chain_reason(weight2.shape[1], weight2.shape[0], x.dtype, act3) is None and gamma3.numel() == shape[1]
             and triton_conv3d.row_view_reason(out) is None
             and (residual is None or triton_conv3d.row_view_reason(residual) is None)):
-        padded3, next_cache3 = triton_pad.causal_pad_rest_channels_last(out, cache3_read, pad3)
+        padded3, next_cache3 = triton_pad.causal_pad_rest_channels_last(
+            out, cache3_read, pad3, cache_into.buffer_for(into.get(4), cache3_read, out))
         triton_conv3d.conv3d_channels_last_norm_padded(
             padded2, weight2_cl, bias2, gamma3, scale3, norm_bias3, eps3, act3 == "silu", padded3, next_cache3, pad3,
             0 if cache3_read is None else cache3_read.shape[2], residual=residual, residual_bias=residual_bias,
@@ -424,7 +443,8 @@ def rms_norm_causal_conv3d_pair_fast_chain(
     _triton_conv(padded2, weight2_cl, bias2, residual, out, residual_bias)
     del padded2
     return (out, next_cache, next_cache2,
-            *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, True))
+            *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, True,
+                         into.get(4)))
 
 
 @rms_norm_causal_conv3d_pair_fast_chain.register_fake
@@ -475,8 +495,7 @@ def _padded_source(x: Tensor) -> Tensor:
     return clip.squeeze(0).transpose(0, 1)
 
 
-@reads_channels_last_weight("weight")
-@torch.library.custom_op("rewrite::upsample_conv2d_fast", mutates_args=())
+@torch.library.custom_op("rewrite::upsample_conv2d_fast", mutates_args=())  # reads no channels-last weight copy
 def upsample_conv2d_fast(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
                          padding: list[int]) -> Tensor:
     """`rewrite::upsample_conv2d` (the conv2d of x upsampled 2x, nearest) without the upsampled tensor: each of

@@ -6,7 +6,10 @@ new cache into the static cache buffers at the end (`rewrite.runtime.wan`). So a
 what set the peak memory of a `lossless` decode (the capture of the steady graph, 5.35 GiB against 4.62 GiB
 for diffusers' own decode, H200). `write_caches_in_place` returns a copy of the graph in which each new cache
 is copied into its cache input (``aten.copy_``) right after the last node that reads the old cache or a view
-of it, so it dies there; the graph then returns ``(y, *new caches it could not write early)``.
+of it, so it dies there; the graph then returns ``(y, *new caches it could not write early)``. Where the new
+cache comes from an op that can write it into the old cache's buffer itself (`rewrite.ops.cache_into`: the
+op is that cache's last reader and declares it with `writes_next_caches`), the op is called through
+`cache_into.write_next_caches_into` with the buffer instead, and there is no copy at all.
 
 Matches: the step graph's user placeholders ``x, cache_0 .. cache_n`` and its flat output ``(y, new_0 ..
 new_n)`` (same count). Exactness: exact (the same values land in the same buffers; only the time of the
@@ -20,11 +23,15 @@ tensors; any other call is assumed to alias).
 from __future__ import annotations
 
 import copy
+import operator
+from typing import Optional
 
 import torch
 import torch.fx as fx
+from torch.fx.operator_schemas import normalize_function
 
 from rewrite.engine.aliasing import aliases_of
+from rewrite.ops import cache_into
 
 __all__ = ["write_caches_in_place"]
 
@@ -55,14 +62,45 @@ def write_caches_in_place(graph_module: fx.GraphModule, user_inputs: list[str]) 
     # Positions before any insertion serve every cache: a copy inserted for cache i reads only cache i and
     # its fresh new value, so it never is a reader of another written cache (that one would be in `kept`).
     order = {n: k for k, n in enumerate(graph.nodes)}
+    into: dict[fx.Node, list[tuple[int, fx.Node]]] = {}  # op node -> (output index, cache buffer) it writes into
     for i, (cache, value) in enumerate(zip(caches, new)):
         if i in kept:
             continue
         readers = [user for alias in alias_sets[i] for user in alias.users if user.op != "output"]
+        writer = _writer_into(value, cache, readers, order)
+        if writer is not None:
+            into.setdefault(writer[0], []).append((writer[1], cache))
+            continue
         last = max([value, cache, *readers], key=order.__getitem__)
         with graph.inserting_after(last):
             graph.call_function(torch.ops.aten.copy_.default, (cache, value))
+    for node, pairs in into.items():
+        with graph.inserting_before(node):
+            indices, buffers = zip(*pairs)
+            call = graph.call_function(cache_into.write_next_caches_into, (node.target, indices, buffers, *node.args),
+                                       dict(node.kwargs))
+        call.meta = dict(node.meta)
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
     remaining = sorted(kept)
     output.args = (tuple([y, *(new[i] for i in remaining)]),)
     graph.lint()
     return fx.GraphModule(graph_module, graph), remaining
+
+
+def _writer_into(value: fx.Node, cache: fx.Node, readers: list[fx.Node],
+                 order: dict[fx.Node, int]) -> Optional[tuple[fx.Node, int]]:
+    """(op node, output index) where `value` is that output of an op declared by `cache_into.writes_next_caches`
+    whose argument for it is `cache` and which is the last reader of `cache` (and of its views); else None."""
+    if value.op != "call_function" or value.target is not operator.getitem:
+        return None
+    node, index = value.args
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)):
+        return None
+    outputs = cache_into.next_cache_writers().get(node.target._schema.name, {})
+    if index not in outputs or any(order[reader] > order[node] for reader in readers):
+        return None
+    bound = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    if bound is None or bound.kwargs.get(outputs[index]) is not cache:
+        return None
+    return node, index
