@@ -2,8 +2,8 @@
 
 The contract (README, levels): bf16 and fp16 max-abs <= 6e-2 and PSNR >= 45 dB over the [-1, 1] video range
 (peak-to-peak 2) against ``off``, random-init decoders with perturbed RMS gammas (`build_wan`), seeded
-latents. The bound is the issue's; measured values are in docs/results.md (session 17: Wan 2.1 720p bf16
-0.044, 49.0 dB; Wan 2.2 720p 0.023, 54.4 dB). fp32 is not served by the Triton conv: every node runs its ``lossless`` op, `torch.equal` to ``off``.
+latents. The bound is the issue's; measured values are in docs/results.md (session 18: Wan 2.1 720p bf16
+0.047, 48.8 dB; 480p 0.044, 48.9 dB; Wan 2.2 720p 0.023, 54.3 dB). fp32 is not served by the Triton conv: every node runs its ``lossless`` op, `torch.equal` to ``off``.
 """
 
 from __future__ import annotations
