@@ -38,7 +38,7 @@ def channels_last(t: torch.Tensor) -> torch.Tensor:
 LAYOUTS = {"contiguous": lambda t: t, "frame_major": frame_major, "channels_last": channels_last}
 
 
-def _norm_plan_on_cpu(x, upcast, reference_contiguous=False, rows=None):
+def norm_plan_on_cpu(x, upcast, reference_contiguous=False, rows=None):
     """`layout.norm_plan`'s layout conditions without its CUDA ones (2 threads, one block)."""
     x5 = layout.as5d(x)
     fits = layout.run_stride(x5) is not None if reference_contiguous else layout.planes_contiguous(x5)
@@ -53,7 +53,7 @@ def kernel_gates_open(monkeypatch) -> None:
     monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
-    monkeypatch.setattr(layout, "norm_plan", _norm_plan_on_cpu)
+    monkeypatch.setattr(layout, "norm_plan", norm_plan_on_cpu)
 
 
 def _cases() -> dict[str, list[Case]]:

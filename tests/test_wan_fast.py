@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.ops import dispatch, triton_conv3d, triton_norm_fast, wan_fast
+from rewrite.ops import dispatch, layout, selftest, triton_conv3d, triton_norm_fast, wan_fast
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_conv3d import ConvTile
-from tests.op_cases import channels_last, frame_major, kernel_gates_open
+from tests.op_cases import channels_last, frame_major, kernel_gates_open, norm_plan_on_cpu
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -242,11 +242,23 @@ def served_16_channels(monkeypatch):
 @needs_kernels
 @pytest.mark.parametrize("mode", ["steady_t1", "chunk0", "steady"])
 @pytest.mark.parametrize("residual", [True, False])
-def test_fast_op_is_the_lossless_op_up_to_its_rounding(served_16_channels, kernel_allowed_on_cpu, mode, residual):
+def test_fast_op_is_the_lossless_op_up_to_its_rounding(served_16_channels, kernel_allowed_on_cpu, monkeypatch, mode,
+                                                       residual):
+    """On CUDA against the reference ops (the exact norm kernel is ATen's norm bit for bit); on the CPU, where
+    the exact norm has no plan of ATen's CUDA order, both ops take their kernel paths with the CPU plan
+    (`tests.op_cases`), so they share the norm kernel and differ by their convs only."""
+    if not CUDA:
+        monkeypatch.setattr(layout, "norm_plan", norm_plan_on_cpu)
+        monkeypatch.setattr(selftest, "silu_is_exact", lambda *a, **k: True)
+        monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *a, **k: True)
+    ran = []
+    original = triton_conv3d.conv3d_channels_last
+    monkeypatch.setattr(triton_conv3d, "conv3d_channels_last", lambda *a, **k: ran.append(1) or original(*a, **k))
     args = _op_inputs(16, 16, torch.bfloat16, mode, residual)
-    assert wan_fast._serves(args[0], args[7], args[8], args[9], args[10], args[12])  # the kernel path runs
+    assert wan_fast._serves(args[0], args[7], args[8], args[9], args[10], args[12])
     fast, fast_cache = torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
-    with use_backend("reference"):
+    assert ran  # the kernel path ran
+    with use_backend("reference" if CUDA else "triton"):
         exact, exact_cache = torch.ops.rewrite.rms_norm_causal_conv3d(*args)
     assert torch.equal(fast_cache, exact_cache)  # the norm kernel's cache: unchanged by the conv
     assert fast.stride() == exact.stride()
