@@ -64,10 +64,9 @@ except ImportError:  # pragma: no cover - Triton before host tensor descriptors
     TensorDescriptor = None
 
 __all__ = ["ConvTile", "SUPPORTED_DTYPES", "chosen", "conv3d_channels_last", "conv3d_channels_last_folded",
-           "conv3d_channels_last_norm_padded", "folded_taps", "phase_launch_config", "upsample2x_conv2d_channels_last",
-           "upsample_phase_weights",
-           "launch_config", "norm_epilogue_chosen", "norm_epilogue_reason", "norm_launch_config", "row_view_reason",
-           "unsupported_reason"]
+           "conv3d_channels_last_norm_padded", "folded_taps", "launch_config", "norm_epilogue_chosen",
+           "norm_epilogue_reason", "norm_launch_config", "phase_launch_config", "row_view_reason",
+           "unsupported_reason", "upsample2x_conv2d_channels_last", "upsample_phase_weights"]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 MIN_OUT_CHANNELS = 16  # the smallest tensor-core tile side
@@ -709,8 +708,8 @@ def upsample_phase_weights(weight: Tensor) -> Tensor:
         pair = (first, middle + last) if phase == 0 else (first + middle, last)
         return torch.stack(pair, dim)
 
-    phases = [halves(halves(w, 2, ph), 3, pw) for ph in (0, 1) for pw in (0, 1)]
-    return torch.stack(phases).to(weight.dtype)
+    rows = [halves(w, 2, ph) for ph in (0, 1)]
+    return torch.stack([halves(r, 3, pw) for r in rows for pw in (0, 1)]).to(weight.dtype)
 
 
 def upsample2x_conv2d_channels_last(padded_source: Tensor, weight: Tensor, bias: Optional[Tensor],
@@ -735,17 +734,17 @@ def upsample2x_conv2d_channels_last(padded_source: Tensor, weight: Tensor, bias:
     if tuple(out.shape) != expected or out.dtype != padded_source.dtype:
         raise ValueError(f"upsample2x_conv2d_channels_last: out must be {expected} {padded_source.dtype}, got "
                          f"{tuple(out.shape)} {out.dtype}")
-    phases = upsample_phase_weights(weight).unsqueeze(3)  # [4, O, C, 1, 2, 2]: 1-frame 3-D kernels
+    # [O, C, 1, 2, 2] each: 1-frame 3-D kernels, phase 2 * ph + pw
+    phases = [p.contiguous(memory_format=torch.channels_last_3d) for p in upsample_phase_weights(weight).unsqueeze(3)]
     source = padded_source.unsqueeze(2)  # [N, C, 1, H + 2, W + 2]: channels-last 3-D memory
-    _checked_shapes(source, phases[0].contiguous(memory_format=torch.channels_last_3d), bias)
+    _checked_shapes(source, phases[0], bias)
     if out.numel() == 0:
         return out
     shape = (n, out_channels, 1, rows, columns)
     tile = config or phase_launch_config(weight.shape[1], out_channels, columns)
     for ph in (0, 1):
         for pw in (0, 1):
-            phase_weight = phases[2 * ph + pw].contiguous(memory_format=torch.channels_last_3d)
-            _launch(source, phase_weight, tile, shape, bias, out[:, :, ph::2, pw::2].unsqueeze(2), None, None,
+            _launch(source, phases[2 * ph + pw], tile, shape, bias, out[:, :, ph::2, pw::2].unsqueeze(2), None, None,
                     a_offset=ph * wp + pw)
     return out
 

@@ -183,7 +183,8 @@ def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
     elif (tuple(next_cache.shape) != (b, c, 2, h, w) or next_cache.dtype != x.dtype or next_cache.device != x.device
           or not next_cache.is_contiguous(memory_format=torch.channels_last_3d)):
         raise ValueError(f"causal pad: the next cache buffer must be a channels-last {(b, c, 2, h, w)} {x.dtype} "
-                         f"tensor on {x.device}, got {tuple(next_cache.shape)} {next_cache.dtype} on {next_cache.device}")
+                         f"tensor on {x.device}, got {tuple(next_cache.shape)} {next_cache.dtype} on "
+                         f"{next_cache.device}")
     return out, next_cache
 
 
@@ -222,23 +223,29 @@ def causal_pad_rest_channels_last(x: Tensor, cache: Tensor | None, pad: list[int
     return out, next_cache
 
 
-def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
-    """(`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`), its last two frames before the right pad without the
-    spatial pad) written in one pass, both channels-last (NDHWC memory). The second is the next chunk's cache
-    in every mode of `rewrite.ops.wan_reference.next_cache_reference` (its values; its layout is channels-last)."""
+def _launch_pad_cl(x: Tensor, cache: Tensor | None, pad: list[int], out: Tensor, next_cache: Tensor | None) -> None:
+    """`_causal_pad_cl_kernel` writing `out` (and `next_cache`, unless None) from x and the cache frames."""
     wl, _, hl, _, tl_, _ = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
-    out, next_cache = _padded_channels_last(x, cache, pad)
     source = x if cache is None else cache
     _, _, frames_out, rows_out, columns_out = out.shape
     if out.numel():
         tile = PAD_CL_TILE_FEW_CHANNELS if c <= PAD_CL_TILE_FEW_CHANNELS.channels else PAD_CL_TILE
         block_c = tile.block_channels(c)
         grid = (b * frames_out * rows_out, triton.cdiv(columns_out, tile.positions), triton.cdiv(c, block_c))
-        launch(_causal_pad_cl_kernel, grid, x, source, out, next_cache, c, frames_out, rows_out, columns_out, tc, h,
-               w, tl_, hl, wl, tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
-               NEXT_CACHE=True, BLOCK_W=tile.positions, BLOCK_C=block_c, num_warps=tile.warps)
+        launch(_causal_pad_cl_kernel, grid, x, source, out, out if next_cache is None else next_cache, c, frames_out,
+               rows_out, columns_out, tc, h, w, tl_, hl, wl, tc + tx, *x.stride(), *source.stride(),
+               HAS_CACHE=cache is not None, NEXT_CACHE=next_cache is not None, BLOCK_W=tile.positions,
+               BLOCK_C=block_c, num_warps=tile.warps)
+
+
+def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+    """(`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`), its last two frames before the right pad without the
+    spatial pad) written in one pass, both channels-last (NDHWC memory). The second is the next chunk's cache
+    in every mode of `rewrite.ops.wan_reference.next_cache_reference` (its values; its layout is channels-last)."""
+    out, next_cache = _padded_channels_last(x, cache, pad)
+    _launch_pad_cl(x, cache, pad, out, next_cache)
     return out, next_cache
 
 
@@ -249,13 +256,5 @@ def pad_channels_last(x: Tensor, pad: list[int]) -> Tensor:
     b, c, tx, h, w = x.shape
     out = torch.empty((b, c, tl_ + tx + tr, hl + h + hr, wl + w + wr), dtype=x.dtype, device=x.device,
                       memory_format=torch.channels_last_3d)
-    _, _, frames_out, rows_out, columns_out = out.shape
-    if out.numel():
-        tile = PAD_CL_TILE_FEW_CHANNELS if c <= PAD_CL_TILE_FEW_CHANNELS.channels else PAD_CL_TILE
-        block_c = tile.block_channels(c)
-        grid = (b * frames_out * rows_out, triton.cdiv(columns_out, tile.positions), triton.cdiv(c, block_c))
-        launch(_causal_pad_cl_kernel, grid, x, x, out, out, c, frames_out, rows_out, columns_out, 0, h, w, tl_, hl,
-               wl, tx, *x.stride(), *x.stride(), HAS_CACHE=False, NEXT_CACHE=False, BLOCK_W=tile.positions,
-               BLOCK_C=block_c, num_warps=tile.warps)
+    _launch_pad_cl(x, None, pad, out, None)
     return out
-

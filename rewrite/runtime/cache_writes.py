@@ -63,11 +63,12 @@ def write_caches_in_place(graph_module: fx.GraphModule, user_inputs: list[str]) 
     # its fresh new value, so it never is a reader of another written cache (that one would be in `kept`).
     order = {n: k for k, n in enumerate(graph.nodes)}
     into: dict[fx.Node, list[tuple[int, fx.Node]]] = {}  # op node -> (output index, cache buffer) it writes into
+    writers = cache_into.next_cache_writers()
     for i, (cache, value) in enumerate(zip(caches, new)):
         if i in kept:
             continue
         readers = [user for alias in alias_sets[i] for user in alias.users if user.op != "output"]
-        writer = _writer_into(value, cache, readers, order)
+        writer = _writer_into(value, cache, readers, order, writers)
         if writer is not None:
             into.setdefault(writer[0], []).append((writer[1], cache))
             continue
@@ -88,16 +89,17 @@ def write_caches_in_place(graph_module: fx.GraphModule, user_inputs: list[str]) 
     return fx.GraphModule(graph_module, graph), remaining
 
 
-def _writer_into(value: fx.Node, cache: fx.Node, readers: list[fx.Node],
-                 order: dict[fx.Node, int]) -> Optional[tuple[fx.Node, int]]:
+def _writer_into(value: fx.Node, cache: fx.Node, readers: list[fx.Node], order: dict[fx.Node, int],
+                 writers: dict[str, dict[int, str]]) -> Optional[tuple[fx.Node, int]]:
     """(op node, output index) where `value` is that output of an op declared by `cache_into.writes_next_caches`
-    whose argument for it is `cache` and which is the last reader of `cache` (and of its views); else None."""
+    (`writers`) whose argument for it is `cache` and which is the last reader of `cache` (and of its views);
+    else None."""
     if value.op != "call_function" or value.target is not operator.getitem:
         return None
     node, index = value.args
     if not (isinstance(node, fx.Node) and node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)):
         return None
-    outputs = cache_into.next_cache_writers().get(node.target._schema.name, {})
+    outputs = writers.get(node.target._schema.name, {})
     if index not in outputs or any(order[reader] > order[node] for reader in readers):
         return None
     bound = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
