@@ -3,14 +3,14 @@
 Matches:  rewrite::upsample_conv2d(x, upcast, weight, bias, stride, padding)
           (after `upsample_conv2d` built it and `upsample_conv2d_dup_up_add` took the ones it chains; bias
           present or absent)
-Replaces: rewrite::upsample_conv2d_fast(the same arguments) (`rewrite.ops.wan_fast`): each output phase (every
-          other row and column) is a 2x2 conv of x with summed weights, computed by the Triton conv kernel.
+Replaces: rewrite::upsample_conv2d_fast(the same arguments) (`rewrite.ops.wan_upsample_fast`): each output
+          phase (every other row and column) is a 2x2 conv of x with summed weights, by the Triton conv kernel.
 Exactness: tolerance. The summed 2x2 weights are rounded once to the weight dtype and the conv's fp32 sum runs
           in another order than cuDNN's (the README's `channels_last` contract; measured in docs/results.md).
           Where the op's kernel path does not serve a call, it runs the replaced `lossless` op.
 Level: channels_last.
-Guard: the graph runs on CUDA (or on CPU under the Triton interpreter, for tests), and `wan_fast.upsample_reason`
-          accepts the conv: a 3x3 unit-stride conv padded by 1, bf16/fp16, a channel pair the phase kernels
+Guard: the graph runs on CUDA (or on CPU under the Triton interpreter, for tests), and
+          `wan_upsample_fast.upsample_reason` accepts the conv: a 3x3 unit-stride conv padded by 1, bf16/fp16, a channel pair the phase kernels
           measured faster for.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.ops import dispatch, wan_fast
+from rewrite.ops import dispatch, wan_upsample_fast
 
 rewrite_ops = torch.ops.rewrite
 
@@ -37,7 +37,7 @@ def guard(match) -> str | None:
     if not (x.device.type == "cuda" or (dispatch.INTERPRETING and x.device.type == "cpu")):
         return f"the graph runs on {x.device}: the Triton conv runs on CUDA"
     weight = match.inputs["weight"].meta["val"]
-    return wan_fast.upsample_reason(tuple(x.shape), tuple(weight.shape), match.scalars["stride"],
+    return wan_upsample_fast.upsample_reason(tuple(x.shape), tuple(weight.shape), match.scalars["stride"],
                                     match.scalars["padding"], x.dtype)
 
 

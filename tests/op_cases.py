@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from rewrite.models.auk import AliasFreeSnakeBeta
-from rewrite.ops import aten_reduction, layout, selftest, triton_conv3d, wan_fast
+from rewrite.ops import aten_reduction, layout, selftest, triton_conv3d, wan_fast, wan_upsample_fast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,8 @@ def kernel_gates_open(monkeypatch) -> None:
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 16, 27): math.inf})  # the fast op's cases
     monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the pair op's
     monkeypatch.setattr(wan_fast, "_RESIDUAL_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the chain op's
-    monkeypatch.setattr(wan_fast, "_UPSAMPLE_PHASES_FASTER", frozenset({(16, 16)}))  # the upsample conv's
+    monkeypatch.setattr(wan_upsample_fast, "_TRITON_PHASES_FASTER", frozenset({(16, 16)}))  # the upsample conv's
+    monkeypatch.setattr(wan_upsample_fast, "_CUDNN_PHASES_FASTER", frozenset({(16, 16)}))  # the up-block end's
     monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
@@ -199,6 +200,18 @@ def _cases() -> dict[str, list[Case]]:
             add("upsample_conv2d_dup_up_add", f"first_{first}_dx_{dx_layout}_bias_{bias}", x, False,
                 rnd(cout, cin, 3, 3, scale=0.2), rnd(cout) if bias else None, [1, 1], [1, 1],
                 [1, frames, cout, h * fs, w * fs], dx, repeats, unfold, fold, first, weight=2)
+    # the channels_last level's up-block end by phases: bf16, 16 channels in and out
+    cin = cout = 16
+    for first, dx_layout, x_layout in itertools.product((0, 1), ("contiguous", "frame_major"),
+                                                        ("frames_of_ncdhw", "channels_last")):
+        unfold, fold = [1, cout, ft, fs, fs, t, h, w], [1, cout, t * ft, h * fs, w * fs]
+        repeats, frames = cout * ft * fs * fs // cin, t * ft - first
+        dx = LAYOUTS[dx_layout](rnd(1, cin, t, h, w, dtype=torch.bfloat16))
+        x = rnd(cin, frames, h * fs // 2, w * fs // 2, dtype=torch.bfloat16).transpose(0, 1)
+        x = channels_last(x) if x_layout == "channels_last" else x
+        add("upsample_conv2d_dup_up_add_fast", f"first_{first}_dx_{dx_layout}_x_{x_layout}", x, False,
+            rnd(cout, cin, 3, 3, scale=0.2, dtype=torch.bfloat16), rnd(cout, dtype=torch.bfloat16), [1, 1], [1, 1],
+            [1, frames, cout, h * fs, w * fs], dx, repeats, unfold, fold, first, weight=2)
 
     # ---- AuK: x contiguous, a row-cropping view (the transposed conv's output) and a transposed view
     module = AliasFreeSnakeBeta(16)

@@ -20,26 +20,13 @@ from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewr
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_conv3d import ConvTile
 from tests.op_cases import channels_last, frame_major, kernel_gates_open, norm_plan_on_cpu
+from tests.ulps import ulp, within_one_ulp
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
 CL = torch.channels_last_3d
 SMALL = ConvTile(32, 32, 16, 4, 2)  # small tiles keep the interpreter fast
-
-
-def _ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """One ulp of `dtype` at |values| (float64)."""
-    mantissa = {torch.bfloat16: 8, torch.float16: 11}[dtype]
-    exponent = torch.floor(torch.log2(values.abs().clamp_min(2.0 ** -14)))
-    return torch.pow(2.0, exponent - (mantissa - 1))
-
-
-def _within_one_ulp(out: torch.Tensor, reference: torch.Tensor, magnitude: torch.Tensor, terms: int) -> None:
-    """|out - reference| <= 1 ulp + terms * 2**-24 * magnitude (sum of |terms|; module docstring)."""
-    error = (out.double() - reference).abs()
-    bound = _ulp(torch.maximum(reference.abs(), out.double().abs()), out.dtype) + terms * 2.0 ** -24 * magnitude
-    assert bool((error <= bound).all()), f"max error {error.max().item():.3g}, worst excess {(error - bound).max().item():.3g}"
 
 
 def _operands(b, c, o, t, h, w, dtype, seed=0):
@@ -75,10 +62,10 @@ def test_kernel_matches_the_conv(b, c, o, t, h, w, tile, dtype):
                 torch.empty(reference.shape, dtype=dtype, device=DEVICE).contiguous(memory_format=CL)):
         triton_conv3d.conv3d_channels_last(padded, weight, bias, residual.contiguous(memory_format=CL), out,
                                            residual_bias, config=tile)
-        _within_one_ulp(out, reference, magnitude, terms)
+        within_one_ulp(out, reference, magnitude, terms)
     plain = torch.empty(reference.shape, dtype=dtype, device=DEVICE)
     triton_conv3d.conv3d_channels_last(padded, weight, None, None, plain, config=tile)
-    _within_one_ulp(plain, F.conv3d(padded.double(), weight.double()), plain_magnitude, terms)
+    within_one_ulp(plain, F.conv3d(padded.double(), weight.double()), plain_magnitude, terms)
 
 
 @needs_kernels
@@ -96,7 +83,7 @@ def test_folded_kernel_matches_the_conv(fold, c, o, t, h, w):
     out = torch.empty(reference.shape, dtype=torch.bfloat16, device=DEVICE)
     triton_conv3d.conv3d_channels_last_folded(padded, weight, bias, residual, out, residual_bias, fold=fold,
                                               config=ConvTile(32, 32, 16, 4, 2))
-    _within_one_ulp(out, reference, magnitude, 27 * c + 3)
+    within_one_ulp(out, reference, magnitude, 27 * c + 3)
 
 
 def test_folded_kernel_rejects_bad_operands():
@@ -137,7 +124,7 @@ def test_kernel_epilogue_layouts(out_layout, res_layout, expected_mode, width):
     unaligned = width == 38 and {"ncdhw", "frame_major"} & {out_layout, res_layout}
     assert mode == (0 if unaligned else expected_mode)
     triton_conv3d.conv3d_channels_last(padded, weight, bias, res, out, config=SMALL)
-    _within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
+    within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
 
 
 @needs_kernels
@@ -153,7 +140,7 @@ def test_two_row_programs_in_every_epilogue(out_layout, res_layout):
     out = EPILOGUE_LAYOUTS[out_layout](torch.zeros(reference.shape, dtype=torch.bfloat16, device=DEVICE))
     triton_conv3d.conv3d_channels_last(padded, weight, bias, EPILOGUE_LAYOUTS[res_layout](residual), out,
                                        config=ConvTile(16, 16, 16, 4, 2, 16, 2))
-    _within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
+    within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
 
 
 @pytest.mark.parametrize("width,pixels,expected", [
@@ -269,7 +256,7 @@ def test_fast_op_is_the_lossless_op_up_to_its_rounding(served_16_channels, kerne
     if residual is not None:
         magnitude = magnitude + residual.double().abs()
     error = (fast.double() - exact.double()).abs()
-    bound = 2 * _ulp(magnitude, torch.bfloat16)
+    bound = 2 * ulp(magnitude, torch.bfloat16)
     assert bool((error <= bound).all()), error.max()
 
 
@@ -296,7 +283,7 @@ def test_fast_op_serves_a_narrow_head(kernel_allowed_on_cpu, monkeypatch, fold):
     assert torch.equal(next_cache, expected_cache)
     reference = F.conv3d(padded.double(), weight.double(), bias.double())
     magnitude = F.conv3d(padded.double().abs(), weight.double().abs()) + bias.double().abs().view(-1, 1, 1, 1)
-    _within_one_ulp(out, reference, magnitude, 27 * 16 + 1)
+    within_one_ulp(out, reference, magnitude, 27 * 16 + 1)
 
 
 @needs_kernels
@@ -330,7 +317,7 @@ def test_gpu_kernel_on_wan_shapes(c, t, h, w, dtype):
                  + residual.double().abs())
     out = torch.empty(reference.shape, dtype=dtype, device=DEVICE)
     triton_conv3d.conv3d_channels_last(padded, weight, bias, residual, out)
-    _within_one_ulp(out, reference, magnitude, 27 * c + 2)
+    within_one_ulp(out, reference, magnitude, 27 * c + 2)
 
 
 def test_report_names_why_the_fast_conv_was_declined():
@@ -434,7 +421,7 @@ def _check_pair(args, pair):
     new = next_cache2[:, :, 2 - frames:]
     assert torch.equal(next_cache2[:, :, :2 - frames], expected_cache2[:, :, :2 - frames])
     error = (new.double() - v).abs()
-    assert bool((error <= _ulp(v, new.dtype)).all()), error.max().item()
+    assert bool((error <= ulp(v, new.dtype)).all()), error.max().item()
     padded2 = causal_conv_input_reference(new, cache2, pad2, mode2)[0].contiguous(memory_format=CL)
     rebuilt = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
     triton_conv3d.conv3d_channels_last(padded2, weight2.contiguous(memory_format=CL), bias2, res, rebuilt, rb)
@@ -531,66 +518,3 @@ def test_gpu_pair_op_on_the_wan_shape_class(monkeypatch, mode, c, h, w):
     pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
     assert calls, "the fused epilogue did not run"
     _check_pair(args, pair)
-
-
-# ---- the upsampler's conv by phases ------------------------------------------------------------------------
-@needs_kernels
-@pytest.mark.parametrize("n,c,o,h,w,tile", [
-    (2, 32, 16, 3, 5, ConvTile(32, 16, 16, 4, 2)),            # odd sizes, 2 frames
-    (1, 16, 48, 4, 9, ConvTile(16, 32, 16, 4, 2, 16, 2)),     # 32 + 16 channels, two rows per program
-])
-def test_upsample_phases_match_the_conv_of_the_upsample(n, c, o, h, w, tile):
-    """Each output phase is a 2x2 conv with summed weights: against the double conv of the upsampled x with
-    the weights `upsample_phase_weights` rounded (the kernel test's bound), and against the true weights
-    with that rounding's error added (half a weight ulp per summed tap, times |x|)."""
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(n, c, h, w, generator=g).to(torch.bfloat16).to(DEVICE)
-    weight = (torch.randn(o, c, 3, 3, generator=g) / (9 * c) ** 0.5).to(torch.bfloat16).to(DEVICE)
-    bias = torch.randn(o, generator=g).to(torch.bfloat16).to(DEVICE)
-    out = torch.empty(n, o, 2 * h, 2 * w, dtype=torch.bfloat16, device=DEVICE)
-    triton_conv3d.upsample2x_conv2d_channels_last(wan_fast._padded_source(x), weight, bias, out, config=tile)
-    phases = triton_conv3d.upsample_phase_weights(weight).double()  # [4, O, C, 2, 2]
-    source = F.pad(x.double(), (1, 1, 1, 1))
-    reference = torch.empty(out.shape, dtype=torch.float64, device=DEVICE)
-    magnitude = torch.empty_like(reference)
-    for ph in (0, 1):
-        for pw in (0, 1):
-            window = source[:, :, ph:ph + h + 1, pw:pw + w + 1]
-            reference[:, :, ph::2, pw::2] = F.conv2d(window, phases[2 * ph + pw], bias.double())
-            magnitude[:, :, ph::2, pw::2] = (F.conv2d(window.abs(), phases[2 * ph + pw].abs())
-                                             + bias.double().abs().view(-1, 1, 1))
-    _within_one_ulp(out.unsqueeze(2), reference.unsqueeze(2), magnitude.unsqueeze(2), 4 * c + 1)
-    upsampled = F.interpolate(x.double(), scale_factor=2, mode="nearest")
-    exact = F.conv2d(upsampled, weight.double(), bias.double(), padding=1)
-    weight_rounding = 2.0 ** -9 * magnitude  # half a bf16 ulp of each summed tap, relative
-    assert bool(((out.double() - exact).abs() <= (out.double() - reference).abs() + weight_rounding).all())
-
-
-@needs_kernels
-def test_upsample_op_takes_the_phases_where_served(kernel_allowed_on_cpu, monkeypatch):
-    monkeypatch.setattr(wan_fast, "_UPSAMPLE_PHASES_FASTER", frozenset({(16, 16)}))
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: ConvTile(16, 16, 16, 4, 2))
-    ran = []
-    original = triton_conv3d.upsample2x_conv2d_channels_last
-    monkeypatch.setattr(triton_conv3d, "upsample2x_conv2d_channels_last",
-                        lambda *a, **k: ran.append(1) or original(*a, **k))
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(16, 2, 3, 4, generator=g).to(torch.bfloat16).transpose(0, 1)  # the frames of an NCDHW tensor
-    weight = (torch.randn(16, 16, 3, 3, generator=g) / 12).to(torch.bfloat16)
-    bias = torch.randn(16, generator=g).to(torch.bfloat16)
-    fast = torch.ops.rewrite.upsample_conv2d_fast(x, True, weight, bias, [1, 1], [1, 1])
-    with use_backend("reference"):
-        exact = torch.ops.rewrite.upsample_conv2d(x, True, weight, bias, [1, 1], [1, 1])
-    assert ran and fast.stride() == exact.stride()
-    assert (fast.float() - exact.float()).abs().max().item() <= 2 * 2.0 ** -6  # 2 ulps of outputs below 4 (max 2.4)
-    assert exact.abs().max().item() < 4
-
-
-def test_upsample_reason_names_what_declines():
-    assert "3x3, 1, 1 served" in wan_fast.upsample_reason((1, 192, 8, 8), (96, 192, 3, 3), [2, 2], [1, 1],
-                                                          torch.bfloat16)
-    assert "fp32 keeps cuDNN" in wan_fast.upsample_reason((1, 192, 8, 8), (96, 192, 3, 3), [1, 1], [1, 1],
-                                                          torch.float32)
-    assert "not measured faster" in wan_fast.upsample_reason((1, 64, 8, 8), (32, 64, 3, 3), [1, 1], [1, 1],
-                                                             torch.bfloat16)
-    assert wan_fast.upsample_reason((4, 192, 8, 8), (96, 192, 3, 3), [1, 1], [1, 1], torch.bfloat16) is None

@@ -18,8 +18,8 @@ import contextlib
 import pytest
 import torch
 
-from rewrite.ops import (aten_reduction, layout, triton_epilogue, triton_norm, triton_pad, triton_upsample, wan_fast,
-                         wan_reference)
+from rewrite.ops import (aten_reduction, layout, triton_epilogue, triton_norm, triton_pad, triton_upsample,
+                         wan_reference, wan_upsample_fast)
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_launch import FlatBlock
@@ -180,7 +180,7 @@ def test_channels_last_pad_is_exact(layout, shape, pad):
     with use_backend("triton"):
         actual = triton_pad.pad_channels_last(x, pad)
         frames = x[0].transpose(0, 1)  # [T, C, H, W]: the per-frame view an upsampler's conv reads
-        source = wan_fast._padded_source(frames)
+        source = wan_upsample_fast.padded_source(frames)
     assert actual.is_contiguous(memory_format=torch.channels_last_3d)
     assert torch.equal(actual, torch.nn.functional.pad(x, pad))
     assert source.is_contiguous(memory_format=torch.channels_last)

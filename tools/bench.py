@@ -232,6 +232,8 @@ def parse_args(argv):
                              "cuda_graphs=; default segments)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
     parser.add_argument("--profile", action="store_true", help="per-kernel table of one call per level")
+    parser.add_argument("--profile-rows", type=int, default=15, metavar="N",
+                        help="kernels listed per --profile table (default 15, the most device time first)")
     parser.add_argument("--plot", metavar="FILE", type=Path,
                         help="draw the results as a bar chart (FILE.png; needs pip install -e \".[plot]\")")
     parser.add_argument("--from", dest="sources", metavar="RESULTS", type=Path, action="append",
@@ -368,7 +370,7 @@ def bench_levels(bench, case: Case, args, device: torch.device, dtype: torch.dty
         result.speedup = results[0].best_s / result.best_s if results else 1.0
         results.append(result)
         if args.profile:
-            profiles[level] = profile_table(decode, device)
+            profiles[level] = profile_table(decode, device, args.profile_rows)
     return {**case.info, "levels": [r.to_json(bench.quality_key) for r in results], "profiles": profiles}
 
 

@@ -8,6 +8,8 @@ against cuDNN's output. This is the sweep that `triton_conv3d.launch_config` and
 needs CUDA (``--help`` works anywhere).
 
     python -m rewrite.tools.sweep_conv3d [--dtype bfloat16] [--shapes wan21] [--json out.json]
+
+``--shapes wan22up`` times Wan 2.2's up-block ends instead (the upsampler's conv by phases, `_up_block_end`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ SHAPES = {
                 ("up 384->192 @ 4x360x640", 384, 192, 4, 360, 640, K2)],
     "wan22": [("1024 @ 2x90x160", 1024, 1024, 2, 90, 160, K3), ("512 @ 4x180x320", 512, 512, 4, 180, 320, K3),
               ("256 @ 4x360x640", 256, 256, 4, 360, 640, K3)],
+}
+# Wan 2.2's up-block ends at 720p (a steady step): (name, in = out channels, source frames, source height, width,
+# the block input's channels, its frames, the DupUp3D time factor), timed as the ``lossless`` op and by phases
+UP_BLOCK_ENDS = {
+    "wan22up": [("up-end 1024 @ 2x45x80", 1024, 2, 45, 80, 1024, 1, 2),
+                ("up-end 1024 @ 4x90x160", 1024, 4, 90, 160, 1024, 2, 2),
+                ("up-end 512 @ 4x180x320", 512, 4, 180, 320, 1024, 4, 1)],
 }
 
 
@@ -81,7 +90,8 @@ def candidate_tiles(in_channels: int, out_channels: int, width: int, warp_specia
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    parser.add_argument("--shapes", default="wan21,wan21_480,wan21up,wan22", help=f"comma-separated: {', '.join(SHAPES)}")
+    parser.add_argument("--shapes", default="wan21,wan21_480,wan21up,wan22",
+                        help=f"comma-separated: {', '.join([*SHAPES, *UP_BLOCK_ENDS])}")
     parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
     parser.add_argument("--only", default=None, help="only the shapes whose name starts with this")
     parser.add_argument("--decode-epilogues", action="store_true",
@@ -102,7 +112,10 @@ def main(argv=None) -> int:
     cl = torch.channels_last_3d
     results = []
     for family in args.shapes.split(","):
-        for name, cin, cout, t, h, w, kernel in SHAPES[family]:
+        for name, *shape in UP_BLOCK_ENDS.get(family, ()):
+            if not args.only or name.startswith(args.only):
+                results.append({"shape": name, "up_block_end": _up_block_end(triton, *shape, dtype)})
+        for name, cin, cout, t, h, w, kernel in SHAPES.get(family, ()):
             if args.only and not name.startswith(args.only):
                 continue
             torch.manual_seed(0)
@@ -218,7 +231,7 @@ def _upsample_phases(triton, cin: int, cout: int, frames: int, h: int, w: int, d
     copy of the source, four 2x2 phase convs: docs/tuning.md section 1.11)."""
     import torch
 
-    from rewrite.ops import triton_conv3d, wan, wan_fast  # noqa: F401  (wan, wan_fast: register the ops)
+    from rewrite.ops import triton_conv3d, wan, wan_upsample_fast  # noqa: F401  (wan: registers the ops)
 
     x = torch.randn(frames, cin, h, w, device="cuda", dtype=dtype)
     weight = (torch.randn(cout, cin, 3, 3, device="cuda", dtype=dtype) / (9 * cin) ** 0.5)
@@ -238,9 +251,20 @@ def _upsample_phases(triton, cin: int, cout: int, frames: int, h: int, w: int, d
     err = (outputs["lossless op"].float() - outputs["phases op"].float()).abs().max().item()
     print(f"  max-abs between them {err:.3g}", flush=True)
     timings["max_abs"] = err
+    # the cuDNN phase conv (Wan 2.2's up-block ends' path) with its gathering bias epilogue, for comparison
+    from rewrite.ops import triton_epilogue
+    strides = outputs["phases op"].unsqueeze(2).stride()
+
+    def cudnn_phases():
+        y = wan_upsample_fast.phase_conv(x, weight).unsqueeze(2)
+        return triton_epilogue.conv_epilogue(y, bias, None, strides, phases=True)
+    ms = triton.testing.do_bench_cudagraph(cudnn_phases)
+    timings["cuDNN phases"] = ms
+    print(f"  {'cuDNN phase conv + gathering epilogue':<58} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s, max-abs "
+          f"{(cudnn_phases().squeeze(2).float() - outputs['lossless op'].float()).abs().max().item():.3g}", flush=True)
     # the phase kernels alone (the padded source made once), per tile: their K loop is 4 taps long, so the
     # epilogue's share is larger than in a 27-tap conv and tiles with two programs per SM may win
-    padded = wan_fast._padded_source(x)
+    padded = wan_upsample_fast.padded_source(x)
     out = torch.empty_like(outputs["phases op"])
     k = 64 if cin % 64 == 0 else 32
     if cout == 96:
@@ -262,6 +286,55 @@ def _upsample_phases(triton, cin: int, cout: int, frames: int, h: int, w: int, d
             continue
         timings[f"phases {fields}"] = ms
         print(f"  phases {str(fields):<50} {ms:8.3f} ms", flush=True)
+    return timings
+
+
+def _up_block_end(triton, channels: int, frames: int, h: int, w: int, block_channels: int, block_frames: int,
+                  factor_t: int, dtype) -> dict:
+    """ms of a Wan 2.2 up-block end (the upsampler's conv of a 2x nearest upsample, bias, plus the DupUp3D
+    shortcut of the block input) as the ``lossless`` op runs it and as ``upsample_conv2d_dup_up_add_fast`` does
+    (cuDNN's phase conv and the gathering epilogue: docs/tuning.md section 1.12), for the source frames in
+    NCDHW memory and channels-last; and cuDNN's 3x3 conv of the upsampled frames against the phase conv."""
+    import torch
+
+    from rewrite.ops import wan_upsample_fast
+
+    cl = torch.channels_last
+    source = torch.randn(1, channels, frames, h, w, device="cuda", dtype=dtype)
+    dx = torch.randn(1, block_channels, block_frames, h, w, device="cuda", dtype=dtype)
+    weight = torch.randn(channels, channels, 3, 3, device="cuda", dtype=dtype) / (9 * channels) ** 0.5
+    bias = torch.randn(channels, device="cuda", dtype=dtype)
+    repeats = channels * factor_t * 4 // block_channels
+    scalars = ([1, 1], [1, 1], [1, frames, channels, 2 * h, 2 * w], dx, repeats,
+               [1, channels, factor_t, 2, 2, block_frames, h, w], [1, channels, block_frames * factor_t, 2 * h, 2 * w],
+               0)
+    flops = 2 * channels * channels * 9 * frames * 4 * h * w  # of the upsampled conv
+    timings = {}
+    print(f"up-block end {channels} @ {frames}x{h}x{w} (source)", flush=True)
+    for layout, x in (("ncdhw", source[0].transpose(0, 1)), ("channels_last", source[0].transpose(0, 1).contiguous(
+            memory_format=cl))):
+        outputs = {}
+        for name, op in (("lossless op", torch.ops.rewrite.upsample_conv2d_dup_up_add.default),
+                         ("phases op", torch.ops.rewrite.upsample_conv2d_dup_up_add_fast.default)):
+            def run(op=op, x=x):
+                return op(x, True, weight, bias, *scalars)
+            outputs[name] = run()
+            ms = triton.testing.do_bench_cudagraph(run)
+            timings[f"{name} {layout}"] = ms
+            print(f"  {name} ({layout} source){'':<30} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s (upsampled "
+                  f"conv's)", flush=True)
+        err = (outputs["lossless op"].float() - outputs["phases op"].float()).abs().max().item()
+        timings[f"max_abs {layout}"] = err
+        print(f"  max-abs between them {err:.3g}", flush=True)
+    x = source[0].transpose(0, 1).contiguous(memory_format=cl)
+    upsampled = torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest").contiguous(memory_format=cl)
+    weight_cl = weight.contiguous(memory_format=cl)
+    for name, run in (("cuDNN 3x3 of the upsample", lambda: torch.ops.aten.conv2d.default(upsampled, weight_cl, None,
+                                                                                            [1, 1], [1, 1])),
+                      ("cuDNN phase conv", lambda: wan_upsample_fast.phase_conv(x, weight))):
+        ms = triton.testing.do_bench_cudagraph(run)
+        timings[name] = ms
+        print(f"  {name:<48} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s (upsampled conv's)", flush=True)
     return timings
 
 

@@ -487,12 +487,8 @@ def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Op
             and use_kernel("upsample_conv2d_dup_up_add", tensors, FLOAT_DTYPES)
             and _upsample_channels_last_conv_serves(x, weight, stride, padding)):
         b, t = int(frames_shape[0]), int(frames_shape[1])
-        strides = reference_layout(
-            ("upsample_conv2d_dup_up_add", upcast, tuple(padding), repeats, first_frame),
-            lambda a, wt, d: upsample_conv2d_dup_up_add_reference(
-                a, upcast, wt, None, [1, 1], padding, [b, t, *upsample_conv2d_output_shape(a.shape, wt.shape, padding)[1:]],
-                d, repeats, unfold_shape, fold_shape, first_frame),
-            x, weight, dx)
+        strides = upsample_conv2d_dup_up_add_layout(x, upcast, weight, padding, b, t, dx, repeats, unfold_shape,
+                                                    fold_shape, first_frame)
         y = _upsample_channels_last_conv(x, weight, stride, padding)
         y5 = y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
         dup_up = triton_epilogue.DupUp(dx, repeats, int(unfold_shape[2]), int(unfold_shape[3]), first_frame)
@@ -501,11 +497,31 @@ def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Op
                                                 unfold_shape, fold_shape, first_frame)
 
 
+def upsample_conv2d_dup_up_add_layout(x: Tensor, upcast: bool, weight: Tensor, padding: list[int], b: int, t: int,
+                                      dx: Tensor, repeats: int, unfold_shape: list[int], fold_shape: list[int],
+                                      first_frame: int) -> tuple[int, ...]:
+    """The strides of `upsample_conv2d_dup_up_add`'s output (the replaced add's layout) for these operands."""
+    return reference_layout(
+        ("upsample_conv2d_dup_up_add", upcast, tuple(padding), repeats, first_frame),
+        lambda a, wt, d: upsample_conv2d_dup_up_add_reference(
+            a, upcast, wt, None, [1, 1], padding, [b, t, *upsample_conv2d_output_shape(a.shape, wt.shape, padding)[1:]],
+            d, repeats, unfold_shape, fold_shape, first_frame),
+        x, weight, dx)
+
+
+def upsample_conv2d_dup_up_add_fake(x: Tensor, weight: Tensor, padding: list[int], frames_shape: list[int]) -> Tensor:
+    """`upsample_conv2d_dup_up_add`'s fake output (also that of the ``channels_last`` op replacing it): the
+    layout of ATen's add of the conv output's frames (the conv keeps x's suggested format, as
+    `upsample_conv2d`'s fake) and the contiguous DupUp3D shortcut."""
+    shape = upsample_conv2d_output_shape(x.shape, weight.shape, padding)
+    b, t = frames_shape[0], frames_shape[1]
+    main = layout.empty(shape, x, layout.suggest_memory_format(x)).view(b, t, *shape[1:]).permute(0, 2, 1, 3, 4)
+    return torch.add(main, torch.empty_like(main, memory_format=torch.contiguous_format))
+
+
 @upsample_conv2d_dup_up_add.register_fake
 def _(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats, unfold_shape, fold_shape, first_frame):
-    _, c_out, h, w = upsample_conv2d_output_shape(x.shape, weight.shape, padding)
-    b, t = frames_shape[0], frames_shape[1]
-    return x.new_empty((b, t, c_out, h, w)).permute(0, 2, 1, 3, 4)  # as dup_up_add's fake: main's layout
+    return upsample_conv2d_dup_up_add_fake(x, weight, padding, frames_shape)
 
 
 # ---- 1x1x1 conv of a frame-major input (Wan 2.2's resnet shortcuts) -----------------------------------------

@@ -37,8 +37,7 @@ from rewrite.ops.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
 
 __all__ = ["chain_reason", "conv_reason", "fast_reason", "one_pass_norm_chosen", "pair_reason",
-           "rms_norm_causal_conv3d_fast", "rms_norm_causal_conv3d_pair_fast", "rms_norm_causal_conv3d_pair_fast_chain",
-           "upsample_conv2d_fast", "upsample_reason"]
+           "rms_norm_causal_conv3d_fast", "rms_norm_causal_conv3d_pair_fast", "rms_norm_causal_conv3d_pair_fast_chain"]
 
 rewrite_ops = torch.ops.rewrite
 CL = torch.channels_last_3d
@@ -461,59 +460,3 @@ def _(x, normalized, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode
         *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
                            residual, bias, residual_bias))
     return (out, next_cache, next_cache2, *_chain_fake_next(out, gamma3, cache3, pad3, mode3))
-
-
-# ---- the upsampler's conv2d of a 2x nearest upsample, by phases ------------------------------------------
-# (in channels, out channels) of Wan's upsampler convs (3x3, pad 1, of a 2x nearest upsample) that the phase
-# kernels (`triton_conv3d.upsample2x_conv2d_channels_last`) ran faster on the H200 than the ``lossless`` op
-# (the upsample kernel, cuDNN's conv of the upsampled frames, the bias epilogue): docs/tuning.md section 1.11.
-_UPSAMPLE_PHASES_FASTER: frozenset = frozenset({(192, 96), (384, 192)})
-
-
-def upsample_reason(x_shape, weight_shape, stride, padding, dtype: torch.dtype) -> Optional[str]:
-    """None when `upsample_conv2d_fast`'s phase kernels serve the conv2d of the 2x-upsampled x (4-D, a 3x3 unit
-    stride conv padded by 1, bf16/fp16, a channel pair measured faster); else why the ``lossless`` op runs it.
-    Read by the pattern's guard on the graph's shapes and by the op on its tensors."""
-    if len(x_shape) != 4 or len(weight_shape) != 4 or x_shape[1] != weight_shape[1]:
-        return f"expected [N, C, H, W] and [O, C, kh, kw], got {tuple(x_shape)} and {tuple(weight_shape)}"
-    if tuple(weight_shape[2:]) != (3, 3) or list(stride) != [1, 1] or list(padding) != [1, 1]:
-        return f"a {tuple(weight_shape[2:])} conv, stride {list(stride)}, padding {list(padding)} (3x3, 1, 1 served)"
-    reason = triton_conv3d.unsupported_reason((x_shape[0], x_shape[1], 1, 2 * x_shape[2] + 2, 2 * x_shape[3] + 2),
-                                              (weight_shape[0], weight_shape[1], 1, 2, 2), dtype)
-    if reason is not None:
-        return reason
-    if (weight_shape[1], weight_shape[0]) not in _UPSAMPLE_PHASES_FASTER:
-        return f"the phase kernels are not measured faster for {weight_shape[1]} -> {weight_shape[0]} channels"
-    return None
-
-
-def _padded_source(x: Tensor) -> Tensor:
-    """x [N, C, H, W] with a one-pixel zero border, channels-last (the phase kernels' input), in one pass: the
-    pad kernel writes the frames as one clip [1, C, N, H + 2, W + 2] in NDHWC memory, which is that 4-D
-    tensor's NHWC memory. (ATen's border fill plus transposing copy measured 0.79 ms at 4 x 192 x 360 x 640.)"""
-    clip = triton_pad.pad_channels_last(x.transpose(0, 1).unsqueeze(0), [1, 1, 1, 1, 0, 0])
-    return clip.squeeze(0).transpose(0, 1)
-
-
-@torch.library.custom_op("rewrite::upsample_conv2d_fast", mutates_args=())  # reads no channels-last weight copy
-def upsample_conv2d_fast(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor], stride: list[int],
-                         padding: list[int]) -> Tensor:
-    """`rewrite::upsample_conv2d` (the conv2d of x upsampled 2x, nearest) without the upsampled tensor: each of
-    the four output phases is a 2x2 conv of x with summed weights (`triton_conv3d.upsample2x_conv2d_channels_last`,
-    4/9 of the products), bias added before the one rounding, written into the layout the ``lossless`` op
-    returns. Where `upsample_reason` declines (or no kernel runs on this device), the ``lossless`` op runs.
-    Tolerance: the summed weights are rounded once to the weight dtype, and the conv's fp32 sum runs in
-    another order than cuDNN's (the ``channels_last`` contract)."""
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    if (upsample_reason(x.shape, weight.shape, stride, padding, x.dtype) is None
-            and use_kernel("upsample_conv2d_fast", tensors, triton_conv3d.SUPPORTED_DTYPES)):
-        shape = layout.upsample_conv2d_output_shape(x.shape, weight.shape, padding)
-        out = layout.empty(shape, x, layout.suggest_memory_format(x))
-        return triton_conv3d.upsample2x_conv2d_channels_last(_padded_source(x), weight, bias, out)
-    return rewrite_ops.upsample_conv2d.default(x, upcast, weight, bias, stride, padding)
-
-
-@upsample_conv2d_fast.register_fake
-def _(x, upcast, weight, bias, stride, padding):
-    return layout.empty(layout.upsample_conv2d_output_shape(x.shape, weight.shape, padding), x,
-                        layout.suggest_memory_format(x))
