@@ -24,6 +24,8 @@ PATTERN_MODULES: tuple[str, ...] = (
     "upsample_conv2d_fast",
     # after upsample_conv2d_dup_up_add, whose op it replaces (channels_last only)
     "upsample_conv2d_dup_up_add_fast",
+    # the middle block's attention (channels_last only)
+    "attention_fast",
     # after rms_norm_causal_conv3d, the op its guard wants as the only kind of user
     "pointwise_conv3d",
     # after the two ops they chain (residual_bias first: norm_input_bias matches its result too)

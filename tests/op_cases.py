@@ -18,6 +18,7 @@ import torch
 
 from rewrite.models.auk import AliasFreeSnakeBeta
 from rewrite.ops import aten_reduction, layout, selftest, triton_conv3d, wan_fast, wan_upsample_fast
+from rewrite.ops import attention_fast as _attention_ops  # noqa: F401  (registers rewrite::attention_fast)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +51,7 @@ def kernel_gates_open(monkeypatch) -> None:
     monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the pair op's
     monkeypatch.setattr(wan_fast, "_RESIDUAL_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the chain op's
     monkeypatch.setattr(wan_upsample_fast, "_TRITON_PHASES_FASTER", frozenset({(16, 16)}))  # the upsample conv's
-    monkeypatch.setattr(wan_upsample_fast, "_CUDNN_PHASES_FASTER", frozenset({(16, 16)}))  # the up-block end's
+    monkeypatch.setattr(wan_upsample_fast, "_CUDNN_PHASES_FASTER", {(16, 16): 1})  # the up-block end's
     monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
@@ -212,6 +213,11 @@ def _cases() -> dict[str, list[Case]]:
         add("upsample_conv2d_dup_up_add_fast", f"first_{first}_dx_{dx_layout}_x_{x_layout}", x, False,
             rnd(cout, cin, 3, 3, scale=0.2, dtype=torch.bfloat16), rnd(cout, dtype=torch.bfloat16), [1, 1], [1, 1],
             [1, frames, cout, h * fs, w * fs], dx, repeats, unfold, fold, first, weight=2)
+
+    # ---- the channels_last middle-block attention: q, k, v views of one projection (served: head dim 384)
+    for d in (384, 64):
+        q, k, v = rnd(1, 1, 24, 3 * d, dtype=torch.bfloat16).chunk(3, dim=-1)
+        add("attention_fast", f"head_dim_{d}", q, k, v)
 
     # ---- AuK: x contiguous, a row-cropping view (the transposed conv's output) and a transposed view
     module = AliasFreeSnakeBeta(16)

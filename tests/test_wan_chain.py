@@ -20,7 +20,8 @@ from rewrite.ops import dispatch, wan_fast
 from rewrite.ops import wan as _wan_ops
 from rewrite.ops.wan_reference import causal_conv_input_reference, rms_norm_reference
 from tests.op_cases import kernel_gates_open
-from tests.test_wan_fast import DEVICE, _pair_fused, _pair_inputs, _ulp, needs_kernels
+from tests.test_wan_fast import DEVICE, _pair_fused, _pair_inputs, needs_kernels
+from tests.ulps import ulp
 
 CL = torch.channels_last_3d
 chain_op = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast_chain
@@ -53,7 +54,7 @@ def _check_next_input(out, nxt, padded3, next_cache3):
     frames = out.shape[2]
     new = next_cache3[:, :, 2 - frames:]
     error = (new.double() - v[:, :, -min(frames, 2):]).abs()
-    assert bool((error <= _ulp(v[:, :, -min(frames, 2):], new.dtype)).all()), error.max().item()
+    assert bool((error <= ulp(v[:, :, -min(frames, 2):], new.dtype)).all()), error.max().item()
     if frames < 2:  # the old cache's last frame first (steady_t1), or zeros (chunk 0)
         first = torch.zeros_like(new) if mode3 == "chunk0" else cache3[:, :, -1:]
         assert torch.equal(next_cache3[:, :, :1], first)
@@ -65,7 +66,7 @@ def _check_next_input(out, nxt, padded3, next_cache3):
     rebuilt, _ = causal_conv_input_reference(held, cache3 if mode3 != "chunk0" else None, pad3, mode3)
     assert torch.equal(padded3, rebuilt)
     error = (held.double() - v).abs()
-    assert bool((error <= _ulp(v, held.dtype)).all()), error.max().item()
+    assert bool((error <= ulp(v, held.dtype)).all()), error.max().item()
 
 
 @needs_kernels

@@ -46,9 +46,11 @@ rewrite_ops = torch.ops.rewrite
 # (`triton_conv3d.upsample2x_conv2d_channels_last`) ran faster on the H200 than the ``lossless`` op (the upsample
 # kernel, cuDNN's conv of the upsampled frames, the bias epilogue): docs/tuning.md section 1.11.
 _TRITON_PHASES_FASTER: frozenset = frozenset({(192, 96), (384, 192)})
-# (in channels, out channels) of Wan 2.2's up-block end convs that the cuDNN phase conv plus its gathering
-# epilogue ran faster on the H200 than the ``lossless`` op: docs/tuning.md section 1.12.
-_CUDNN_PHASES_FASTER: frozenset = frozenset({(1024, 1024), (512, 512)})
+# (in channels, out channels) of Wan 2.2's up-block end convs -> the smallest source frame (pixels) at which the
+# cuDNN phase conv plus its gathering epilogue ran faster on the H200 than the ``lossless`` op (docs/tuning.md
+# section 1.12; 720p: 1024 @ 4 x 90 x 160 3.43-3.69 against 6.42-6.53 ms, 512 @ 4 x 180 x 320 3.50-3.63 against
+# 6.86-6.92; but 1024 @ 2 x 45 x 80 1.17-1.19 against 0.82: cuDNN's 2x2 conv is slow on small frames).
+_CUDNN_PHASES_FASTER: dict = {(1024, 1024): 90 * 160, (512, 512): 180 * 320}
 
 
 def _conv_shape_reason(x_shape, weight_shape, stride, padding) -> Optional[str]:
@@ -110,15 +112,20 @@ def _(x, upcast, weight, bias, stride, padding):
 # ---- Wan 2.2's up-block end: the phases as one cuDNN conv, gathered by the DupUp epilogue -------------------
 def dup_up_phases_reason(x_shape, weight_shape, stride, padding, dtype: torch.dtype) -> Optional[str]:
     """None when `upsample_conv2d_dup_up_add_fast`'s cuDNN phase conv serves the conv2d of the 2x-upsampled x
-    (4-D, a 3x3 unit-stride conv padded by 1, bf16/fp16, a channel pair measured faster); else why the
+    (4-D, a 3x3 unit-stride conv padded by 1, bf16/fp16, a channel pair and frame size measured faster); else why the
     ``lossless`` op runs it. Read by the pattern's guard on the graph's shapes and by the op on its tensors."""
     reason = _conv_shape_reason(x_shape, weight_shape, stride, padding)
     if reason is not None:
         return reason
     if dtype not in triton_conv3d.SUPPORTED_DTYPES:
         return f"{dtype} keeps the lossless op (the summed taps are rounded to bf16/fp16 only)"
-    if (weight_shape[1], weight_shape[0]) not in _CUDNN_PHASES_FASTER:
+    smallest = _CUDNN_PHASES_FASTER.get((weight_shape[1], weight_shape[0]))
+    if smallest is None:
         return f"the cuDNN phase conv is not measured faster for {weight_shape[1]} -> {weight_shape[0]} channels"
+    pixels = x_shape[2] * x_shape[3]
+    if isinstance(pixels, int) and pixels < smallest:  # a symbolic size is admitted: the op decides per call
+        return (f"the cuDNN phase conv is measured faster for {weight_shape[1]} -> {weight_shape[0]} channels from "
+                f"{smallest} source pixels a frame, not {pixels}")
     return None
 
 
