@@ -38,7 +38,8 @@ def _check(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
 
 @needs_kernels
 @pytest.mark.parametrize("n,h,length,d,tile", [
-    (1, 1, 100, 384, AttentionTile(64, 32, 8, 2)),   # Wan's head: 3 pieces of 128; L not a multiple of a block
+    (1, 1, 300, 384, None),                          # Wan's head, the chosen tile: 3 pieces of 128, 128 queries
+    (1, 1, 100, 384, AttentionTile(64, 32, 8, 2)),   # L not a multiple of a block
     (2, 1, 70, 128, AttentionTile(64, 32, 4, 1)),    # two frames: key blocks past L read the next frame's rows
     (1, 3, 50, 192, AttentionTile(64, 16, 4, 1)),    # three heads, 3 pieces of 64
     (1, 1, 1, 256, AttentionTile(64, 32, 4, 2)),     # one token
