@@ -17,7 +17,7 @@ import torch
 from rewrite.ops import triton_conv3d, triton_norm_fast, triton_pad, wan_fast, wan_reference
 from rewrite.ops.dispatch import INTERPRETING
 from tests.op_cases import frame_major
-from tests.test_wan_fast import _ulp
+from tests.ulps import ulp
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -38,6 +38,7 @@ CASES = [  # (shape, pad, cache frames, mode)
     ((1, 24, 3, 5, 7), [1, 1, 1, 1, 0, 0], 2, "steady"),
     ((2, 40, 1, 4, 6), [1, 1, 1, 1, 0, 0], 2, "steady_t1"),
     ((1, 96, 1, 3, 5), [1, 1, 1, 1, 2, 0], 0, "chunk0"),
+    ((1, 1024, 2, 2, 3), [1, 1, 1, 1, 0, 0], 2, "steady"),  # Wan 2.2's widest levels: the 8-warp program
 ]
 
 
@@ -64,7 +65,7 @@ def test_one_pass_norm_into_the_padded_input(shape, pad, cache_frames, mode, lay
     for actual, expected in ((padded, expected_padded), (next_cache, expected_cache)):
         assert actual.shape == expected.shape and not actual.isnan().any()
         error = (actual.double() - expected).abs()
-        bound = _ulp(expected, dtype) + 1e-4 * expected.abs()
+        bound = ulp(expected, dtype) + 1e-4 * expected.abs()
         assert bool((error <= bound).all()), f"max error {error.max().item():.3g}"
     # what the pad kernel writes (cache frames, zero pad) is the pad kernel's own
     rest, rest_cache = triton_pad.causal_pad_channels_last(x_in, cache, pad)
@@ -76,7 +77,7 @@ def test_one_pass_norm_into_the_padded_input(shape, pad, cache_frames, mode, lay
 
 
 def test_one_pass_reason_names_what_it_does_not_serve():
-    assert "channels" in triton_norm_fast.one_pass_reason(torch.empty(1, 1024, 1, 2, 2))
+    assert "channels" in triton_norm_fast.one_pass_reason(torch.empty(1, 2048, 1, 2, 2))
     assert "strided run" in triton_norm_fast.one_pass_reason(torch.empty(1, 8, 1, 4, 6).transpose(3, 4))
     assert triton_norm_fast.one_pass_reason(torch.empty(1, 96, 1, 2, 2)) is None
     with pytest.raises(ValueError, match="gamma"):
@@ -86,9 +87,10 @@ def test_one_pass_reason_names_what_it_does_not_serve():
 
 def test_one_pass_norm_is_chosen_by_channel_count(monkeypatch):
     assert wan_fast.one_pass_norm_chosen(torch.empty(1, 96, 1, 2, 2))
-    assert not wan_fast.one_pass_norm_chosen(torch.empty(1, 1024, 1, 2, 2))  # not measured faster, and too wide
-    monkeypatch.setattr(wan_fast, "_ONE_PASS_NORM_CHANNELS", frozenset({1024}))
-    assert not wan_fast.one_pass_norm_chosen(torch.empty(1, 1024, 1, 2, 2))  # chosen, but the kernel cannot
+    assert wan_fast.one_pass_norm_chosen(torch.empty(1, 1024, 1, 2, 2))
+    assert not wan_fast.one_pass_norm_chosen(torch.empty(1, 2048, 1, 2, 2))  # not measured faster, and too wide
+    monkeypatch.setattr(wan_fast, "_ONE_PASS_NORM_CHANNELS", frozenset({2048}))
+    assert not wan_fast.one_pass_norm_chosen(torch.empty(1, 2048, 1, 2, 2))  # chosen, but the kernel cannot
 
 
 @needs_kernels
@@ -120,12 +122,12 @@ def test_the_fast_op_normalizes_with_the_one_pass_kernel_where_chosen(kernel_all
 
 
 def test_fast_reason_admits_a_kept_cudnn_conv_behind_a_chosen_norm():
-    """256 channels: cuDNN's conv stays (not chosen), the one-pass norm serves; 1024, fp32 and Wan 2.1's 384
+    """256 channels: cuDNN's conv stays (not chosen), the one-pass norm serves; 2048, fp32 and Wan 2.1's 384
     (a count whose one-pass norm is chosen before our conv only): neither."""
     shape, weight = (1, 256, 4, 22, 34), (256, 256, 3, 3, 3)
     assert "cuDNN's conv measured faster" in wan_fast.conv_reason(shape, weight, torch.bfloat16)
     assert wan_fast.fast_reason(shape, weight, torch.bfloat16) is None
-    assert "one-pass norm is not chosen for 1024" in wan_fast.fast_reason((1, 1024, 4, 22, 34), (1024, 1024, 3, 3, 3),
+    assert "one-pass norm is not chosen for 2048" in wan_fast.fast_reason((1, 2048, 4, 22, 34), (2048, 2048, 3, 3, 3),
                                                                           torch.bfloat16)
     assert wan_fast.fast_reason(shape, weight, torch.float32) is not None
     assert "one-pass norm is not chosen for 384" in wan_fast.fast_reason((1, 384, 3, 92, 162), (384, 384, 3, 3, 3),

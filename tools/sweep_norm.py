@@ -6,7 +6,7 @@ conv's zero pad), time `triton_norm_fast.rms_norm_padded_one_pass` and `triton_n
 time) and report both, the bytes each moves per ms and the max-abs difference. This is the sweep that
 `wan_fast._ONE_PASS_NORM_CHANNELS` is read from; needs CUDA (``--help`` works anywhere).
 
-    python -m rewrite.tools.sweep_norm [--dtype bfloat16] [--json out.json]
+    python -m rewrite.tools.sweep_norm [--dtype bfloat16] [--only 1024] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from rewrite.tools.sweep_conv3d import write_results
 SHAPES = [("96 @ 4x720x1280", 96, 4, 720, 1280), ("192 @ 4x360x640", 192, 4, 360, 640),
           ("384 @ 2x180x320", 384, 2, 180, 320), ("384 @ 1x90x160", 384, 1, 90, 160),
           ("96 @ 4x480x832", 96, 4, 480, 832), ("192 @ 4x240x416", 192, 4, 240, 416),
-          ("512 @ 4x180x320", 512, 4, 180, 320), ("256 @ 4x360x640", 256, 4, 360, 640)]
+          ("512 @ 4x180x320", 512, 4, 180, 320), ("256 @ 4x360x640", 256, 4, 360, 640),
+          ("1024 @ 2x90x160", 1024, 2, 90, 160), ("1024 @ 1x45x80", 1024, 1, 45, 80)]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--only", default=None, help="only the shapes whose name starts with this")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     import torch
@@ -40,6 +42,8 @@ def main(argv=None) -> int:
     pad = [1, 1, 1, 1, 0, 0]
     results = []
     for name, c, t, h, w in SHAPES:
+        if args.only and not name.startswith(args.only):
+            continue
         torch.manual_seed(0)
         x = 3 * torch.randn(1, c, t, h, w, device="cuda", dtype=dtype)
         cache = torch.randn(1, c, 2, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last_3d)

@@ -35,8 +35,9 @@ from rewrite.ops.triton_pad import causal_pad_rest_channels_last
 
 __all__ = ["MAX_CHANNELS", "one_pass_reason", "rms_norm_padded_one_pass"]
 
-MAX_CHANNELS = 512  # [512, 16] fp32 values per program: 64 registers a thread at 4 warps
-TILE_VALUES = 8192  # channels (padded) x pixels per program
+MAX_CHANNELS = 1024  # [1024, 16] fp32 values per program: 64 registers a thread at 8 warps
+TILE_VALUES = 8192  # channels (padded) x pixels per program, 16 pixels at least
+WIDE_CHANNELS = 512  # past this many (padded) channels a program runs on 8 warps instead of 4
 
 
 if triton is not None:
@@ -128,5 +129,5 @@ def rms_norm_padded_one_pass(x: Tensor, gamma: Tensor, scale: float, bias: float
     launch(_norm_padded_one_pass_kernel, (b * tx, triton.cdiv(h * w, block_p)), x, x if x_bias is None else x_bias,
            gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], run_stride(x), frames_out, rows_out, columns_out,
            tl_ + tc, hl, wl, tx - 2, float(scale), float(bias), float(eps), SILU=silu, HAS_XBIAS=x_bias is not None,
-           BLOCK_C=block_c, BLOCK_P=block_p, num_warps=4, exact=False)
+           BLOCK_C=block_c, BLOCK_P=block_p, num_warps=8 if block_c > WIDE_CHANNELS else 4, exact=False)
     return out, next_cache
