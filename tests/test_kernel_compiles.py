@@ -83,11 +83,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import mangle_type
-from rewrite.ops import triton_attention, triton_conv3d, triton_norm_fast, triton_pad
+from rewrite.ops import triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights
 from rewrite.ops.triton_conv3d import ConvTile
 
 launches = []
-for module in (triton_attention, triton_conv3d, triton_norm_fast, triton_pad):
+for module in (triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights):
     module.launch = lambda kernel, grid, *args, **kwargs: launches.append((kernel, args, kwargs))
 CL = torch.channels_last_3d
 BF16 = torch.bfloat16
@@ -118,6 +118,7 @@ triton_norm_fast.rms_norm_padded_one_pass(x, torch.ones(96, dtype=BF16), 1.0, 0.
                                           torch.zeros(1, 96, 2, 4, 8, dtype=BF16), [1, 1, 1, 1, 0, 0])
 q, k, v = torch.zeros(1, 1, 300, 3 * 384, dtype=BF16).chunk(3, dim=-1)  # Wan 2.1's middle-block attention
 triton_attention.attention(q, k, v)
+triton_phase_weights.phase_weights(torch.zeros(192, 384, 3, 3, dtype=BF16))  # an upsampler's phase kernels
 
 for kernel, args, kwargs in launches:
     kwargs.pop("exact", None)

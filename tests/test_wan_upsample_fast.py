@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.ops import triton_conv3d, triton_epilogue, wan_upsample_fast
+from rewrite.ops import triton_conv3d, triton_epilogue, triton_phase_weights, wan_upsample_fast
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_conv3d import ConvTile
@@ -33,7 +33,7 @@ needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUD
 ])
 def test_upsample_phases_match_the_conv_of_the_upsample(n, c, o, h, w, tile):
     """Each output phase is a 2x2 conv with summed weights: against the double conv of the upsampled x with
-    the weights `upsample_phase_weights` rounded (the kernel test's bound), and against the true weights
+    the weights `phase_weights_reference` rounded (the kernel test's bound), and against the true weights
     with that rounding's error added (half a weight ulp per summed tap, times |x|)."""
     g = torch.Generator().manual_seed(4)
     x = torch.randn(n, c, h, w, generator=g).to(torch.bfloat16).to(DEVICE)
@@ -41,7 +41,7 @@ def test_upsample_phases_match_the_conv_of_the_upsample(n, c, o, h, w, tile):
     bias = torch.randn(o, generator=g).to(torch.bfloat16).to(DEVICE)
     out = torch.empty(n, o, 2 * h, 2 * w, dtype=torch.bfloat16, device=DEVICE)
     triton_conv3d.upsample2x_conv2d_channels_last(wan_upsample_fast.padded_source(x), weight, bias, out, config=tile)
-    phases = triton_conv3d.upsample_phase_weights(weight).double()  # [4, O, C, 2, 2]
+    phases = triton_phase_weights.phase_weights_reference(weight).double()  # [4, O, C, 2, 2]
     source = F.pad(x.double(), (1, 1, 1, 1))
     reference = torch.empty(out.shape, dtype=torch.float64, device=DEVICE)
     magnitude = torch.empty_like(reference)
@@ -84,6 +84,25 @@ def test_upsample_reason_names_what_declines():
     assert "fp32 keeps cuDNN" in reason((1, 192, 8, 8), (96, 192, 3, 3), [1, 1], [1, 1], torch.float32)
     assert "not measured faster" in reason((1, 64, 8, 8), (32, 64, 3, 3), [1, 1], [1, 1], torch.bfloat16)
     assert reason((4, 192, 8, 8), (96, 192, 3, 3), [1, 1], [1, 1], torch.bfloat16) is None
+
+
+# ---- the phase kernels' weights ----------------------------------------------------------------------------
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_phase_weights_kernel_is_the_reference(dtype, layout):
+    """The one-pass kernel sums the taps in the reference's order and rounds once: `torch.equal`, in the
+    [4, O, 2, 2, C] memory both phase convs read as channels-last views."""
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(37, 300, 3, 3, generator=g).to(dtype).to(DEVICE)  # O * C past one program, odd sizes
+    if layout == "channels_last":
+        weight = weight.contiguous(memory_format=torch.channels_last)
+    phases = triton_phase_weights.phase_weights(weight)
+    assert torch.equal(phases, triton_phase_weights.phase_weights_reference(weight))
+    assert phases.permute(0, 1, 3, 4, 2).is_contiguous()
+    assert phases.flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match=r"\[O, C, 3, 3\]"):
+        triton_phase_weights.phase_weights(weight[:, :, :2])
 
 
 # ---- Wan 2.2: the cuDNN phase conv, gathered by the DupUp epilogue -------------------------------------------

@@ -54,7 +54,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import layout
+from rewrite.ops import layout, triton_phase_weights
 from rewrite.ops.dispatch import INTERPRETING, triton
 from rewrite.ops.triton_launch import launch
 
@@ -66,7 +66,7 @@ except ImportError:  # pragma: no cover - Triton before host tensor descriptors
 __all__ = ["ConvTile", "SUPPORTED_DTYPES", "chosen", "conv3d_channels_last", "conv3d_channels_last_folded",
            "conv3d_channels_last_norm_padded", "folded_taps", "launch_config", "norm_epilogue_chosen",
            "norm_epilogue_reason", "norm_launch_config", "phase_launch_config", "row_view_reason",
-           "unsupported_reason", "upsample2x_conv2d_channels_last", "upsample_phase_weights"]
+           "unsupported_reason", "upsample2x_conv2d_channels_last"]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 MIN_OUT_CHANNELS = 16  # the smallest tensor-core tile side
@@ -695,28 +695,11 @@ def phase_launch_config(in_channels: int, out_channels: int, width: Optional[int
     return ConvTile(block_w, block_n, _block_k(in_channels), warps, stages, n_rest, rows)
 
 
-def upsample_phase_weights(weight: Tensor) -> Tensor:
-    """The four 2x2 kernels ``[4, O, C, 2, 2]`` (phase ``2 * ph + pw``) of a 3x3 conv2d (pad 1) of a 2x nearest
-    upsample: output pixel ``(2h + ph, 2w + pw)`` reads source rows ``h + ph - 1 + j`` and columns
-    ``w + pw - 1 + k`` (j, k in 0, 1), and each 2x2 tap sums the 3x3 taps that land on that source pixel (rows
-    {0}, {1, 2} for ph 0; {0, 1}, {2} for ph 1; columns alike). Summed in fp32, rounded once to the weight's
-    dtype."""
-    w = weight.float()
-
-    def halves(t: Tensor, dim: int, phase: int) -> Tensor:
-        first, middle, last = t.unbind(dim)
-        pair = (first, middle + last) if phase == 0 else (first + middle, last)
-        return torch.stack(pair, dim)
-
-    rows = [halves(w, 2, ph) for ph in (0, 1)]
-    return torch.stack([halves(r, 3, pw) for r in rows for pw in (0, 1)]).to(weight.dtype)
-
-
 def upsample2x_conv2d_channels_last(padded_source: Tensor, weight: Tensor, bias: Optional[Tensor],
                                     out: Tensor, config: Optional[ConvTile] = None) -> Tensor:
     """``conv2d(upsample_nearest2x(source), weight, bias, padding=1)`` into `out` ([N, O, 2H, 2W], any strides)
     without the upsampled tensor: each output phase ``(ph, pw)`` (every other row and column) is a 2x2 conv of
-    the source with `upsample_phase_weights`, 4/9 of the upsampled conv's products, one kernel launch per phase
+    the source with `triton_phase_weights.phase_weights`, 4/9 of the upsampled conv's products, one launch per phase
     into that phase's strided view of `out` (bias added before the one rounding). `padded_source`: the source
     [N, C, H + 2, W + 2] with a zero border of one pixel, channels-last (NHWC) and contiguous; `weight`
     [O, C, 3, 3]. Returns `out`.
@@ -735,7 +718,8 @@ def upsample2x_conv2d_channels_last(padded_source: Tensor, weight: Tensor, bias:
         raise ValueError(f"upsample2x_conv2d_channels_last: out must be {expected} {padded_source.dtype}, got "
                          f"{tuple(out.shape)} {out.dtype}")
     # [O, C, 1, 2, 2] each: 1-frame 3-D kernels, phase 2 * ph + pw
-    phases = [p.contiguous(memory_format=torch.channels_last_3d) for p in upsample_phase_weights(weight).unsqueeze(3)]
+    phases = [p.contiguous(memory_format=torch.channels_last_3d)  # views: phase_weights' memory is channels-last
+              for p in triton_phase_weights.phase_weights(weight).unsqueeze(3)]
     source = padded_source.unsqueeze(2)  # [N, C, 1, H + 2, W + 2]: channels-last 3-D memory
     _checked_shapes(source, phases[0], bias)
     if out.numel() == 0:

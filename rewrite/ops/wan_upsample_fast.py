@@ -3,7 +3,7 @@ computed by output phase: no upsampled tensor, 4/9 of the products.
 
 A 3x3 conv (pad 1) of a 2x nearest upsample is, for each output phase ``(ph, pw)`` (every other row and column),
 a 2x2 conv of the source whose taps sum the 3x3 taps that land on the same source pixel
-(`triton_conv3d.upsample_phase_weights`). Two ops run it, each taking the arguments of a ``lossless`` op
+(`triton_phase_weights.phase_weights`). Two ops run it, each taking the arguments of a ``lossless`` op
 (`rewrite.ops.wan`) and returning its output's shape and layout (their fakes are that op's):
 
 - `upsample_conv2d_fast` (Wan 2.1's upsamplers, replacing `rewrite::upsample_conv2d`): the four phases as four
@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import layout, triton_conv3d, triton_epilogue, triton_pad
+from rewrite.ops import layout, triton_conv3d, triton_epilogue, triton_pad, triton_phase_weights
 from rewrite.ops import wan as _exact  # noqa: F401  (registers the replaced rewrite::upsample_conv2d* ops)
 from rewrite.ops.dispatch import use_kernel
 
@@ -135,8 +135,7 @@ def phase_conv(x: Tensor, weight: Tensor) -> Tensor:
     channels-last, whose position ``(i + ph, j + pw)`` in phase p's channels is the conv of the 2x-upsampled x
     at output pixel ``(2i + ph, 2j + pw)``. A channels-last x is read where it lies (cuDNN pads); another layout
     is written once, padded, by `padded_source`."""
-    phases = triton_conv3d.upsample_phase_weights(weight)  # [4, O, C, 2, 2]
-    stacked = phases.flatten(0, 1).contiguous(memory_format=torch.channels_last)
+    stacked = triton_phase_weights.phase_weights(weight).flatten(0, 1)  # [4 * O, C, 2, 2], channels-last memory
     if x.is_contiguous(memory_format=torch.channels_last):
         return aten.conv2d.default(x, stacked, None, [1, 1], [1, 1])
     return aten.conv2d.default(padded_source(x), stacked, None, [1, 1], [0, 0])
