@@ -10,8 +10,8 @@ Exactness: tolerance. The summed 2x2 weights are rounded once to the weight dtyp
           Where the op's kernel path does not serve a call, it runs the replaced `lossless` op.
 Level: channels_last.
 Guard: the graph runs on CUDA (or on CPU under the Triton interpreter, for tests), and
-          `wan_upsample_fast.upsample_reason` accepts the conv: a 3x3 unit-stride conv padded by 1, bf16/fp16, a channel pair the phase kernels
-          measured faster for.
+          `wan_upsample_fast.upsample_reason` accepts the conv: a 3x3 unit-stride conv padded by 1, bf16/fp16,
+          a channel pair the phase kernels measured faster for.
 """
 
 from __future__ import annotations

@@ -112,8 +112,9 @@ def _(x, upcast, weight, bias, stride, padding):
 # ---- Wan 2.2's up-block end: the phases as one cuDNN conv, gathered by the DupUp epilogue -------------------
 def dup_up_phases_reason(x_shape, weight_shape, stride, padding, dtype: torch.dtype) -> Optional[str]:
     """None when `upsample_conv2d_dup_up_add_fast`'s cuDNN phase conv serves the conv2d of the 2x-upsampled x
-    (4-D, a 3x3 unit-stride conv padded by 1, bf16/fp16, a channel pair and frame size measured faster); else why the
-    ``lossless`` op runs it. Read by the pattern's guard on the graph's shapes and by the op on its tensors."""
+    (4-D, a 3x3 unit-stride conv padded by 1, bf16/fp16, a channel pair and frame size measured faster); else
+    why the ``lossless`` op runs it. Read by the pattern's guard on the graph's shapes and by the op on its
+    tensors."""
     reason = _conv_shape_reason(x_shape, weight_shape, stride, padding)
     if reason is not None:
         return reason
