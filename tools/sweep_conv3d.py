@@ -35,12 +35,15 @@ SHAPES = {
     "wan22": [("1024 @ 2x90x160", 1024, 1024, 2, 90, 160, K3), ("512 @ 4x180x320", 512, 512, 4, 180, 320, K3),
               ("256 @ 4x360x640", 256, 256, 4, 360, 640, K3)],
 }
-# Wan 2.2's up-block ends at 720p (a steady step): (name, in = out channels, source frames, source height, width,
+# Wan 2.2's up-block ends at 720p and 480p (a steady step): (name, in = out channels, source frames, source height, width,
 # the block input's channels, its frames, the DupUp3D time factor), timed as the ``lossless`` op and by phases
 UP_BLOCK_ENDS = {
     "wan22up": [("up-end 1024 @ 2x45x80", 1024, 2, 45, 80, 1024, 1, 2),
                 ("up-end 1024 @ 4x90x160", 1024, 4, 90, 160, 1024, 2, 2),
                 ("up-end 512 @ 4x180x320", 512, 4, 180, 320, 1024, 4, 1)],
+    "wan22up_480": [("up-end 1024 @ 2x30x52", 1024, 2, 30, 52, 1024, 1, 2),
+                    ("up-end 1024 @ 4x60x104", 1024, 4, 60, 104, 1024, 2, 2),
+                    ("up-end 512 @ 4x120x208", 512, 4, 120, 208, 1024, 4, 1)],
 }
 
 
