@@ -6,7 +6,16 @@ reason it may not.
 
 from __future__ import annotations
 
+from rewrite.ops import dispatch  # INTERPRETING (looked up per call: tests patch it)
 from rewrite.ops import wan as _ops  # conv_bias_is_separate (looked up per call: tests patch it)
+
+
+def triton_kernel_runs(device, kernel: str) -> str | None:
+    """None where a family's Triton `kernel` runs: a graph on CUDA, or on the CPU under the Triton interpreter
+    (the tests); else the reason, naming the kernel."""
+    if device.type == "cuda" or (dispatch.INTERPRETING and device.type == "cpu"):
+        return None
+    return f"the graph runs on {device}: {kernel} runs on CUDA"
 
 
 def conv_bias_deferrable(match) -> str | None:

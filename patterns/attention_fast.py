@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.ops import attention_fast, dispatch
+from rewrite.ops import attention_fast
+from rewrite.patterns._guards import triton_kernel_runs
 
 aten = torch.ops.aten
 rewrite_ops = torch.ops.rewrite
@@ -34,8 +35,9 @@ def replace(q, k, v):
 
 def guard(match) -> str | None:
     q = match.inputs["q"].meta["val"]
-    if not (q.device.type == "cuda" or (dispatch.INTERPRETING and q.device.type == "cpu")):
-        return f"the graph runs on {q.device}: the attention kernel runs on CUDA"
+    reason = triton_kernel_runs(q.device, "the attention kernel")
+    if reason is not None:
+        return reason
     return attention_fast.attention_reason(tuple(q.shape), q.dtype)
 
 

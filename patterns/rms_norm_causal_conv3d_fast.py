@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.ops import dispatch, layout, wan_fast
+from rewrite.ops import layout, wan_fast
+from rewrite.patterns._guards import triton_kernel_runs
 
 rewrite_ops = torch.ops.rewrite
 _ARGS = ("x", "gamma", "scale", "norm_bias", "eps", "upcast", "act", "cache", "pad", "mode", "weight", "bias",
@@ -46,8 +47,9 @@ def replace(x, gamma, cache, weight, bias, residual, x_bias, residual_bias, scal
 def guard(match) -> str | None:
     x = match.inputs["x"].meta["val"]
     weight = match.inputs["weight"].meta["val"]
-    if not (x.device.type == "cuda" or (dispatch.INTERPRETING and x.device.type == "cpu")):
-        return f"the graph runs on {x.device}: the Triton conv runs on CUDA"
+    reason = triton_kernel_runs(x.device, "the Triton conv")
+    if reason is not None:
+        return reason
     cache = match.inputs.get("cache")
     pad = list(match.scalars["pad"])
     if x.dim() != 5 or len(pad) != 6 or min(pad) < 0:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.ops import dispatch, wan_upsample_fast
+from rewrite.ops import wan_upsample_fast
+from rewrite.patterns._guards import triton_kernel_runs
 
 rewrite_ops = torch.ops.rewrite
 
@@ -38,8 +39,9 @@ def replace(x, weight, bias, dx, upcast, stride, padding, frames_shape, repeats,
 
 def guard(match) -> str | None:
     x = match.inputs["x"].meta["val"]
-    if not (x.device.type == "cuda" or (dispatch.INTERPRETING and x.device.type == "cpu")):
-        return f"the graph runs on {x.device}: the phase epilogue is a Triton kernel"
+    reason = triton_kernel_runs(x.device, "the phase epilogue")
+    if reason is not None:
+        return reason
     weight = match.inputs["weight"].meta["val"]
     return wan_upsample_fast.dup_up_phases_reason(tuple(x.shape), tuple(weight.shape), match.scalars["stride"],
                                                   match.scalars["padding"], x.dtype)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.ops import dispatch, wan_upsample_fast
+from rewrite.ops import wan_upsample_fast
+from rewrite.patterns._guards import triton_kernel_runs
 
 rewrite_ops = torch.ops.rewrite
 
@@ -34,8 +35,9 @@ def replace(x, weight, bias, upcast, stride, padding):
 
 def guard(match) -> str | None:
     x = match.inputs["x"].meta["val"]
-    if not (x.device.type == "cuda" or (dispatch.INTERPRETING and x.device.type == "cpu")):
-        return f"the graph runs on {x.device}: the Triton conv runs on CUDA"
+    reason = triton_kernel_runs(x.device, "the Triton conv")
+    if reason is not None:
+        return reason
     weight = match.inputs["weight"].meta["val"]
     return wan_upsample_fast.upsample_reason(tuple(x.shape), tuple(weight.shape), match.scalars["stride"],
                                     match.scalars["padding"], x.dtype)

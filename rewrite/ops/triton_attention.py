@@ -32,7 +32,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops.dispatch import INTERPRETING, triton
+from rewrite.ops.dispatch import triton
 from rewrite.ops.triton_launch import launch
 
 try:
@@ -101,16 +101,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor) -> Optional[str]:
 if triton is not None:
     import triton.language as tl
 
+    from rewrite.ops.triton_math import dot as _dot
     from rewrite.ops.triton_math import round_to as _round
-
-    _INTERPRET = tl.constexpr(INTERPRETING)
-
-    @triton.jit
-    def _dot(a, b, acc):
-        if _INTERPRET:
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        else:
-            return tl.dot(a, b, acc)
 
     @triton.jit
     def _attention_kernel(q_desc, k_desc, v_desc, o_desc, L, qk_scale, CHUNKS: tl.constexpr, CHUNK: tl.constexpr,

@@ -219,18 +219,9 @@ def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[s
 if triton is not None:
     import triton.language as tl
 
+    from rewrite.ops.triton_math import dot as _dot
     from rewrite.ops.triton_math import round_to as _round
     from rewrite.ops.triton_norm_fast import inverse_norm, normalized
-
-    # The CPU interpreter multiplies bf16 tiles as their raw bits: there the operands go through fp32 (exact).
-    _INTERPRET = tl.constexpr(INTERPRETING)
-
-    @triton.jit
-    def _dot(a, b, acc):
-        if _INTERPRET:
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        else:
-            return tl.dot(a, b, acc)
 
     @triton.jit
     def _per_channel(ptr, n, C_OUT):

@@ -6,7 +6,8 @@ the hardware approximation (``sin.approx.f32``) after a range reduction, for ker
 converts fp32 to a narrower dtype rounding to nearest even, as ATen does; the interpreter truncates to
 bf16, so there the rounding is done on the bits first (NaN/inf are not expected in interpreter tests).
 `round_tf32` rounds fp32 to the nearest TF32 value (ties away from zero, as ``cvt.rna.tf32.f32``), for
-operands a TF32 tensor-core product would otherwise truncate.
+operands a TF32 tensor-core product would otherwise truncate. `dot` is the tensor-core product of the
+``tolerance`` kernels, made exact under the interpreter.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ if triton is not None:
         from triton.language.extra.cuda import libdevice
 
     _INTERPRET = tl.constexpr(INTERPRETING)
+
+    @triton.jit
+    def dot(a, b, acc):
+        """`tl.dot(a, b, acc)` with fp32 accumulation; the CPU interpreter multiplies bf16 tiles as their raw
+        bits, so there the operands go through fp32 (exact) at IEEE precision."""
+        if _INTERPRET:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            return tl.dot(a, b, acc)
 
     @triton.jit
     def exp(x):
