@@ -482,8 +482,7 @@ def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Op
     Same conditions as the two ops' kernel paths; else the two ops run.
     """
     tensors = tuple(t for t in (x, weight, bias, dx) if t is not None)
-    if (dx.dim() == 5 and len(frames_shape) == 5 and len(unfold_shape) == 8 and dx.dtype == x.dtype
-            and int(frames_shape[0]) * int(frames_shape[1]) == x.shape[0]
+    if (dup_up_epilogue_fits(x, frames_shape, dx, unfold_shape)
             and use_kernel("upsample_conv2d_dup_up_add", tensors, FLOAT_DTYPES)
             and _upsample_channels_last_conv_serves(x, weight, stride, padding)):
         b, t = int(frames_shape[0]), int(frames_shape[1])
@@ -495,6 +494,14 @@ def upsample_conv2d_dup_up_add(x: Tensor, upcast: bool, weight: Tensor, bias: Op
         return triton_epilogue.conv_epilogue(y5, bias, None, strides, dup_up=dup_up)
     return upsample_conv2d_dup_up_add_reference(x, upcast, weight, bias, stride, padding, frames_shape, dx, repeats,
                                                 unfold_shape, fold_shape, first_frame)
+
+
+def dup_up_epilogue_fits(x: Tensor, frames_shape: list[int], dx: Tensor, unfold_shape: list[int]) -> bool:
+    """The DupUp epilogue (`triton_epilogue.conv_epilogue` with `DupUp`) can gather `dx`'s shortcut onto the
+    upsampler's conv of the frames x: a 5-D dx of x's dtype, an 8-D unfold, and [b, t, ...] frames with
+    b * t = x's batch."""
+    return (dx.dim() == 5 and len(frames_shape) == 5 and len(unfold_shape) == 8 and dx.dtype == x.dtype
+            and int(frames_shape[0]) * int(frames_shape[1]) == x.shape[0])
 
 
 def upsample_conv2d_dup_up_add_layout(x: Tensor, upcast: bool, weight: Tensor, padding: list[int], b: int, t: int,

@@ -142,12 +142,6 @@ def phase_conv(x: Tensor, weight: Tensor) -> Tensor:
     return aten.conv2d.default(padded_source(x), stacked, None, [1, 1], [0, 0])
 
 
-def _dup_up_served(x: Tensor, weight: Tensor, stride, padding, frames_shape, dx: Tensor, unfold_shape) -> bool:
-    return (dup_up_phases_reason(x.shape, weight.shape, stride, padding, x.dtype) is None and dx.dim() == 5
-            and len(frames_shape) == 5 and len(unfold_shape) == 8 and dx.dtype == x.dtype
-            and int(frames_shape[0]) * int(frames_shape[1]) == x.shape[0])
-
-
 @torch.library.custom_op("rewrite::upsample_conv2d_dup_up_add_fast", mutates_args=())  # reads no channels-last copy
 def upsample_conv2d_dup_up_add_fast(x: Tensor, upcast: bool, weight: Tensor, bias: Optional[Tensor],
                                     stride: list[int], padding: list[int], frames_shape: list[int], dx: Tensor,
@@ -159,7 +153,8 @@ def upsample_conv2d_dup_up_add_fast(x: Tensor, upcast: bool, weight: Tensor, bia
     the shortcut, into the ``lossless`` op's layout. Where `dup_up_phases_reason` declines (or no kernel runs on
     this device), the ``lossless`` op runs. Tolerance: the module docstring's."""
     tensors = tuple(t for t in (x, weight, bias, dx) if t is not None)
-    if (_dup_up_served(x, weight, stride, padding, frames_shape, dx, unfold_shape)
+    if (dup_up_phases_reason(x.shape, weight.shape, stride, padding, x.dtype) is None
+            and _exact.dup_up_epilogue_fits(x, frames_shape, dx, unfold_shape)
             and use_kernel("upsample_conv2d_dup_up_add_fast", tensors, triton_conv3d.SUPPORTED_DTYPES)):
         b, t = int(frames_shape[0]), int(frames_shape[1])
         strides = _exact.upsample_conv2d_dup_up_add_layout(x, upcast, weight, padding, b, t, dx, repeats,
