@@ -52,7 +52,7 @@ def kernel_gates_open(monkeypatch) -> None:
     monkeypatch.setattr(wan_fast, "_RESIDUAL_NORM_EPILOGUE_FASTER", frozenset({(16, 16)}))  # the chain op's
     monkeypatch.setattr(wan_upsample_fast, "_TRITON_PHASES_FASTER", frozenset({(16, 16)}))  # the upsample conv's
     monkeypatch.setattr(wan_upsample_fast, "_CUDNN_PHASES_FASTER", {(16, 16): 1})  # the up-block end's
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None, *_, **__: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(layout, "norm_plan", norm_plan_on_cpu)

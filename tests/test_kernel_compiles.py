@@ -113,6 +113,9 @@ conv(192, 192, 6, 640, ConvTile(128, 128, 64, 8, 3, 64, max_registers=128), "nor
 conv(96, 96, 6, 1280, ConvTile(256, 64, 32, 8, 4, 32, max_registers=128), "chain")
 conv(192, 192, 6, 640, ConvTile(128, 128, 64, 8, 3, 64, max_registers=128), "chain")
 conv(384, 384, 6, 320, ConvTile(64, 128, 64, 4, 4, 0, 2), "ncdhw+residual")
+conv(192, 192, 6, 416, ConvTile(128, 128, 64, 8, 3, 64, max_registers=128, flat=True), "norm")  # flat programs
+conv(192, 192, 6, 416, ConvTile(128, 128, 64, 8, 3, 64, max_registers=128, flat=True), "chain")
+conv(384, 384, 6, 208, ConvTile(128, 128, 64, 4, 4, flat=True), "ncdhw+residual")
 x = torch.zeros(1, 96, 2, 4, 8, dtype=BF16)
 triton_norm_fast.rms_norm_padded_one_pass(x, torch.ones(96, dtype=BF16), 1.0, 0.0, 1e-12, True,
                                           torch.zeros(1, 96, 2, 4, 8, dtype=BF16), [1, 1, 1, 1, 0, 0])

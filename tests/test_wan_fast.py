@@ -143,6 +143,43 @@ def test_two_row_programs_in_every_epilogue(out_layout, res_layout):
     within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
 
 
+# A flat program's NCDHW or frame-major rows start at any pixel: TMA takes any coordinate, the interpreter's
+# emulation asserts 16-byte aligned innermost offsets, so those layouts are tested on CUDA only.
+_UNALIGNED_ON_CUDA = pytest.mark.skipif(not CUDA, reason="TMA rows starting at any pixel: the interpreter needs CUDA")
+
+
+@needs_kernels
+@pytest.mark.parametrize("out_layout,res_layout", [
+    ("channels_last", "channels_last"),
+    pytest.param("channels_last", "ncdhw", marks=_UNALIGNED_ON_CUDA),
+    pytest.param("ncdhw", "frame_major", marks=_UNALIGNED_ON_CUDA),
+    pytest.param("frame_major", "channels_last", marks=_UNALIGNED_ON_CUDA),
+    pytest.param("ncdhw", "ncdhw", marks=_UNALIGNED_ON_CUDA)])
+def test_flat_programs_in_every_epilogue(out_layout, res_layout):
+    """Flat programs (16 consecutive positions of rows laid out 26 apart: most run past a row's end into the
+    next row, the last past the last row) and a 16 + 16 channel split read the residual and store every pixel
+    through each TMA epilogue within the module's bound."""
+    padded, weight, bias, residual = _operands(2, 16, 32, 2, 3, 24, torch.bfloat16, seed=11)
+    reference = F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
+    magnitude = (F.conv3d(padded.double().abs(), weight.double().abs()) + bias.double().abs().view(-1, 1, 1, 1)
+                 + residual.double().abs())
+    out = EPILOGUE_LAYOUTS[out_layout](torch.full(reference.shape, float("nan"), dtype=torch.bfloat16, device=DEVICE))
+    triton_conv3d.conv3d_channels_last(padded, weight, bias, EPILOGUE_LAYOUTS[res_layout](residual), out,
+                                       config=ConvTile(16, 16, 16, 4, 2, 16, flat=True))
+    within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
+
+
+def test_flat_tiles_need_rows_tma_can_address():
+    padded, weight, _, _ = _operands(1, 16, 16, 1, 2, 24, torch.bfloat16)
+    out = EPILOGUE_LAYOUTS["channels_first_w"](torch.empty(1, 16, 1, 2, 24, dtype=torch.bfloat16, device=DEVICE))
+    with pytest.raises(ValueError, match="flat tile"):
+        triton_conv3d.conv3d_channels_last(padded, weight, None, None, out, config=ConvTile(16, 16, 16, 4, 2, flat=True))
+    assert "flat tile" in triton_conv3d.tile_reason(ConvTile(32, 16, 16, 4, 2, flat=True), 16, 26)
+    assert "flat tile" in triton_conv3d.tile_reason(ConvTile(16, 16, 16, 4, 2, rows=2, flat=True), 16, 26)
+    # the router never hands a flat tile to a pointer epilogue: launch_config(.., flat=False) there
+    assert not triton_conv3d.launch_config(192, 192, 416, flat=False).flat
+
+
 @pytest.mark.parametrize("width,pixels,expected", [
     (1280, 256, (1, 256)), (640, 256, (2, 128)), (640, 128, (1, 128)), (320, 128, (2, 64)), (160, 128, (2, 64)),
     (832, 128, (2, 64)), (None, 128, (1, 128)), (40, 256, (2, 128)), (30, 256, (2, 128)),
@@ -153,12 +190,15 @@ def test_pixel_tile_computes_the_fewest_pixels_past_the_row_end(width, pixels, e
 
 @pytest.mark.parametrize("channels,width,served,pixels", [
     (96, 1280, True, 256), (96, 832, True, 128), (96, 8, True, 128),  # 96: every width; 128-pixel programs at 832
-    (192, 640, True, 128), (192, 416, False, 128),                    # 192, 384: only rows tiled exactly
-    (384, 320, True, 128), (384, 160, False, 128), (384, 208, False, 128), (256, 640, False, 128),
+    (192, 640, True, 128), (192, 416, True, 128),  # 192, 384: rows tiled exactly, or flat wasting <= 1%
+    (384, 320, True, 128), (384, 160, False, 128), (384, 208, True, 128), (384, 104, False, 128),
+    (256, 640, False, 128),
 ])
 def test_the_conv_is_chosen_by_channels_and_row_width(channels, width, served, pixels):
     assert triton_conv3d.chosen(channels, channels, 27, width) is served
-    assert triton_conv3d.launch_config(channels, channels, width).pixels == pixels
+    tile = triton_conv3d.launch_config(channels, channels, width)
+    assert tile.pixels == pixels
+    assert tile.flat == (width in (416, 208, 160))  # flat where the row tiles waste more (104: wider than a row)
 
 
 def test_a_symbolic_width_is_left_to_the_op():
@@ -223,7 +263,7 @@ def _op_inputs(c, o, dtype, mode="steady_t1", residual=True, seed=1):
 def served_16_channels(monkeypatch):
     """Let the router pick the kernel for 16 -> 16 channel convs (tiny shapes) with small tiles."""
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 16, 27): math.inf})
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: SMALL)
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None, *_, **__: SMALL)
 
 
 @needs_kernels
@@ -268,7 +308,7 @@ def test_fast_op_serves_a_narrow_head(kernel_allowed_on_cpu, monkeypatch, fold):
     exact norm kernel has no plan, so the one-pass norm is what lets the op take its kernel path here.)"""
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 3, 27): math.inf})
     monkeypatch.setattr(triton_conv3d, "_FOLDED_TAPS", {(16, 3, 27): fold} if fold else {})
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: SMALL)
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None, *_, **__: SMALL)
     monkeypatch.setattr(wan_fast, "_ONE_PASS_NORM_CHANNELS", frozenset({16}))
     ran = []
     for name in ("conv3d_channels_last", "conv3d_channels_last_folded"):
@@ -448,7 +488,26 @@ def test_pair_op_with_split_channels_and_two_row_programs(kernel_allowed_on_cpu,
     kernel_gates_open(monkeypatch)
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(48, 48, 27): math.inf})
     monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(48, 48)}))
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: ConvTile(16, 32, 16, 4, 2, 16, 2))
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None, *_, **__: ConvTile(16, 32, 16, 4, 2, 16, 2))
+    args = _pair_inputs(mode, True, True, c=48, h=5, w=18)
+    calls = _pair_fused(monkeypatch)
+    pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
+    assert calls, "the fused epilogue did not run"
+    _check_pair(args, pair)
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["steady", "chunk0"])
+def test_pair_op_with_flat_programs(kernel_allowed_on_cpu, monkeypatch, mode):
+    """The norm epilogue of flat programs (16 positions of rows laid out 20 apart: most store into two rows of
+    the next padded input and cache, zeros at the pads between them; the last runs into the bottom pad) over
+    a 32 + 16 channel split: `_check_pair`. The second conv's NCDHW rows (18 pixels: not 16-byte aligned) take
+    row programs, as `conv3d_channels_last` asks `launch_config` for where TMA cannot address them."""
+    kernel_gates_open(monkeypatch)
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(48, 48, 27): math.inf})
+    monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(48, 48)}))
+    monkeypatch.setattr(triton_conv3d, "launch_config",
+                        lambda c, o, w=None, k=3, flat=True: ConvTile(16, 32, 16, 4, 2, 16, flat=flat))
     args = _pair_inputs(mode, True, True, c=48, h=5, w=18)
     calls = _pair_fused(monkeypatch)
     pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
@@ -459,7 +518,7 @@ def test_pair_op_with_split_channels_and_two_row_programs(kernel_allowed_on_cpu,
 @needs_kernels
 def test_pair_op_runs_the_two_ops_where_the_epilogue_cannot_hold_every_channel(kernel_allowed_on_cpu, monkeypatch):
     kernel_gates_open(monkeypatch)
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: ConvTile(32, 8, 16, 4, 2))  # 16 = 2 x 8
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None, *_, **__: ConvTile(32, 8, 16, 4, 2))  # 16 = 2 x 8
     args = _pair_inputs("steady", True, False)
     calls = _pair_fused(monkeypatch)
     pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)

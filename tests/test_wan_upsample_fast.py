@@ -61,7 +61,7 @@ def test_upsample_phases_match_the_conv_of_the_upsample(n, c, o, h, w, tile):
 @needs_kernels
 def test_upsample_op_takes_the_phases_where_served(kernel_allowed_on_cpu, monkeypatch):
     monkeypatch.setattr(wan_upsample_fast, "_TRITON_PHASES_FASTER", frozenset({(16, 16)}))
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None: ConvTile(16, 16, 16, 4, 2))
+    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None, *_, **__: ConvTile(16, 16, 16, 4, 2))
     ran = []
     original = triton_conv3d.upsample2x_conv2d_channels_last
     monkeypatch.setattr(triton_conv3d, "upsample2x_conv2d_channels_last",

@@ -27,7 +27,8 @@ SHAPES = {
               ("384 @ 2x180x320", 384, 384, 2, 180, 320, K3), ("384 @ 1x90x160", 384, 384, 1, 90, 160, K3),
               ("192->384 @ 2x180x320", 192, 384, 2, 180, 320, K3)],
     "wan21_480": [("96 @ 4x480x832", 96, 96, 4, 480, 832, K3), ("192 @ 4x240x416", 192, 192, 4, 240, 416, K3),
-                  ("384 @ 2x120x208", 384, 384, 2, 120, 208, K3), ("384 @ 1x60x104", 384, 384, 1, 60, 104, K3)],
+                  ("384 @ 2x120x208", 384, 384, 2, 120, 208, K3), ("384 @ 1x60x104", 384, 384, 1, 60, 104, K3),
+                  ("192->384 @ 2x120x208", 192, 384, 2, 120, 208, K3)],
     "head": [("head 96->3 @ 4x720x1280", 96, 3, 4, 720, 1280, K3), ("head 96->3 @ 4x480x832", 96, 3, 4, 480, 832, K3),
              ("head 256->12 @ 4x360x640", 256, 12, 4, 360, 640, K3)],
     "wan21up": [("up 192->96 @ 4x720x1280", 192, 96, 4, 720, 1280, K2),
@@ -61,10 +62,11 @@ def _arrangements(width: int, pixels: int):
 
 def candidate_tiles(in_channels: int, out_channels: int, width: int, warp_specialize: bool = False):
     """The tiles the sweep tries for a shape, `launch_config`'s first (ConvTile fields: block_w, block_n,
-    block_k, warps, stages, n_rest, rows, warp_specialize). Each (pixels, channels, warps, stages) family is
-    tried in `_arrangements`' pixel layouts. Warp-specialized tiles only on request: on the H200 with Triton
+    block_k, warps, stages, n_rest, rows, warp_specialize, max_registers, flat). Each (pixels, channels, warps,
+    stages) family is tried in `_arrangements`' pixel layouts, and flat where those compute pixels past the row
+    ends and a program fits in two rows (`tile_reason`). Warp-specialized tiles only on request: on the H200 with Triton
     3.6 the first one had not finished compiling after minutes (docs/tuning.md section 1)."""
-    from rewrite.ops.triton_conv3d import MIN_OUT_CHANNELS, ConvTile, launch_config
+    from rewrite.ops.triton_conv3d import MIN_OUT_CHANNELS, ConvTile, launch_config, tile_reason, wasted_fraction
 
     k = 64 if in_channels % 64 == 0 else 32
     families = []  # (pixels, block_n, n_rest, warps, stages)
@@ -85,6 +87,11 @@ def candidate_tiles(in_channels: int, out_channels: int, width: int, warp_specia
             tile = ConvTile(block_w, block_n, k, warps, stages, n_rest, rows)
             if tile not in tiles:
                 tiles.append(tile)
+        flat = ConvTile(pixels, block_n, k, warps, stages, n_rest, 1, flat=True)
+        rows_waste = min(wasted_fraction(ConvTile(w, block_n, k, warps, stages, n_rest, r), width)
+                         for r, w in _arrangements(width, pixels))
+        if flat not in tiles and rows_waste > 0 and tile_reason(flat, out_channels, width + 2) is None:
+            tiles.append(flat)
     if warp_specialize:
         tiles += [tile._replace(warp_specialize=True) for tile in tiles[:2]]
     return tiles
@@ -96,7 +103,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="wan21,wan21_480,wan21up,wan22",
                         help=f"comma-separated: {', '.join([*SHAPES, *UP_BLOCK_ENDS])}")
     parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
-    parser.add_argument("--only", default=None, help="only the shapes whose name starts with this")
+    parser.add_argument("--only", default=None, help="only the shapes whose name starts with one of these (comma-separated)")
     parser.add_argument("--decode-epilogues", action="store_true",
                         help="also time the launch_config tile with the decode's outputs: NCDHW, and NCDHW with "
                              "bias and an NCDHW residual (a resnet's second conv)")
@@ -116,10 +123,10 @@ def main(argv=None) -> int:
     results = []
     for family in args.shapes.split(","):
         for name, *shape in UP_BLOCK_ENDS.get(family, ()):
-            if not args.only or name.startswith(args.only):
+            if not args.only or name.startswith(tuple(args.only.split(","))):
                 results.append({"shape": name, "up_block_end": _up_block_end(triton, *shape, dtype)})
         for name, cin, cout, t, h, w, kernel in SHAPES.get(family, ()):
-            if args.only and not name.startswith(args.only):
+            if args.only and not name.startswith(tuple(args.only.split(","))):
                 continue
             torch.manual_seed(0)
             kt, kh, kw = kernel

@@ -78,7 +78,8 @@ class ConvTile(NamedTuple):
     accumulator (one program then holds ``block_n + n_rest`` channels, e.g. 96 = 64 + 32 or 192 = 128 + 64,
     with no MMA work spent on padding channels); `block_k` input channels per step, `warps`, pipeline
     `stages`, `warp_specialize` (Triton's warp-specialized loop: producer warps issue the TMA loads),
-    `max_registers` (Triton's `maxnreg`; ignored by the interpreter)."""
+    `max_registers` (Triton's `maxnreg`; ignored by the interpreter), `flat` (`rows` 1: the program's pixels
+    run on from one output row into the next, the kernel's FLAT)."""
 
     block_w: int
     block_n: int
@@ -89,6 +90,7 @@ class ConvTile(NamedTuple):
     rows: int = 1
     warp_specialize: bool = False
     max_registers: Optional[int] = None  # ptxas's cap per thread (spilling past it): 128 lets two programs share an SM
+    flat: bool = False  # block_w consecutive positions of rows laid out the padded width apart (kernel's FLAT)
 
     @property
     def pixels(self) -> int:
@@ -138,9 +140,12 @@ _TILES = {96: ((256, 64, 32, 8, 4), (128, 64, 32, 4, 3)), 192: ((128, 128, 64, 8
 _DEFAULT_TILES = ((128, 128, 0, 4, 4),)
 
 
-def launch_config(in_channels: int, out_channels: int, width: Optional[int] = None) -> ConvTile:
-    """The tile for a conv with these channel counts and output rows of `width` pixels (`_TILES`, each program
-    shape arranged by `pixel_tile`; docs/tuning.md section 1: the H200 sweeps)."""
+def launch_config(in_channels: int, out_channels: int, width: Optional[int] = None, kernel_width: int = 3,
+                  flat: bool = True) -> ConvTile:
+    """The tile for a conv with these channel counts, output rows of `width` pixels and a kernel `kernel_width`
+    wide (`_TILES`, each program shape arranged by `pixel_tile`; docs/tuning.md section 1: the H200 sweeps).
+    With `flat` (the output and residual are rows TMA can address), a channel count in `_FLAT_CHANNELS` takes
+    the flat form of that program shape where it computes fewer pixels past the row ends."""
     best = None
     for pixels, block_n, n_rest, warps, stages in _TILES.get(out_channels, _DEFAULT_TILES):
         if out_channels not in _TILES and triton is not None:
@@ -150,11 +155,24 @@ def launch_config(in_channels: int, out_channels: int, width: Optional[int] = No
         tile = ConvTile(block_w, block_n, _block_k(in_channels), warps, stages, n_rest, rows)
         if best is None or (width is not None and wasted_fraction(tile, width) < wasted_fraction(best, width)):
             best = tile
+    if flat and width is not None and out_channels in _FLAT_CHANNELS:
+        flat_tile = best._replace(block_w=best.pixels, rows=1, flat=True)
+        if (tile_reason(flat_tile, out_channels, width + kernel_width - 1) is None
+                and wasted_fraction(flat_tile, width, kernel_width) < wasted_fraction(best, width)):
+            return flat_tile
     return best
 
 
-def wasted_fraction(tile: ConvTile, width: int) -> float:
-    """The share of pixels `tile`'s programs compute past the ends of rows of `width` pixels (per pixel kept)."""
+# Output channel counts whose programs may run flat (`launch_config`): over rows that the row tiles do not divide
+# (Wan 2.1 480p's 192 channels 416 wide, 384 channels 208 wide; docs/tuning.md section 1.15).
+_FLAT_CHANNELS = frozenset({192, 384})
+
+
+def wasted_fraction(tile: ConvTile, width: int, kernel_width: int = 3) -> float:
+    """The share of pixels `tile`'s programs compute past the ends of rows of `width` pixels (per pixel kept):
+    a flat tile computes the kernel_width - 1 positions between one row's end and the next row's start."""
+    if tile.flat:
+        return (kernel_width - 1) / width
     return (_computed_pixels(width, tile.block_w) - width) / width
 
 
@@ -162,10 +180,11 @@ def wasted_fraction(tile: ConvTile, width: int) -> float:
 # (bf16, docs/tuning.md sections 1.5 and 1.7), with the largest `wasted_fraction` of `launch_config`'s tile at
 # which it was: 96 channels at every measured width (491 / 469 TFLOP/s against cuDNN's 275 / 272); 192 and 384
 # only where the programs tile the rows exactly (192 @ 640 wide 590-597 against 586, 384 @ 320 wide 674 against
-# 591; with 7.7-23% wasted 473-573 against 579-592, 384 @ 160 wide 494 against 512); the heads 96 -> 3 and
-# 256 -> 12, folded (`_FOLDED_TAPS`), at every measured width (0.874 / 0.389 ms against cuDNN's 2.360 / 1.036 at
-# 1280 / 832 wide; 0.755 against 1.587 at 640). Everything else keeps cuDNN's conv.
-_FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.0, (384, 384, 27): 0.0, (192, 384, 27): 0.0,
+# 591; with 7.7-23% wasted 473-573 against 579-592, 384 @ 160 wide 494 against 512) and where flat programs
+# waste at most 1% (416 and 208 wide: section 1.15); the heads 96 -> 3 and 256 -> 12, folded (`_FOLDED_TAPS`), at
+# every measured width (0.874 / 0.389 ms against cuDNN's 2.360 / 1.036 at 1280 / 832 wide; 0.755 against 1.587 at
+# 640). Everything else keeps cuDNN's conv.
+_FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.01, (384, 384, 27): 0.01, (192, 384, 27): 0.01,
                             (96, 3, 27): math.inf, (256, 12, 27): math.inf}
 
 
@@ -256,9 +275,9 @@ if triton is not None:
         tl.store(out_row + _offsets(w, n, so4, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype: tl.constexpr,
+    def _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, dtype: tl.constexpr,
                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, OUT_MODE: tl.constexpr,
-                RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+                RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
         """The output of channels n0.. (conv + bias + residual (+ its deferred bias), rounded once to the
         activation dtype) for the NORM epilogue, also stored by TMA where OUT_MODE is not 0 (a conv whose own
         output is read again: a residual block's output is the next block's shortcut)."""
@@ -266,52 +285,74 @@ if triton is not None:
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
+            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, WP, RES_MODE, BLOCK_W, BLOCK_N, FLAT).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
         y = _round(acc, dtype)
         if OUT_MODE != 0:
-            _store_rows(o_desc, y, b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
+            _store_rows(o_desc, y, b, t, h, w0, n0, T_OUT, WP, OUT_MODE, BLOCK_W, BLOCK_N, FLAT)
         return y
 
     @triton.jit
-    def _load_rows(desc, b, t, h, w0, n0, T, H, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _load_row(desc, b, t, h, w0, n0, T, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
         """The [BLOCK_W pixels, BLOCK_N channels] tile at (b, t, h, w0.., n0..) of a tensor whose descriptor views
-        it as [B*T*H, W, C] (MODE 1, channels-last), [B, C, T*H, W] (MODE 2, NCDHW) or [B*T, C, H, W] (MODE 3,
-        frame-major: a per-frame conv's output); TMA zero-fills past W and C (each its own dimension)."""
+        it as [B*T, H, W, C] (MODE 1, channels-last), [B, C, T, H, W] (MODE 2, NCDHW) or [B*T, C, H, W] (MODE 3,
+        frame-major: a per-frame conv's output); TMA zero-fills past H, W and C (each its own dimension) and
+        before w = 0."""
         if MODE == 1:
-            return tl.reshape(desc.load([(b * T + t) * H + h, w0, n0]), [BLOCK_W, BLOCK_N])
+            return tl.reshape(desc.load([b * T + t, h, w0, n0]), [BLOCK_W, BLOCK_N])
         elif MODE == 2:
-            return tl.trans(tl.reshape(desc.load([b, n0, t * H + h, w0]), [BLOCK_N, BLOCK_W]))
+            return tl.trans(tl.reshape(desc.load([b, n0, t, h, w0]), [BLOCK_N, BLOCK_W]))
         else:
             return tl.trans(tl.reshape(desc.load([b * T + t, n0, h, w0]), [BLOCK_N, BLOCK_W]))
 
     @triton.jit
-    def _store_rows(desc, tile, b, t, h, w0, n0, T, H, MODE: tl.constexpr, BLOCK_W: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
-        """`_load_rows`' tile stored (TMA clips it at the tensor's W and C)."""
+    def _store_row(desc, tile, b, t, h, w0, n0, T, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+        """`_load_row`'s tile stored (TMA clips it at the tensor's H, W and C and before w = 0)."""
         if MODE == 1:
-            desc.store([(b * T + t) * H + h, w0, n0], tl.reshape(tile, [1, BLOCK_W, BLOCK_N]))
+            desc.store([b * T + t, h, w0, n0], tl.reshape(tile, [1, 1, BLOCK_W, BLOCK_N]))
         elif MODE == 2:
-            desc.store([b, n0, t * H + h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, BLOCK_W]))
+            desc.store([b, n0, t, h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, 1, BLOCK_W]))
         else:
             desc.store([b * T + t, n0, h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, BLOCK_W]))
 
     @triton.jit
-    def _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
+    def _load_rows(desc, b, t, h, w0, n0, T, WP, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
+                   FLAT: tl.constexpr):
+        """The tile of a program's pixels: one row's (`_load_row`), or FLAT (pixels w0.. of row h in rows WP
+        wide, the padded input's, running on into row h + 1 at w0 - WP) the sum of both rows' loads, each
+        zero where the other holds the pixel."""
+        tile = _load_row(desc, b, t, h, w0, n0, T, MODE, BLOCK_W, BLOCK_N)
+        if FLAT:
+            tile += _load_row(desc, b, t, h + 1, w0 - WP, n0, T, MODE, BLOCK_W, BLOCK_N)
+        return tile
+
+    @triton.jit
+    def _store_rows(desc, tile, b, t, h, w0, n0, T, WP, MODE: tl.constexpr, BLOCK_W: tl.constexpr,
+                    BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
+        """`_load_rows`' tile stored: FLAT, a second time at row h + 1 where the pixels run past row h's WP."""
+        _store_row(desc, tile, b, t, h, w0, n0, T, MODE, BLOCK_W, BLOCK_N)
+        if FLAT:
+            if w0 + BLOCK_W > WP:
+                _store_row(desc, tile, b, t, h + 1, w0 - WP, n0, T, MODE, BLOCK_W, BLOCK_N)
+
+    @triton.jit
+    def _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP,
                        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
-                       OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+                       OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
+                       FLAT: tl.constexpr):
         """`_epilogue` with the residual read and the output written by TMA (no per-element addresses)."""
         n = n0 + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
+            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, WP, RES_MODE, BLOCK_W, BLOCK_N, FLAT).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
-        _store_rows(o_desc, _round(acc, o_desc.dtype), b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
+        _store_rows(o_desc, _round(acc, o_desc.dtype), b, t, h, w0, n0, T_OUT, WP, OUT_MODE, BLOCK_W, BLOCK_N,
+                    FLAT)
 
     @triton.jit
     def _inverse_norm(squares, scale, eps):
@@ -319,64 +360,75 @@ if triton is not None:
         return inverse_norm(tl.sqrt(squares), scale, eps)[:, None]
 
     @triton.jit
-    def _store_normalized(y, n0, inv_norm, w, pad_row, pad_col, cache_row, cache_col, IN_CACHE, pad_desc,
-                          cache_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU: tl.constexpr, BLOCK_W: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
-        """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
-        norms) in fp32, rounded once, stored by TMA into the next conv's padded input row (0 past the row end:
-        its right pad) and, IN_CACHE, the next cache's row (both channels-last)."""
+    def _store_normalized(y, n0, inv_norm, h, w0, pad_frame, pad_col, cache_frame, IN_CACHE, pad_desc, cache_desc,
+                          gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU: tl.constexpr, BLOCK_W: tl.constexpr,
+                          BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
+        """The Wan norm (+ SiLU) of the tile y (channels n0.., pixels w0.. of row h; `inv_norm` = scale / its pixels'
+        clamped channel norms) in fp32, rounded once, stored by TMA into the next conv's padded input (frame
+        `pad_frame`, row PH + h, column `pad_col` = its left pad + w0; 0 at pixels outside the output: its pads)
+        and, IN_CACHE, the next cache's frame `cache_frame` (both channels-last). FLAT: pixels w >= WP are row
+        h + 1's pixels w - WP, stored there too."""
         gamma = _per_channel(gamma_ptr, n0 + tl.arange(0, BLOCK_N), C_OUT)
         v = normalized(y.to(tl.float32), inv_norm, gamma, nbias, SILU)
-        v = tl.reshape(_round(tl.where((w < W_OUT)[:, None], v, 0.0), y.dtype), [1, BLOCK_W, BLOCK_N])
-        pad_desc.store([pad_row, pad_col, n0], v)
+        w = w0 + tl.arange(0, BLOCK_W)
+        inside = w < W_OUT
+        if FLAT:
+            inside |= (w >= WP) & (w - WP < W_OUT) & (h + 1 < H_OUT)
+        v = tl.reshape(_round(tl.where(inside[:, None], v, 0.0), y.dtype), [1, 1, BLOCK_W, BLOCK_N])
+        pad_desc.store([pad_frame, PH + h, pad_col, n0], v)
         if IN_CACHE:
-            cache_desc.store([cache_row, cache_col, n0], v)
+            cache_desc.store([cache_frame, h, w0, n0], v)
+        if FLAT:
+            if w0 + BLOCK_W > WP:
+                pad_desc.store([pad_frame, PH + h + 1, pad_col - WP, n0], v)
+                if IN_CACHE:
+                    cache_desc.store([cache_frame, h + 1, w0 - WP, n0], v)
 
     @triton.jit
     def _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
-                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3,
-                      so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
-                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
-                      OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, N_REST: tl.constexpr, WIDE: tl.constexpr,
-                      BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
-        """The epilogue of one output row (b, t, h) of a program: `acc` holds channels n0.. (BLOCK_N) of pixels
-        w0.. (BLOCK_W) and, N_REST > 0, `acc2` channels BLOCK_N.. (N_REST) of the same pixels (the kernel's
-        docstring says where they go)."""
-        w = w0 + tl.arange(0, BLOCK_W)
+                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0, so1, so2, so3,
+                      so4, sr0, sr1, sr2, sr3, sr4, TO, FT, PH, PW, SLOT0, scale, nbias, eps,
+                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr,
+                      SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, N_REST: tl.constexpr,
+                      WIDE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
+        """The epilogue of one output row (b, t, h) of a program (FLAT: running on into row h + 1): `acc` holds
+        channels n0.. (BLOCK_N) of pixels w0.. (BLOCK_W) and, N_REST > 0, `acc2` channels BLOCK_N.. (N_REST) of
+        the same pixels (the kernel's docstring says where they go)."""
         if NORM:
             dtype: tl.constexpr = n_desc.dtype
-            pad_row = (b * TO + FT + t) * HO + PH + h
+            pad_frame = b * TO + FT + t
             slot = t - SLOT0
-            cache_row = (b * 2 + slot) * H_OUT + h
+            cache_frame = b * 2 + slot
             in_cache = (slot >= 0) & (slot < 2)
             if N_REST > 0:  # rounded at once (half the registers of the fp32 sums), stored N_REST channels at a time
-                y2 = _summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype,
-                             HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
-                y = _summed(acc, 0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype,
-                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
+                y2 = _summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, dtype,
+                             HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST, FLAT)
+                y = _summed(acc, 0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, dtype,
+                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, FLAT)
                 squares = (tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
                            + tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1))
                 inv_norm = _inverse_norm(squares, scale, eps)
-                _store_normalized(y2, BLOCK_N, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc,
-                                  c2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
+                _store_normalized(y2, BLOCK_N, inv_norm, h, w0, pad_frame, PW + w0, cache_frame, in_cache, n2_desc,
+                                  c2_desc, gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU, BLOCK_W, N_REST, FLAT)
                 ya, yb = tl.split(tl.permute(tl.reshape(y, [BLOCK_W, 2, N_REST]), [0, 2, 1]))
-                _store_normalized(ya, 0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, c2_desc,
-                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
-                _store_normalized(yb, N_REST, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc,
-                                  c2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
+                _store_normalized(ya, 0, inv_norm, h, w0, pad_frame, PW + w0, cache_frame, in_cache, n2_desc,
+                                  c2_desc, gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU, BLOCK_W, N_REST, FLAT)
+                _store_normalized(yb, N_REST, inv_norm, h, w0, pad_frame, PW + w0, cache_frame, in_cache, n2_desc,
+                                  c2_desc, gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU, BLOCK_W, N_REST, FLAT)
             else:
-                y = _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype,
-                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
+                y = _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, dtype,
+                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, FLAT)
                 inv_norm = _inverse_norm(tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1), scale, eps)
-                _store_normalized(y, n0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n_desc, c_desc,
-                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, BLOCK_N)
+                _store_normalized(y, n0, inv_norm, h, w0, pad_frame, PW + w0, cache_frame, in_cache, n_desc, c_desc,
+                                  gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU, BLOCK_W, BLOCK_N, FLAT)
         elif OUT_MODE != 0:
             if N_REST > 0:  # the narrow accumulator first: fewer registers live while the residual tile is
-                _epilogue_rows(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
-                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
-            _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, HAS_BIAS,
-                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
+                _epilogue_rows(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP,
+                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST, FLAT)
+            _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, HAS_BIAS,
+                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, FLAT)
         else:
+            w = w0 + tl.arange(0, BLOCK_W)
             b64 = b.to(tl.int64)
             t64 = t.to(tl.int64)
             h64 = h.to(tl.int64)
@@ -402,17 +454,20 @@ if triton is not None:
     @triton.jit(do_not_specialize=["A_OFFSET"])
     def _conv3d_kernel(a_desc, w_desc, w2_desc, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
                        bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, TP, HP, WP, N_BLOCKS,
-                       W_TILES, A_OFFSET, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0,
+                       W_TILES, A_OFFSET, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, FT, PH, PW, SLOT0,
                        scale, nbias, eps, C_IN: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
                        NORM: tl.constexpr, SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr,
                        N_REST: tl.constexpr, ROWS: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                       WARP_SPECIALIZE: tl.constexpr):
+                       WARP_SPECIALIZE: tl.constexpr, FLAT: tl.constexpr):
         """One program: ROWS output rows (b, t, h..) of BLOCK_W pixels (w0..) by BLOCK_N channels (N_REST > 0:
         channels 0..BLOCK_N-1 and BLOCK_N..BLOCK_N+N_REST-1 in two accumulators; the *2 descriptors are the
-        second's tiles). Program ids: axis 0 runs over the channel blocks fastest (the programs that read the
-        same input pixels run together), then the pixel tiles (w fastest); axis 1 over the frames (b, t).
+        second's tiles). FLAT (ROWS 1): the program's BLOCK_W pixels are consecutive positions of the frame's
+        output rows laid out WP (the padded input's width) apart, so a program may run past row h's end, over
+        WP - W_OUT positions that are no output pixels, into row h + 1 (module docstring). Program ids: axis 0
+        runs over the channel blocks fastest (the programs that read the same input pixels run together), then
+        the pixel tiles (w fastest); axis 1 over the frames (b, t).
         Epilogues (`_row_epilogue`, per row): OUT_MODE 0 stores by pointers (any strides), 1 / 2 / 3 by TMA
         into a channels-last / NCDHW / frame-major output (`o_desc`, the residual by `r_desc` in RES_MODE's
         layout); NORM normalizes every output channel into the next conv's padded input and next cache
@@ -421,8 +476,13 @@ if triton is not None:
         pid = tl.program_id(0)
         tile = pid // N_BLOCKS
         n0 = (pid % N_BLOCKS) * BLOCK_N
-        h = (tile // W_TILES) * ROWS
-        w0 = (tile % W_TILES) * BLOCK_W
+        if FLAT:
+            p0 = tile * BLOCK_W
+            h = p0 // WP
+            w0 = p0 - h * WP
+        else:
+            h = (tile // W_TILES) * ROWS
+            w0 = (tile % W_TILES) * BLOCK_W
         frame = tl.program_id(1)
         t = frame % T_OUT
         b = frame // T_OUT
@@ -447,16 +507,16 @@ if triton is not None:
             if ROWS == 2:
                 accb, acc2b = _row_dots(a_desc, a_row + WP, c0, wt, wt2, accb, acc2b, N_REST)
         _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
-                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3,
-                      so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS,
-                      HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W, BLOCK_N)
+                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0, so1, so2,
+                      so3, so4, sr0, sr1, sr2, sr3, sr4, TO, FT, PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS,
+                      HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W, BLOCK_N, FLAT)
         if ROWS == 2:
             if h + 1 < H_OUT:  # an odd row count's last program holds one row
                 _row_epilogue(accb, acc2b, b, t, h + 1, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc,
                               c_desc, c2_desc, bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT,
-                              W_OUT, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0,
+                              W_OUT, WP, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, FT, PH, PW, SLOT0,
                               scale, nbias, eps, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE,
-                              N_REST, WIDE, BLOCK_W, BLOCK_N)
+                              N_REST, WIDE, BLOCK_W, BLOCK_N, False)
 
 def _checked_shapes(padded: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple[int, ...]:
     """The unpadded conv's output shape [B, O, T, H, W] after the argument checks every launcher shares."""
@@ -474,16 +534,16 @@ def _checked_shapes(padded: Tensor, weight: Tensor, bias: Optional[Tensor]) -> t
 
 
 def _row_view(t: Tensor) -> Optional[tuple[Tensor, int]]:
-    """(view, mode) of a [B, C, T, H, W] tensor for `_load_rows` / `_store_rows`: channels-last memory as
-    [B*T*H, W, C] (mode 1), NCDHW as [B, C, T*H, W] (mode 2), frame-major (B, T, C, H, W memory) as
-    [B*T, C, H, W] (mode 3): the channels a dimension of their own in each, so that a tile of channels past C
-    is clipped rather than landing in the next frame's; None for other strides or rows TMA cannot address
-    (16-byte aligned base and strides)."""
+    """(view, mode) of a [B, C, T, H, W] tensor for `_load_row` / `_store_row`: channels-last memory as
+    [B*T, H, W, C] (mode 1), NCDHW as itself (mode 2), frame-major (B, T, C, H, W memory) as [B*T, C, H, W]
+    (mode 3): the channels and the rows dimensions of their own in each, so that a tile of channels past C,
+    or a flat tile's row past H, is clipped rather than landing in the next frame's; None for other strides or
+    rows TMA cannot address (16-byte aligned base and strides)."""
     b, c, frames, h, w = t.shape
     if t.is_contiguous(memory_format=torch.channels_last_3d):
-        view, mode = t.permute(0, 2, 3, 4, 1).reshape(b * frames * h, w, c), 1
+        view, mode = t.permute(0, 2, 3, 4, 1).reshape(b * frames, h, w, c), 1
     elif t.is_contiguous():
-        view, mode = t.reshape(b, c, frames * h, w), 2
+        view, mode = t, 2
     elif layout.frame_major(t):
         view, mode = t.transpose(1, 2).reshape(b * frames, c, h, w), 3
     else:
@@ -503,8 +563,11 @@ def row_view_reason(t: Tensor) -> Optional[str]:
     return None
 
 
+_ROW_BLOCKS = {1: lambda w, n: [1, 1, w, n], 2: lambda w, n: [1, n, 1, 1, w], 3: lambda w, n: [1, n, 1, w]}
+
+
 def _rows_descriptor(view: Tensor, mode: int, block_w: int, block_n: int):
-    return TensorDescriptor.from_tensor(view, [1, block_w, block_n] if mode == 1 else [1, block_n, 1, block_w])
+    return TensorDescriptor.from_tensor(view, _ROW_BLOCKS[mode](block_w, block_n))
 
 
 def _row_offsets_wide(shape: tuple[int, ...], *strides: tuple[int, ...]) -> bool:
@@ -512,10 +575,14 @@ def _row_offsets_wide(shape: tuple[int, ...], *strides: tuple[int, ...]) -> bool
     return any((shape[4] - 1) * abs(s[4]) + (shape[1] - 1) * abs(s[1]) >= 2 ** 31 for s in strides)
 
 
-def tile_reason(tile: ConvTile, out_channels: int) -> Optional[str]:
-    """None when `tile` can compute a conv with `out_channels` outputs, else why not."""
+def tile_reason(tile: ConvTile, out_channels: int, padded_width: Optional[int] = None) -> Optional[str]:
+    """None when `tile` can compute a conv with `out_channels` outputs over a padded input `padded_width` wide,
+    else why not."""
     if tile.rows not in range(1, MAX_ROWS + 1):
         return f"{tile.rows} rows per program (1 to {MAX_ROWS} are unrolled)"
+    if tile.flat and (tile.rows != 1 or (padded_width is not None and tile.block_w > padded_width + 1)):
+        return (f"a flat tile of {tile.rows} x {tile.block_w} pixels over rows {padded_width} wide (one row of at "
+                f"most the padded width + 1: a program spans two output rows at most)")
     if tile.n_rest and (tile.block_n + tile.n_rest != out_channels or tile.n_rest & (tile.n_rest - 1)
                         or tile.n_rest < 16):
         return (f"a {tile.block_n} + {tile.n_rest} channel split (the second a power of two >= 16) for "
@@ -526,12 +593,12 @@ def tile_reason(tile: ConvTile, out_channels: int) -> Optional[str]:
 def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ...], bias: Optional[Tensor],
             out: Optional[Tensor], residual: Optional[Tensor], residual_bias: Optional[Tensor],
             norm: Optional[tuple] = None, a_offset: int = 0) -> None:
-    """One `_conv3d_kernel` launch; `norm`: (gamma, next_padded, next_cache, (TO, HO, FT, PH, PW, SLOT0), scale,
+    """One `_conv3d_kernel` launch; `norm`: (gamma, next_padded, next_cache, (TO, FT, PH, PW, SLOT0), scale,
     bias, eps, silu) of the NORM epilogue, `out` then the conv's own output or None (not stored). `a_offset`:
     the input pixel of output pixel 0 and tap 0, as a flat pixel index into `padded` (0: its first pixel)."""
     batch, channels, tp, hp, wp = padded.shape
     out_channels, _, kt, kh, kw = weight.shape
-    reason = tile_reason(tile, out_channels)
+    reason = tile_reason(tile, out_channels, wp)
     if reason is not None:
         raise ValueError(f"conv3d_channels_last: {reason}")
     a2d = padded.permute(0, 2, 3, 4, 1).reshape(batch * tp * hp * wp, channels)  # views of NDHWC memory
@@ -540,8 +607,12 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
     w_desc = TensorDescriptor.from_tensor(w2d, [tile.block_n, tile.block_k])
     w2_desc = TensorDescriptor.from_tensor(w2d, [tile.n_rest, tile.block_k]) if tile.n_rest else w_desc
     n_blocks = 1 if tile.n_rest else triton.cdiv(out_channels, tile.block_n)
-    w_tiles = triton.cdiv(shape[4], tile.block_w)
-    grid = (n_blocks * w_tiles * triton.cdiv(shape[3], tile.rows), batch * shape[2])
+    if tile.flat:  # pixel tiles over the output rows laid out wp apart (the kernel's FLAT)
+        w_tiles = triton.cdiv(shape[3] * wp, tile.block_w)
+        grid = (n_blocks * w_tiles, batch * shape[2])
+    else:
+        w_tiles = triton.cdiv(shape[4], tile.block_w)
+        grid = (n_blocks * w_tiles * triton.cdiv(shape[3], tile.rows), batch * shape[2])
     blocks = (tile.block_n, tile.n_rest or tile.block_n)
     descriptors = [a_desc] * 8  # o, o2, r, r2, n, n2, c, c2: placeholders where the epilogue uses none
     out_mode = res_mode = 0
@@ -549,7 +620,7 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
     out_rows = None if out is None else _row_view(out)
     res_rows = None if residual is None else _row_view(residual)
     if norm is None:
-        gamma, geometry, scale, norm_bias, eps, silu = out, (0,) * 6, 1.0, 0.0, 0.0, False
+        gamma, geometry, scale, norm_bias, eps, silu = out, (0,) * 5, 1.0, 0.0, 0.0, False
         tma = out_rows is not None and (residual is None or res_rows is not None)
         if not tma:
             strides = [out.stride()] + ([residual.stride()] if residual is not None else [])
@@ -568,6 +639,9 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
     if tma and res_rows is not None:
         res_mode = res_rows[1]
         descriptors[2:4] = [_rows_descriptor(*res_rows, tile.block_w, n) for n in blocks]
+    if tile.flat and not tma:
+        raise ValueError("conv3d_channels_last: a flat tile needs an output and residual TMA can address "
+                         "(channels-last, NCDHW or frame-major, 16-byte aligned)")
     base = out if out is not None else padded  # pointer placeholders where nothing is read or written
     res = residual if residual is not None else base
     launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, *descriptors, bias if bias is not None else base, res,
@@ -577,7 +651,7 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
            HAS_RESIDUAL=residual is not None, HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None,
            SILU=silu, OUT_MODE=out_mode, RES_MODE=res_mode, N_REST=tile.n_rest, ROWS=tile.rows, WIDE=wide,
            BLOCK_W=tile.block_w, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.stages,
-           WARP_SPECIALIZE=tile.warp_specialize, num_warps=tile.warps, exact=False,
+           WARP_SPECIALIZE=tile.warp_specialize, FLAT=tile.flat, num_warps=tile.warps, exact=False,
            **({"maxnreg": tile.max_registers} if tile.max_registers and not INTERPRETING else {}))
 
 
@@ -599,7 +673,8 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
         raise ValueError(f"conv3d_channels_last: residual must be {shape}, got {tuple(residual.shape)}")
     if out.numel() == 0:
         return out
-    tile = config or launch_config(padded.shape[1], out_channels, shape[4])
+    rows_addressable = _row_view(out) is not None and (residual is None or _row_view(residual) is not None)
+    tile = config or launch_config(padded.shape[1], out_channels, shape[4], weight.shape[4], flat=rows_addressable)
     _launch(padded, weight, tile, shape, bias, out, residual, residual_bias)
     return out
 
@@ -680,7 +755,7 @@ def phase_launch_config(in_channels: int, out_channels: int, width: Optional[int
     """The tile of `upsample2x_conv2d_channels_last`'s phase convs (`_PHASE_TILES`, arranged by `pixel_tile`
     over source rows of `width` pixels; other channel counts: `launch_config`'s)."""
     if out_channels not in _PHASE_TILES:
-        return launch_config(in_channels, out_channels, width)
+        return launch_config(in_channels, out_channels, width, flat=False)  # the phases' outputs are strided views
     pixels, block_n, n_rest, warps, stages = _PHASE_TILES[out_channels]
     rows, block_w = pixel_tile(width, pixels)
     return ConvTile(block_w, block_n, _block_k(in_channels), warps, stages, n_rest, rows)
@@ -758,9 +833,11 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
         raise ValueError(f"conv3d_channels_last_norm_padded: {reason}")
     cl = torch.channels_last_3d
     wl, _, hl, _, tl_, _ = pad
-    geometry = (next_padded.shape[2], next_padded.shape[3], tl_ + cache_frames, hl, wl, frames - 2)
+    first_frame = tl_ + cache_frames
+    geometry = (next_padded.shape[2], first_frame, hl, wl, frames - 2)
     expected_cache = (batch, out_channels, 2, rows, columns)
-    if (next_padded.shape[:2] != shape[:2] or geometry[2] + frames > geometry[0] or hl + rows > geometry[1]
+    if (next_padded.shape[:2] != shape[:2] or first_frame + frames > next_padded.shape[2]
+            or hl + rows > next_padded.shape[3]
             or wl + columns > next_padded.shape[4] or tuple(next_cache.shape) != expected_cache
             or not (next_padded.is_contiguous(memory_format=cl) and next_cache.is_contiguous(memory_format=cl))
             or next_padded.dtype != padded.dtype or next_cache.dtype != padded.dtype):
