@@ -143,22 +143,13 @@ def test_two_row_programs_in_every_epilogue(out_layout, res_layout):
     within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
 
 
-# A flat program's NCDHW or frame-major rows start at any pixel: TMA takes any coordinate, the interpreter's
-# emulation asserts 16-byte aligned innermost offsets, so those layouts are tested on CUDA only.
-_UNALIGNED_ON_CUDA = pytest.mark.skipif(not CUDA, reason="TMA rows starting at any pixel: the interpreter needs CUDA")
-
-
 @needs_kernels
-@pytest.mark.parametrize("out_layout,res_layout", [
-    ("channels_last", "channels_last"),
-    pytest.param("channels_last", "ncdhw", marks=_UNALIGNED_ON_CUDA),
-    pytest.param("ncdhw", "frame_major", marks=_UNALIGNED_ON_CUDA),
-    pytest.param("frame_major", "channels_last", marks=_UNALIGNED_ON_CUDA),
-    pytest.param("ncdhw", "ncdhw", marks=_UNALIGNED_ON_CUDA)])
-def test_flat_programs_in_every_epilogue(out_layout, res_layout):
+@pytest.mark.parametrize("out_layout,res_layout", [("channels_last", "ncdhw"), ("ncdhw", "frame_major"),
+                                                   ("frame_major", "channels_last"), ("ncdhw", "channels_first_w")])
+def test_flat_programs_in_every_layout(out_layout, res_layout):
     """Flat programs (16 consecutive positions of rows laid out 26 apart: most run past a row's end into the
-    next row, the last past the last row) and a 16 + 16 channel split read the residual and store every pixel
-    through each TMA epilogue within the module's bound."""
+    next row, the last past the last row) and a 16 + 16 channel split read the residual and store every pixel,
+    in any layout, within the module's bound (the output starts NaN: every pixel is written)."""
     padded, weight, bias, residual = _operands(2, 16, 32, 2, 3, 24, torch.bfloat16, seed=11)
     reference = F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
     magnitude = (F.conv3d(padded.double().abs(), weight.double().abs()) + bias.double().abs().view(-1, 1, 1, 1)
@@ -169,15 +160,14 @@ def test_flat_programs_in_every_epilogue(out_layout, res_layout):
     within_one_ulp(out, reference, magnitude, 27 * 16 + 2)
 
 
-def test_flat_tiles_need_rows_tma_can_address():
-    padded, weight, _, _ = _operands(1, 16, 16, 1, 2, 24, torch.bfloat16)
-    out = EPILOGUE_LAYOUTS["channels_first_w"](torch.empty(1, 16, 1, 2, 24, dtype=torch.bfloat16, device=DEVICE))
-    with pytest.raises(ValueError, match="flat tile"):
-        triton_conv3d.conv3d_channels_last(padded, weight, None, None, out, config=ConvTile(16, 16, 16, 4, 2, flat=True))
+def test_flat_tiles_span_two_rows_at_most():
     assert "flat tile" in triton_conv3d.tile_reason(ConvTile(32, 16, 16, 4, 2, flat=True), 16, 26)
     assert "flat tile" in triton_conv3d.tile_reason(ConvTile(16, 16, 16, 4, 2, rows=2, flat=True), 16, 26)
-    # the router never hands a flat tile to a pointer epilogue: launch_config(.., flat=False) there
-    assert not triton_conv3d.launch_config(192, 192, 416, flat=False).flat
+    assert triton_conv3d.tile_reason(ConvTile(16, 16, 16, 4, 2, flat=True), 16, 15) is None
+    padded, weight, _, _ = _operands(1, 16, 16, 1, 2, 8, torch.bfloat16)
+    out = torch.empty(1, 16, 1, 2, 8, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="flat tile"):
+        triton_conv3d.conv3d_channels_last(padded, weight, None, None, out, config=ConvTile(32, 16, 16, 4, 2, flat=True))
 
 
 @pytest.mark.parametrize("width,pixels,expected", [
@@ -501,8 +491,7 @@ def test_pair_op_with_split_channels_and_two_row_programs(kernel_allowed_on_cpu,
 def test_pair_op_with_flat_programs(kernel_allowed_on_cpu, monkeypatch, mode):
     """The norm epilogue of flat programs (16 positions of rows laid out 20 apart: most store into two rows of
     the next padded input and cache, zeros at the pads between them; the last runs into the bottom pad) over
-    a 32 + 16 channel split: `_check_pair`. The second conv's NCDHW rows (18 pixels: not 16-byte aligned) take
-    row programs, as `conv3d_channels_last` asks `launch_config` for where TMA cannot address them."""
+    a 32 + 16 channel split, the output and residual by pointers: `_check_pair`."""
     kernel_gates_open(monkeypatch)
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(48, 48, 27): math.inf})
     monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(48, 48)}))

@@ -144,8 +144,8 @@ def launch_config(in_channels: int, out_channels: int, width: Optional[int] = No
                   flat: bool = True) -> ConvTile:
     """The tile for a conv with these channel counts, output rows of `width` pixels and a kernel `kernel_width`
     wide (`_TILES`, each program shape arranged by `pixel_tile`; docs/tuning.md section 1: the H200 sweeps).
-    With `flat` (the output and residual are rows TMA can address), a channel count in `_FLAT_CHANNELS` takes
-    the flat form of that program shape where it computes fewer pixels past the row ends."""
+    With `flat`, a channel count in `_FLAT_CHANNELS` takes the flat form of that program shape where it
+    computes fewer pixels past the row ends."""
     best = None
     for pixels, block_n, n_rest, warps, stages in _TILES.get(out_channels, _DEFAULT_TILES):
         if out_channels not in _TILES and triton is not None:
@@ -188,10 +188,11 @@ _FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.01, (384, 
                             (96, 3, 27): math.inf, (256, 12, 27): math.inf}
 
 
-def norm_launch_config(in_channels: int, out_channels: int, width: Optional[int] = None) -> ConvTile:
+def norm_launch_config(in_channels: int, out_channels: int, width: Optional[int] = None,
+                       flat: bool = True) -> ConvTile:
     """The tile of the fused norm epilogue (`conv3d_channels_last_norm_padded`): `launch_config`'s, capped at 128
     registers per thread so that two programs share an SM (docs/tuning.md section 1.6)."""
-    return launch_config(in_channels, out_channels, width)._replace(max_registers=128)
+    return launch_config(in_channels, out_channels, width, flat=flat)._replace(max_registers=128)
 
 
 # (in channels, out channels) of the convs whose fused norm epilogue measured faster on the H200 than the conv
@@ -248,111 +249,119 @@ if triton is not None:
         return tl.load(ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
 
     @triton.jit
-    def _offsets(w, n, s_w, s_n, WIDE: tl.constexpr):
-        """The [BLOCK_W, BLOCK_N] in-row offsets of pixels w and channels n: int32 unless WIDE (an offset within
-        one output row reaches 2^31); the row's own offset is one int64 scalar added to the base pointer. (int64
-        tiles: 304 bytes of spills with a residual on sm_90, against 16.)"""
-        if WIDE:
-            return w.to(tl.int64)[:, None] * s_w + n.to(tl.int64)[None, :] * s_n
+    def _pixels(h, w0, WP, H_OUT, W_OUT, s_h, s_w, FLAT: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr):
+        """(offsets, inside) of the program's BLOCK_W pixels from row h's start in a tensor of row stride s_h and
+        pixel stride s_w: pixels w0.. of row h or, FLAT, positions w0.. of rows laid out WP apart (those past
+        WP are row h + 1's pixels w - WP); `inside` masks the positions that are output pixels. int32 offsets
+        unless WIDE (an offset within two output rows reaches 2^31)."""
+        q = w0 + tl.arange(0, BLOCK_W)
+        if FLAT:
+            below = (q >= WP).to(tl.int32)
+            w = q - below * WP
+            inside = (w < W_OUT) & (h + below < H_OUT)
+            rows = below
         else:
-            return w[:, None] * s_w + n[None, :] * s_n
+            w = q
+            inside = w < W_OUT
+            rows = tl.zeros_like(q)
+        if WIDE:
+            return rows.to(tl.int64) * s_h + w.to(tl.int64) * s_w, inside
+        else:
+            return rows * s_h + w * s_w, inside
 
     @triton.jit
-    def _epilogue(acc, n0, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4,
+    def _offsets(pix, n, s_n, WIDE: tl.constexpr):
+        """The [BLOCK_W, BLOCK_N] offsets of pixels at `pix` (`_pixels`) and channels n (the row's own offset is
+        one int64 scalar added to the base pointer). (int64 tiles: 304 bytes of spills with a residual on
+        sm_90, against 16.)"""
+        if WIDE:
+            return pix[:, None] + n.to(tl.int64)[None, :] * s_n
+        else:
+            return pix[:, None] + n[None, :] * s_n
+
+    @triton.jit
+    def _epilogue(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
                   HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
                   BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
         """Add bias / residual (+ its deferred bias) to the fp32 tile of channels n0.. and store it rounded once
-        (`out_row` / `res_row`: the output / residual pointers advanced to the program's row; any strides)."""
+        (`out_row` / `res_row`: the output / residual pointers advanced to the program's row; `pix_o` / `pix_r`
+        its pixels' offsets from there, `inside` the output pixels: `_pixels`; any strides)."""
         n = n0 + tl.arange(0, BLOCK_N)
-        mask = (w < W_OUT)[:, None] & (n < C_OUT)[None, :]
+        mask = inside[:, None] & (n < C_OUT)[None, :]
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            r = tl.load(res_row + _offsets(w, n, sr4, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(res_row + _offsets(pix_r, n, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
-        tl.store(out_row + _offsets(w, n, so4, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
+        tl.store(out_row + _offsets(pix_o, n, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, dtype: tl.constexpr,
-                HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, OUT_MODE: tl.constexpr,
-                RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
+    def _summed(acc, n0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr,
+                C_OUT, T_OUT, H_OUT, so1, sr1, dtype: tl.constexpr, HAS_BIAS: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, OUT_MODE: tl.constexpr,
+                RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
         """The output of channels n0.. (conv + bias + residual (+ its deferred bias), rounded once to the
-        activation dtype) for the NORM epilogue, also stored by TMA where OUT_MODE is not 0 (a conv whose own
-        output is read again: a residual block's output is the next block's shortcut)."""
+        activation dtype) for the NORM epilogue, also stored where OUT_MODE is not 0 (a conv whose own output
+        is read again: a residual block's output is the next block's shortcut). Residual and output by TMA
+        rows (modes 1-3) or, mode 4 (flat programs), by pointers at `pix_r` / `pix_o` (`_pixels`)."""
         n = n0 + tl.arange(0, BLOCK_N)
+        mask = inside[:, None] & (n < C_OUT)[None, :]
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, WP, RES_MODE, BLOCK_W, BLOCK_N, FLAT).to(tl.float32)
+            if RES_MODE == 4:
+                r = tl.load(res_row + _offsets(pix_r, n, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
+            else:
+                r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
         y = _round(acc, dtype)
-        if OUT_MODE != 0:
-            _store_rows(o_desc, y, b, t, h, w0, n0, T_OUT, WP, OUT_MODE, BLOCK_W, BLOCK_N, FLAT)
+        if OUT_MODE == 4:
+            tl.store(out_row + _offsets(pix_o, n, so1, WIDE), y, mask=mask)
+        elif OUT_MODE != 0:
+            _store_rows(o_desc, y, b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
         return y
 
     @triton.jit
-    def _load_row(desc, b, t, h, w0, n0, T, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _load_rows(desc, b, t, h, w0, n0, T, H, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
         """The [BLOCK_W pixels, BLOCK_N channels] tile at (b, t, h, w0.., n0..) of a tensor whose descriptor views
-        it as [B*T, H, W, C] (MODE 1, channels-last), [B, C, T, H, W] (MODE 2, NCDHW) or [B*T, C, H, W] (MODE 3,
-        frame-major: a per-frame conv's output); TMA zero-fills past H, W and C (each its own dimension) and
-        before w = 0."""
+        it as [B*T*H, W, C] (MODE 1, channels-last), [B, C, T*H, W] (MODE 2, NCDHW) or [B*T, C, H, W] (MODE 3,
+        frame-major: a per-frame conv's output); TMA zero-fills past W and C (each its own dimension)."""
         if MODE == 1:
-            return tl.reshape(desc.load([b * T + t, h, w0, n0]), [BLOCK_W, BLOCK_N])
+            return tl.reshape(desc.load([(b * T + t) * H + h, w0, n0]), [BLOCK_W, BLOCK_N])
         elif MODE == 2:
-            return tl.trans(tl.reshape(desc.load([b, n0, t, h, w0]), [BLOCK_N, BLOCK_W]))
+            return tl.trans(tl.reshape(desc.load([b, n0, t * H + h, w0]), [BLOCK_N, BLOCK_W]))
         else:
             return tl.trans(tl.reshape(desc.load([b * T + t, n0, h, w0]), [BLOCK_N, BLOCK_W]))
 
     @triton.jit
-    def _store_row(desc, tile, b, t, h, w0, n0, T, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
-        """`_load_row`'s tile stored (TMA clips it at the tensor's H, W and C and before w = 0)."""
+    def _store_rows(desc, tile, b, t, h, w0, n0, T, H, MODE: tl.constexpr, BLOCK_W: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+        """`_load_rows`' tile stored (TMA clips it at the tensor's W and C)."""
         if MODE == 1:
-            desc.store([b * T + t, h, w0, n0], tl.reshape(tile, [1, 1, BLOCK_W, BLOCK_N]))
+            desc.store([(b * T + t) * H + h, w0, n0], tl.reshape(tile, [1, BLOCK_W, BLOCK_N]))
         elif MODE == 2:
-            desc.store([b, n0, t, h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, 1, BLOCK_W]))
+            desc.store([b, n0, t * H + h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, BLOCK_W]))
         else:
             desc.store([b * T + t, n0, h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, BLOCK_W]))
 
     @triton.jit
-    def _load_rows(desc, b, t, h, w0, n0, T, WP, MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
-                   FLAT: tl.constexpr):
-        """The tile of a program's pixels: one row's (`_load_row`), or FLAT (pixels w0.. of row h in rows WP
-        wide, the padded input's, running on into row h + 1 at w0 - WP) the sum of both rows' loads, each
-        zero where the other holds the pixel."""
-        tile = _load_row(desc, b, t, h, w0, n0, T, MODE, BLOCK_W, BLOCK_N)
-        if FLAT:
-            tile += _load_row(desc, b, t, h + 1, w0 - WP, n0, T, MODE, BLOCK_W, BLOCK_N)
-        return tile
-
-    @triton.jit
-    def _store_rows(desc, tile, b, t, h, w0, n0, T, WP, MODE: tl.constexpr, BLOCK_W: tl.constexpr,
-                    BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
-        """`_load_rows`' tile stored: FLAT, a second time at row h + 1 where the pixels run past row h's WP."""
-        _store_row(desc, tile, b, t, h, w0, n0, T, MODE, BLOCK_W, BLOCK_N)
-        if FLAT:
-            if w0 + BLOCK_W > WP:
-                _store_row(desc, tile, b, t, h + 1, w0 - WP, n0, T, MODE, BLOCK_W, BLOCK_N)
-
-    @triton.jit
-    def _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP,
+    def _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
                        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
-                       OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
-                       FLAT: tl.constexpr):
+                       OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
         """`_epilogue` with the residual read and the output written by TMA (no per-element addresses)."""
         n = n0 + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, WP, RES_MODE, BLOCK_W, BLOCK_N, FLAT).to(tl.float32)
+            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
-        _store_rows(o_desc, _round(acc, o_desc.dtype), b, t, h, w0, n0, T_OUT, WP, OUT_MODE, BLOCK_W, BLOCK_N,
-                    FLAT)
+        _store_rows(o_desc, _round(acc, o_desc.dtype), b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
 
     @triton.jit
     def _inverse_norm(squares, scale, eps):
@@ -360,84 +369,90 @@ if triton is not None:
         return inverse_norm(tl.sqrt(squares), scale, eps)[:, None]
 
     @triton.jit
-    def _store_normalized(y, n0, inv_norm, h, w0, pad_frame, pad_col, cache_frame, IN_CACHE, pad_desc, cache_desc,
-                          gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU: tl.constexpr, BLOCK_W: tl.constexpr,
-                          BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
-        """The Wan norm (+ SiLU) of the tile y (channels n0.., pixels w0.. of row h; `inv_norm` = scale / its pixels'
-        clamped channel norms) in fp32, rounded once, stored by TMA into the next conv's padded input (frame
-        `pad_frame`, row PH + h, column `pad_col` = its left pad + w0; 0 at pixels outside the output: its pads)
-        and, IN_CACHE, the next cache's frame `cache_frame` (both channels-last). FLAT: pixels w >= WP are row
-        h + 1's pixels w - WP, stored there too."""
-        gamma = _per_channel(gamma_ptr, n0 + tl.arange(0, BLOCK_N), C_OUT)
+    def _store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, cache_row, cache_col, IN_CACHE, pad_desc,
+                          cache_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU: tl.constexpr,
+                          BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
+        """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
+        norms) in fp32, rounded once, stored by TMA into the next conv's padded input at (pad_row, pad_col) (0
+        at positions that are no output pixels, `inside`: the pads there) and, IN_CACHE, into the next cache
+        (both channels-last): by TMA at its row (cache_row, cache_col), or FLAT by pointers at `pix_c` from
+        `cache_base` (`_pixels`)."""
+        n = n0 + tl.arange(0, BLOCK_N)
+        gamma = _per_channel(gamma_ptr, n, C_OUT)
         v = normalized(y.to(tl.float32), inv_norm, gamma, nbias, SILU)
-        w = w0 + tl.arange(0, BLOCK_W)
-        inside = w < W_OUT
-        if FLAT:
-            inside |= (w >= WP) & (w - WP < W_OUT) & (h + 1 < H_OUT)
-        v = tl.reshape(_round(tl.where(inside[:, None], v, 0.0), y.dtype), [1, 1, BLOCK_W, BLOCK_N])
-        pad_desc.store([pad_frame, PH + h, pad_col, n0], v)
+        v = _round(tl.where(inside[:, None], v, 0.0), y.dtype)
+        pad_desc.store([pad_row, pad_col, n0], tl.reshape(v, [1, BLOCK_W, BLOCK_N]))
         if IN_CACHE:
-            cache_desc.store([cache_frame, h, w0, n0], v)
-        if FLAT:
-            if w0 + BLOCK_W > WP:
-                pad_desc.store([pad_frame, PH + h + 1, pad_col - WP, n0], v)
-                if IN_CACHE:
-                    cache_desc.store([cache_frame, h + 1, w0 - WP, n0], v)
+            if FLAT:
+                tl.store(cache_base + pix_c[:, None] + n[None, :], v, mask=inside[:, None] & (n < C_OUT)[None, :])
+            else:
+                cache_desc.store([cache_row, cache_col, n0], tl.reshape(v, [1, BLOCK_W, BLOCK_N]))
 
     @triton.jit
     def _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
-                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0, so1, so2, so3,
-                      so4, sr0, sr1, sr2, sr3, sr4, TO, FT, PH, PW, SLOT0, scale, nbias, eps,
+                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0,
+                      so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
                       HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr,
                       SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, N_REST: tl.constexpr,
                       WIDE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
-        """The epilogue of one output row (b, t, h) of a program (FLAT: running on into row h + 1): `acc` holds
-        channels n0.. (BLOCK_N) of pixels w0.. (BLOCK_W) and, N_REST > 0, `acc2` channels BLOCK_N.. (N_REST) of
-        the same pixels (the kernel's docstring says where they go)."""
+        """The epilogue of one output row (b, t, h) of a program (FLAT: positions running on into row h + 1):
+        `acc` holds channels n0.. (BLOCK_N) of pixels w0.. (BLOCK_W) and, N_REST > 0, `acc2` channels BLOCK_N..
+        (N_REST) of the same pixels (the kernel's docstring says where they go)."""
+        b64 = b.to(tl.int64)
+        t64 = t.to(tl.int64)
+        h64 = h.to(tl.int64)
+        out_row = out_ptr + (b64 * so0 + t64 * so2 + h64 * so3)
+        res_row = res_ptr + (b64 * sr0 + t64 * sr2 + h64 * sr3)
+        pix_o, inside = _pixels(h, w0, WP, H_OUT, W_OUT, so3, so4, FLAT, WIDE, BLOCK_W)
+        pix_r, _ = _pixels(h, w0, WP, H_OUT, W_OUT, sr3, sr4, FLAT, WIDE, BLOCK_W)
         if NORM:
             dtype: tl.constexpr = n_desc.dtype
-            pad_frame = b * TO + FT + t
             slot = t - SLOT0
-            cache_frame = b * 2 + slot
             in_cache = (slot >= 0) & (slot < 2)
+            cache_row = (b * 2 + slot) * H_OUT + h
+            if FLAT:  # the padded input's rows are WP wide too: the program's positions are consecutive there
+                pad_row = b * TO + FT + t
+                pad_col = (PH + h) * WP + PW + w0
+            else:
+                pad_row = (b * TO + FT + t) * HO + PH + h
+                pad_col = PW + w0
+            cache_base = cache_ptr + (b64 * 2 + slot) * H_OUT * W_OUT * C_OUT + h64 * W_OUT * C_OUT
+            pix_c, _ = _pixels(h, w0, WP, H_OUT, W_OUT, W_OUT * C_OUT, C_OUT, FLAT, False, BLOCK_W)
             if N_REST > 0:  # rounded at once (half the registers of the fp32 sums), stored N_REST channels at a time
-                y2 = _summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, dtype,
-                             HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST, FLAT)
-                y = _summed(acc, 0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, dtype,
-                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, FLAT)
+                y2 = _summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, out_row, res_row, pix_o, pix_r, inside,
+                             bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, so1, sr1, dtype, HAS_BIAS, HAS_RESIDUAL,
+                             HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST, WIDE)
+                y = _summed(acc, 0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr,
+                            rb_ptr, C_OUT, T_OUT, H_OUT, so1, sr1, dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS,
+                            OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, WIDE)
                 squares = (tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
                            + tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1))
                 inv_norm = _inverse_norm(squares, scale, eps)
-                _store_normalized(y2, BLOCK_N, inv_norm, h, w0, pad_frame, PW + w0, cache_frame, in_cache, n2_desc,
-                                  c2_desc, gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU, BLOCK_W, N_REST, FLAT)
+                _store_normalized(y2, BLOCK_N, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
+                                  c2_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST, FLAT)
                 ya, yb = tl.split(tl.permute(tl.reshape(y, [BLOCK_W, 2, N_REST]), [0, 2, 1]))
-                _store_normalized(ya, 0, inv_norm, h, w0, pad_frame, PW + w0, cache_frame, in_cache, n2_desc,
-                                  c2_desc, gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU, BLOCK_W, N_REST, FLAT)
-                _store_normalized(yb, N_REST, inv_norm, h, w0, pad_frame, PW + w0, cache_frame, in_cache, n2_desc,
-                                  c2_desc, gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU, BLOCK_W, N_REST, FLAT)
+                _store_normalized(ya, 0, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
+                                  c2_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST, FLAT)
+                _store_normalized(yb, N_REST, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
+                                  c2_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST, FLAT)
             else:
-                y = _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, dtype,
-                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, FLAT)
+                y = _summed(acc, n0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr,
+                            rb_ptr, C_OUT, T_OUT, H_OUT, so1, sr1, dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS,
+                            OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, WIDE)
                 inv_norm = _inverse_norm(tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1), scale, eps)
-                _store_normalized(y, n0, inv_norm, h, w0, pad_frame, PW + w0, cache_frame, in_cache, n_desc, c_desc,
-                                  gamma_ptr, C_OUT, H_OUT, W_OUT, WP, PH, nbias, SILU, BLOCK_W, BLOCK_N, FLAT)
+                _store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n_desc, c_desc,
+                                  cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, BLOCK_N, FLAT)
         elif OUT_MODE != 0:
             if N_REST > 0:  # the narrow accumulator first: fewer registers live while the residual tile is
-                _epilogue_rows(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP,
-                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST, FLAT)
-            _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, WP, HAS_BIAS,
-                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, FLAT)
+                _epilogue_rows(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
+                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
+            _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, HAS_BIAS,
+                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
         else:
-            w = w0 + tl.arange(0, BLOCK_W)
-            b64 = b.to(tl.int64)
-            t64 = t.to(tl.int64)
-            h64 = h.to(tl.int64)
-            out_row = out_ptr + (b64 * so0 + t64 * so2 + h64 * so3)
-            res_row = res_ptr + (b64 * sr0 + t64 * sr2 + h64 * sr3)
-            _epilogue(acc, n0, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4, HAS_BIAS,
+            _epilogue(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1, HAS_BIAS,
                       HAS_RESIDUAL, HAS_RES_BIAS, BLOCK_N, WIDE)
             if N_REST > 0:
-                _epilogue(acc2, BLOCK_N, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4,
+                _epilogue(acc2, BLOCK_N, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
                           HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, N_REST, WIDE)
 
     @triton.jit
@@ -453,8 +468,9 @@ if triton is not None:
     # A_OFFSET (the upsampler phases' input offset) is not specialized: one compiled kernel serves 0, 1 and the rest
     @triton.jit(do_not_specialize=["A_OFFSET"])
     def _conv3d_kernel(a_desc, w_desc, w2_desc, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
-                       bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, TP, HP, WP, N_BLOCKS,
-                       W_TILES, A_OFFSET, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, FT, PH, PW, SLOT0,
+                       bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT, H_OUT, W_OUT, TP, HP,
+                       WP, N_BLOCKS,
+                       W_TILES, A_OFFSET, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0,
                        scale, nbias, eps, C_IN: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
                        NORM: tl.constexpr, SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr,
@@ -507,16 +523,17 @@ if triton is not None:
             if ROWS == 2:
                 accb, acc2b = _row_dots(a_desc, a_row + WP, c0, wt, wt2, accb, acc2b, N_REST)
         _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
-                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0, so1, so2,
-                      so3, so4, sr0, sr1, sr2, sr3, sr4, TO, FT, PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS,
-                      HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W, BLOCK_N, FLAT)
+                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0,
+                      so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
+                      HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W,
+                      BLOCK_N, FLAT)
         if ROWS == 2:
             if h + 1 < H_OUT:  # an odd row count's last program holds one row
                 _row_epilogue(accb, acc2b, b, t, h + 1, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc,
-                              c_desc, c2_desc, bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT,
-                              W_OUT, WP, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, FT, PH, PW, SLOT0,
-                              scale, nbias, eps, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE,
-                              N_REST, WIDE, BLOCK_W, BLOCK_N, False)
+                              c_desc, c2_desc, bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT,
+                              H_OUT, W_OUT, WP, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW,
+                              SLOT0, scale, nbias, eps, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE,
+                              RES_MODE, N_REST, WIDE, BLOCK_W, BLOCK_N, False)
 
 def _checked_shapes(padded: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple[int, ...]:
     """The unpadded conv's output shape [B, O, T, H, W] after the argument checks every launcher shares."""
@@ -534,16 +551,16 @@ def _checked_shapes(padded: Tensor, weight: Tensor, bias: Optional[Tensor]) -> t
 
 
 def _row_view(t: Tensor) -> Optional[tuple[Tensor, int]]:
-    """(view, mode) of a [B, C, T, H, W] tensor for `_load_row` / `_store_row`: channels-last memory as
-    [B*T, H, W, C] (mode 1), NCDHW as itself (mode 2), frame-major (B, T, C, H, W memory) as [B*T, C, H, W]
-    (mode 3): the channels and the rows dimensions of their own in each, so that a tile of channels past C,
-    or a flat tile's row past H, is clipped rather than landing in the next frame's; None for other strides or
-    rows TMA cannot address (16-byte aligned base and strides)."""
+    """(view, mode) of a [B, C, T, H, W] tensor for `_load_rows` / `_store_rows`: channels-last memory as
+    [B*T*H, W, C] (mode 1), NCDHW as [B, C, T*H, W] (mode 2), frame-major (B, T, C, H, W memory) as
+    [B*T, C, H, W] (mode 3): the channels a dimension of their own in each, so that a tile of channels past C
+    is clipped rather than landing in the next frame's; None for other strides or rows TMA cannot address
+    (16-byte aligned base and strides)."""
     b, c, frames, h, w = t.shape
     if t.is_contiguous(memory_format=torch.channels_last_3d):
-        view, mode = t.permute(0, 2, 3, 4, 1).reshape(b * frames, h, w, c), 1
+        view, mode = t.permute(0, 2, 3, 4, 1).reshape(b * frames * h, w, c), 1
     elif t.is_contiguous():
-        view, mode = t, 2
+        view, mode = t.reshape(b, c, frames * h, w), 2
     elif layout.frame_major(t):
         view, mode = t.transpose(1, 2).reshape(b * frames, c, h, w), 3
     else:
@@ -563,16 +580,15 @@ def row_view_reason(t: Tensor) -> Optional[str]:
     return None
 
 
-_ROW_BLOCKS = {1: lambda w, n: [1, 1, w, n], 2: lambda w, n: [1, n, 1, 1, w], 3: lambda w, n: [1, n, 1, w]}
-
-
 def _rows_descriptor(view: Tensor, mode: int, block_w: int, block_n: int):
-    return TensorDescriptor.from_tensor(view, _ROW_BLOCKS[mode](block_w, block_n))
+    return TensorDescriptor.from_tensor(view, [1, block_w, block_n] if mode == 1 else [1, block_n, 1, block_w])
 
 
-def _row_offsets_wide(shape: tuple[int, ...], *strides: tuple[int, ...]) -> bool:
-    """Whether an offset within one output row (w, channel) of a tensor of these strides reaches 2^31."""
-    return any((shape[4] - 1) * abs(s[4]) + (shape[1] - 1) * abs(s[1]) >= 2 ** 31 for s in strides)
+def _row_offsets_wide(shape: tuple[int, ...], *strides: tuple[int, ...], flat: bool = False) -> bool:
+    """Whether an offset within one output row (w, channel) of a tensor of these strides, or flat within two
+    rows, reaches 2^31."""
+    return any((shape[4] - 1) * abs(s[4]) + (shape[1] - 1) * abs(s[1]) + flat * abs(s[3]) >= 2 ** 31
+               for s in strides)
 
 
 def tile_reason(tile: ConvTile, out_channels: int, padded_width: Optional[int] = None) -> Optional[str]:
@@ -593,7 +609,7 @@ def tile_reason(tile: ConvTile, out_channels: int, padded_width: Optional[int] =
 def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ...], bias: Optional[Tensor],
             out: Optional[Tensor], residual: Optional[Tensor], residual_bias: Optional[Tensor],
             norm: Optional[tuple] = None, a_offset: int = 0) -> None:
-    """One `_conv3d_kernel` launch; `norm`: (gamma, next_padded, next_cache, (TO, FT, PH, PW, SLOT0), scale,
+    """One `_conv3d_kernel` launch; `norm`: (gamma, next_padded, next_cache, (TO, HO, FT, PH, PW, SLOT0), scale,
     bias, eps, silu) of the NORM epilogue, `out` then the conv's own output or None (not stored). `a_offset`:
     the input pixel of output pixel 0 and tap 0, as a flat pixel index into `padded` (0: its first pixel)."""
     batch, channels, tp, hp, wp = padded.shape
@@ -616,15 +632,22 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
     blocks = (tile.block_n, tile.n_rest or tile.block_n)
     descriptors = [a_desc] * 8  # o, o2, r, r2, n, n2, c, c2: placeholders where the epilogue uses none
     out_mode = res_mode = 0
-    wide = False
-    out_rows = None if out is None else _row_view(out)
-    res_rows = None if residual is None else _row_view(residual)
+    out_rows = None if out is None or tile.flat else _row_view(out)
+    res_rows = None if residual is None or tile.flat else _row_view(residual)
+    next_cache = None
     if norm is None:
-        gamma, geometry, scale, norm_bias, eps, silu = out, (0,) * 5, 1.0, 0.0, 0.0, False
+        gamma, geometry, scale, norm_bias, eps, silu = out, (0,) * 6, 1.0, 0.0, 0.0, False
         tma = out_rows is not None and (residual is None or res_rows is not None)
-        if not tma:
-            strides = [out.stride()] + ([residual.stride()] if residual is not None else [])
-            wide = _row_offsets_wide(shape, *strides)
+    elif tile.flat:  # output and residual by pointers (mode 4); the padded input as rows wp wide, the cache by pointers
+        gamma, next_padded, next_cache, geometry, scale, norm_bias, eps, silu = norm
+        nb, nc, nt, nh, nw = next_padded.shape
+        if nw != wp:
+            raise ValueError(f"conv3d_channels_last_norm_padded: a flat tile needs the next padded input as wide as "
+                             f"this one ({nw} against {wp})")
+        tma = False
+        out_mode, res_mode = 4 if out is not None else 0, 4 if residual is not None else 0
+        flat_rows = next_padded.permute(0, 2, 3, 4, 1).reshape(nb * nt, nh * nw, nc)
+        descriptors[4:6] = [TensorDescriptor.from_tensor(flat_rows, [1, tile.block_w, n]) for n in blocks]
     else:  # the next conv's buffers are channels-last (the caller checked): mode 1 rows
         gamma, next_padded, next_cache, geometry, scale, norm_bias, eps, silu = norm
         if (out is not None and out_rows is None) or (residual is not None and res_rows is None):
@@ -633,21 +656,22 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
         tma = True
         descriptors[4:6] = [_rows_descriptor(*_row_view(next_padded), tile.block_w, n) for n in blocks]
         descriptors[6:8] = [_rows_descriptor(*_row_view(next_cache), tile.block_w, n) for n in blocks]
+    # per-element pointers (the norm-free epilogue's mode 0, flat programs' mode 4): int64 offsets where needed
+    wide = not tma and _row_offsets_wide(shape, *[t.stride() for t in (out, residual) if t is not None],
+                                         flat=tile.flat)
     if tma and out_rows is not None:
         out_mode = out_rows[1]
         descriptors[0:2] = [_rows_descriptor(*out_rows, tile.block_w, n) for n in blocks]
     if tma and res_rows is not None:
         res_mode = res_rows[1]
         descriptors[2:4] = [_rows_descriptor(*res_rows, tile.block_w, n) for n in blocks]
-    if tile.flat and not tma:
-        raise ValueError("conv3d_channels_last: a flat tile needs an output and residual TMA can address "
-                         "(channels-last, NCDHW or frame-major, 16-byte aligned)")
     base = out if out is not None else padded  # pointer placeholders where nothing is read or written
     res = residual if residual is not None else base
     launch(_conv3d_kernel, grid, a_desc, w_desc, w2_desc, *descriptors, bias if bias is not None else base, res,
-           residual_bias if residual_bias is not None else base, base, gamma, out_channels, shape[2], shape[3],
-           shape[4], tp, hp, wp, n_blocks, w_tiles, a_offset, *base.stride(), *res.stride(), *geometry, float(scale),
-           float(norm_bias), float(eps), C_IN=channels, KT=kt, KH=kh, KW=kw, HAS_BIAS=bias is not None,
+           residual_bias if residual_bias is not None else base, base, gamma,
+           next_cache if next_cache is not None else base, out_channels, shape[2], shape[3], shape[4], tp, hp, wp,
+           n_blocks, w_tiles, a_offset, *base.stride(), *res.stride(), *geometry, float(scale), float(norm_bias),
+           float(eps), C_IN=channels, KT=kt, KH=kh, KW=kw, HAS_BIAS=bias is not None,
            HAS_RESIDUAL=residual is not None, HAS_RES_BIAS=residual_bias is not None, NORM=norm is not None,
            SILU=silu, OUT_MODE=out_mode, RES_MODE=res_mode, N_REST=tile.n_rest, ROWS=tile.rows, WIDE=wide,
            BLOCK_W=tile.block_w, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.stages,
@@ -673,8 +697,7 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
         raise ValueError(f"conv3d_channels_last: residual must be {shape}, got {tuple(residual.shape)}")
     if out.numel() == 0:
         return out
-    rows_addressable = _row_view(out) is not None and (residual is None or _row_view(residual) is not None)
-    tile = config or launch_config(padded.shape[1], out_channels, shape[4], weight.shape[4], flat=rows_addressable)
+    tile = config or launch_config(padded.shape[1], out_channels, shape[4], weight.shape[4])
     _launch(padded, weight, tile, shape, bias, out, residual, residual_bias)
     return out
 
@@ -755,7 +778,7 @@ def phase_launch_config(in_channels: int, out_channels: int, width: Optional[int
     """The tile of `upsample2x_conv2d_channels_last`'s phase convs (`_PHASE_TILES`, arranged by `pixel_tile`
     over source rows of `width` pixels; other channel counts: `launch_config`'s)."""
     if out_channels not in _PHASE_TILES:
-        return launch_config(in_channels, out_channels, width, flat=False)  # the phases' outputs are strided views
+        return launch_config(in_channels, out_channels, width, flat=False)  # the phases: 1 x 2 x 2 kernels
     pixels, block_n, n_rest, warps, stages = _PHASE_TILES[out_channels]
     rows, block_w = pixel_tile(width, pixels)
     return ConvTile(block_w, block_n, _block_k(in_channels), warps, stages, n_rest, rows)
@@ -827,17 +850,17 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
     reciprocal norm, Triton's sigmoid) and rounds once, where ATen rounds after each op."""
     shape = _checked_shapes(padded, weight, bias)
     batch, out_channels, frames, rows, columns = shape
-    tile = config or norm_launch_config(padded.shape[1], out_channels, columns)
+    # flat programs store the padded input as rows as wide as this conv's (the next conv's padding matches)
+    tile = config or norm_launch_config(padded.shape[1], out_channels, columns,
+                                        flat=next_padded.shape[4] == padded.shape[4])
     reason = norm_epilogue_reason(out_channels, tile)
     if reason is not None:
         raise ValueError(f"conv3d_channels_last_norm_padded: {reason}")
     cl = torch.channels_last_3d
     wl, _, hl, _, tl_, _ = pad
-    first_frame = tl_ + cache_frames
-    geometry = (next_padded.shape[2], first_frame, hl, wl, frames - 2)
+    geometry = (next_padded.shape[2], next_padded.shape[3], tl_ + cache_frames, hl, wl, frames - 2)
     expected_cache = (batch, out_channels, 2, rows, columns)
-    if (next_padded.shape[:2] != shape[:2] or first_frame + frames > next_padded.shape[2]
-            or hl + rows > next_padded.shape[3]
+    if (next_padded.shape[:2] != shape[:2] or geometry[2] + frames > geometry[0] or hl + rows > geometry[1]
             or wl + columns > next_padded.shape[4] or tuple(next_cache.shape) != expected_cache
             or not (next_padded.is_contiguous(memory_format=cl) and next_cache.is_contiguous(memory_format=cl))
             or next_padded.dtype != padded.dtype or next_cache.dtype != padded.dtype):
