@@ -191,8 +191,10 @@ _FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.01, (384, 
 def norm_launch_config(in_channels: int, out_channels: int, width: Optional[int] = None,
                        flat: bool = True) -> ConvTile:
     """The tile of the fused norm epilogue (`conv3d_channels_last_norm_padded`): `launch_config`'s, capped at 128
-    registers per thread so that two programs share an SM (docs/tuning.md section 1.6)."""
-    return launch_config(in_channels, out_channels, width, flat=flat)._replace(max_registers=128)
+    registers per thread so that two programs share an SM (docs/tuning.md section 1.6); flat tiles uncapped (192
+    channels 416 wide: 1.531 ms against 1.572 capped, section 1.15)."""
+    tile = launch_config(in_channels, out_channels, width, flat=flat)
+    return tile if tile.flat else tile._replace(max_registers=128)
 
 
 # (in channels, out channels) of the convs whose fused norm epilogue measured faster on the H200 than the conv
@@ -249,79 +251,49 @@ if triton is not None:
         return tl.load(ptr + n, mask=n < C_OUT, other=0.0).to(tl.float32)[None, :]
 
     @triton.jit
-    def _pixels(h, w0, WP, H_OUT, W_OUT, s_h, s_w, FLAT: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr):
-        """(offsets, inside) of the program's BLOCK_W pixels from row h's start in a tensor of row stride s_h and
-        pixel stride s_w: pixels w0.. of row h or, FLAT, positions w0.. of rows laid out WP apart (those past
-        WP are row h + 1's pixels w - WP); `inside` masks the positions that are output pixels. int32 offsets
-        unless WIDE (an offset within two output rows reaches 2^31)."""
-        q = w0 + tl.arange(0, BLOCK_W)
-        if FLAT:
-            below = (q >= WP).to(tl.int32)
-            w = q - below * WP
-            inside = (w < W_OUT) & (h + below < H_OUT)
-            rows = below
-        else:
-            w = q
-            inside = w < W_OUT
-            rows = tl.zeros_like(q)
+    def _offsets(w, n, s_w, s_n, WIDE: tl.constexpr):
+        """The [BLOCK_W, BLOCK_N] in-row offsets of pixels w and channels n: int32 unless WIDE (an offset within
+        one output row reaches 2^31); the row's own offset is one int64 scalar added to the base pointer. (int64
+        tiles: 304 bytes of spills with a residual on sm_90, against 16.)"""
         if WIDE:
-            return rows.to(tl.int64) * s_h + w.to(tl.int64) * s_w, inside
+            return w.to(tl.int64)[:, None] * s_w + n.to(tl.int64)[None, :] * s_n
         else:
-            return rows * s_h + w * s_w, inside
+            return w[:, None] * s_w + n[None, :] * s_n
 
     @triton.jit
-    def _offsets(pix, n, s_n, WIDE: tl.constexpr):
-        """The [BLOCK_W, BLOCK_N] offsets of pixels at `pix` (`_pixels`) and channels n (the row's own offset is
-        one int64 scalar added to the base pointer). (int64 tiles: 304 bytes of spills with a residual on
-        sm_90, against 16.)"""
-        if WIDE:
-            return pix[:, None] + n.to(tl.int64)[None, :] * s_n
-        else:
-            return pix[:, None] + n[None, :] * s_n
-
-    @triton.jit
-    def _epilogue(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
+    def _epilogue(acc, n0, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4,
                   HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
                   BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
         """Add bias / residual (+ its deferred bias) to the fp32 tile of channels n0.. and store it rounded once
-        (`out_row` / `res_row`: the output / residual pointers advanced to the program's row; `pix_o` / `pix_r`
-        its pixels' offsets from there, `inside` the output pixels: `_pixels`; any strides)."""
+        (`out_row` / `res_row`: the output / residual pointers advanced to the program's row; any strides)."""
         n = n0 + tl.arange(0, BLOCK_N)
-        mask = inside[:, None] & (n < C_OUT)[None, :]
+        mask = (w < W_OUT)[:, None] & (n < C_OUT)[None, :]
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            r = tl.load(res_row + _offsets(pix_r, n, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(res_row + _offsets(w, n, sr4, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
-        tl.store(out_row + _offsets(pix_o, n, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
+        tl.store(out_row + _offsets(w, n, so4, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _summed(acc, n0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr,
-                C_OUT, T_OUT, H_OUT, so1, sr1, dtype: tl.constexpr, HAS_BIAS: tl.constexpr,
-                HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, OUT_MODE: tl.constexpr,
-                RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
+    def _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype: tl.constexpr,
+                HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, OUT_MODE: tl.constexpr,
+                RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
         """The output of channels n0.. (conv + bias + residual (+ its deferred bias), rounded once to the
-        activation dtype) for the NORM epilogue, also stored where OUT_MODE is not 0 (a conv whose own output
-        is read again: a residual block's output is the next block's shortcut). Residual and output by TMA
-        rows (modes 1-3) or, mode 4 (flat programs), by pointers at `pix_r` / `pix_o` (`_pixels`)."""
+        activation dtype) for the NORM epilogue, also stored by TMA where OUT_MODE is not 0 (a conv whose own
+        output is read again: a residual block's output is the next block's shortcut)."""
         n = n0 + tl.arange(0, BLOCK_N)
-        mask = inside[:, None] & (n < C_OUT)[None, :]
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            if RES_MODE == 4:
-                r = tl.load(res_row + _offsets(pix_r, n, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
-            else:
-                r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
+            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
         y = _round(acc, dtype)
-        if OUT_MODE == 4:
-            tl.store(out_row + _offsets(pix_o, n, so1, WIDE), y, mask=mask)
-        elif OUT_MODE != 0:
+        if OUT_MODE != 0:
             _store_rows(o_desc, y, b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
         return y
 
@@ -369,7 +341,155 @@ if triton is not None:
         return inverse_norm(tl.sqrt(squares), scale, eps)[:, None]
 
     @triton.jit
-    def _store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, cache_row, cache_col, IN_CACHE, pad_desc,
+    def _store_normalized(y, n0, inv_norm, w, pad_row, pad_col, cache_row, cache_col, IN_CACHE, pad_desc,
+                          cache_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU: tl.constexpr, BLOCK_W: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+        """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
+        norms) in fp32, rounded once, stored by TMA into the next conv's padded input row (0 past the row end:
+        its right pad) and, IN_CACHE, the next cache's row (both channels-last)."""
+        gamma = _per_channel(gamma_ptr, n0 + tl.arange(0, BLOCK_N), C_OUT)
+        v = normalized(y.to(tl.float32), inv_norm, gamma, nbias, SILU)
+        v = tl.reshape(_round(tl.where((w < W_OUT)[:, None], v, 0.0), y.dtype), [1, BLOCK_W, BLOCK_N])
+        pad_desc.store([pad_row, pad_col, n0], v)
+        if IN_CACHE:
+            cache_desc.store([cache_row, cache_col, n0], v)
+
+    @triton.jit
+    def _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
+                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3,
+                      so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
+                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
+                      OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, N_REST: tl.constexpr, WIDE: tl.constexpr,
+                      BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The epilogue of one output row (b, t, h) of a program: `acc` holds channels n0.. (BLOCK_N) of pixels
+        w0.. (BLOCK_W) and, N_REST > 0, `acc2` channels BLOCK_N.. (N_REST) of the same pixels (the kernel's
+        docstring says where they go)."""
+        w = w0 + tl.arange(0, BLOCK_W)
+        if NORM:
+            dtype: tl.constexpr = n_desc.dtype
+            pad_row = (b * TO + FT + t) * HO + PH + h
+            slot = t - SLOT0
+            cache_row = (b * 2 + slot) * H_OUT + h
+            in_cache = (slot >= 0) & (slot < 2)
+            if N_REST > 0:  # rounded at once (half the registers of the fp32 sums), stored N_REST channels at a time
+                y2 = _summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype,
+                             HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
+                y = _summed(acc, 0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype,
+                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
+                squares = (tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
+                           + tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1))
+                inv_norm = _inverse_norm(squares, scale, eps)
+                _store_normalized(y2, BLOCK_N, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc,
+                                  c2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
+                ya, yb = tl.split(tl.permute(tl.reshape(y, [BLOCK_W, 2, N_REST]), [0, 2, 1]))
+                _store_normalized(ya, 0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc, c2_desc,
+                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
+                _store_normalized(yb, N_REST, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n2_desc,
+                                  c2_desc, gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, N_REST)
+            else:
+                y = _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype,
+                            HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
+                inv_norm = _inverse_norm(tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1), scale, eps)
+                _store_normalized(y, n0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n_desc, c_desc,
+                                  gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, BLOCK_N)
+        elif OUT_MODE != 0:
+            if N_REST > 0:  # the narrow accumulator first: fewer registers live while the residual tile is
+                _epilogue_rows(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
+                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
+            _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, HAS_BIAS,
+                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
+        else:
+            b64 = b.to(tl.int64)
+            t64 = t.to(tl.int64)
+            h64 = h.to(tl.int64)
+            out_row = out_ptr + (b64 * so0 + t64 * so2 + h64 * so3)
+            res_row = res_ptr + (b64 * sr0 + t64 * sr2 + h64 * sr3)
+            _epilogue(acc, n0, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4, HAS_BIAS,
+                      HAS_RESIDUAL, HAS_RES_BIAS, BLOCK_N, WIDE)
+            if N_REST > 0:
+                _epilogue(acc2, BLOCK_N, w, out_row, res_row, bias_ptr, rb_ptr, C_OUT, W_OUT, so1, so4, sr1, sr4,
+                          HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, N_REST, WIDE)
+
+    # ---- flat programs (FLAT): positions running on from one output row into the next ----
+    @triton.jit
+    def _pixels(h, w0, WP, H_OUT, W_OUT, s_h, s_w, FLAT: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr):
+        """(offsets, inside) of the program's BLOCK_W pixels from row h's start in a tensor of row stride s_h and
+        pixel stride s_w: pixels w0.. of row h or, FLAT, positions w0.. of rows laid out WP apart (those past
+        WP are row h + 1's pixels w - WP); `inside` masks the positions that are output pixels. int32 offsets
+        unless WIDE (an offset within two output rows reaches 2^31)."""
+        q = w0 + tl.arange(0, BLOCK_W)
+        if FLAT:
+            below = (q >= WP).to(tl.int32)
+            w = q - below * WP
+            inside = (w < W_OUT) & (h + below < H_OUT)
+            rows = below
+        else:
+            w = q
+            inside = w < W_OUT
+            rows = tl.zeros_like(q)
+        if WIDE:
+            return rows.to(tl.int64) * s_h + w.to(tl.int64) * s_w, inside
+        else:
+            return rows * s_h + w * s_w, inside
+
+    @triton.jit
+    def _flat_offsets(pix, n, s_n, WIDE: tl.constexpr):
+        """The [BLOCK_W, BLOCK_N] offsets of pixels at `pix` (`_pixels`) and channels n (the row's own offset is
+        one int64 scalar added to the base pointer). (int64 tiles: 304 bytes of spills with a residual on
+        sm_90, against 16.)"""
+        if WIDE:
+            return pix[:, None] + n.to(tl.int64)[None, :] * s_n
+        else:
+            return pix[:, None] + n[None, :] * s_n
+
+    @triton.jit
+    def _flat_epilogue_store(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
+                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
+                  BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
+        """Add bias / residual (+ its deferred bias) to the fp32 tile of channels n0.. and store it rounded once
+        (`out_row` / `res_row`: the output / residual pointers advanced to the program's row; `pix_o` / `pix_r`
+        its pixels' offsets from there, `inside` the output pixels: `_pixels`; any strides)."""
+        n = n0 + tl.arange(0, BLOCK_N)
+        mask = inside[:, None] & (n < C_OUT)[None, :]
+        if HAS_BIAS:
+            acc += _per_channel(bias_ptr, n, C_OUT)
+        if HAS_RESIDUAL:
+            r = tl.load(res_row + _flat_offsets(pix_r, n, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
+            if HAS_RES_BIAS:
+                r += _per_channel(rb_ptr, n, C_OUT)
+            acc += r
+        tl.store(out_row + _flat_offsets(pix_o, n, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _flat_summed(acc, n0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr,
+                C_OUT, T_OUT, H_OUT, so1, sr1, dtype: tl.constexpr, HAS_BIAS: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, OUT_MODE: tl.constexpr,
+                RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
+        """The output of channels n0.. (conv + bias + residual (+ its deferred bias), rounded once to the
+        activation dtype) for the NORM epilogue, also stored where OUT_MODE is not 0 (a conv whose own output
+        is read again: a residual block's output is the next block's shortcut). Residual and output by TMA
+        rows (modes 1-3) or, mode 4 (flat programs), by pointers at `pix_r` / `pix_o` (`_pixels`)."""
+        n = n0 + tl.arange(0, BLOCK_N)
+        mask = inside[:, None] & (n < C_OUT)[None, :]
+        if HAS_BIAS:
+            acc += _per_channel(bias_ptr, n, C_OUT)
+        if HAS_RESIDUAL:
+            if RES_MODE == 4:
+                r = tl.load(res_row + _flat_offsets(pix_r, n, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
+            else:
+                r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
+            if HAS_RES_BIAS:
+                r += _per_channel(rb_ptr, n, C_OUT)
+            acc += r
+        y = _round(acc, dtype)
+        if OUT_MODE == 4:
+            tl.store(out_row + _flat_offsets(pix_o, n, so1, WIDE), y, mask=mask)
+        elif OUT_MODE != 0:
+            _store_rows(o_desc, y, b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
+        return y
+
+    @triton.jit
+    def _flat_store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, cache_row, cache_col, IN_CACHE, pad_desc,
                           cache_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU: tl.constexpr,
                           BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
         """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
@@ -389,7 +509,7 @@ if triton is not None:
                 cache_desc.store([cache_row, cache_col, n0], tl.reshape(v, [1, BLOCK_W, BLOCK_N]))
 
     @triton.jit
-    def _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
+    def _flat_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
                       bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0,
                       so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
                       HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr,
@@ -419,28 +539,28 @@ if triton is not None:
             cache_base = cache_ptr + (b64 * 2 + slot) * H_OUT * W_OUT * C_OUT + h64 * W_OUT * C_OUT
             pix_c, _ = _pixels(h, w0, WP, H_OUT, W_OUT, W_OUT * C_OUT, C_OUT, FLAT, False, BLOCK_W)
             if N_REST > 0:  # rounded at once (half the registers of the fp32 sums), stored N_REST channels at a time
-                y2 = _summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, out_row, res_row, pix_o, pix_r, inside,
+                y2 = _flat_summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, out_row, res_row, pix_o, pix_r, inside,
                              bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, so1, sr1, dtype, HAS_BIAS, HAS_RESIDUAL,
                              HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST, WIDE)
-                y = _summed(acc, 0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr,
+                y = _flat_summed(acc, 0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr,
                             rb_ptr, C_OUT, T_OUT, H_OUT, so1, sr1, dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS,
                             OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, WIDE)
                 squares = (tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
                            + tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1))
                 inv_norm = _inverse_norm(squares, scale, eps)
-                _store_normalized(y2, BLOCK_N, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
+                _flat_store_normalized(y2, BLOCK_N, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
                                   c2_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST, FLAT)
                 ya, yb = tl.split(tl.permute(tl.reshape(y, [BLOCK_W, 2, N_REST]), [0, 2, 1]))
-                _store_normalized(ya, 0, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
+                _flat_store_normalized(ya, 0, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
                                   c2_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST, FLAT)
-                _store_normalized(yb, N_REST, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
+                _flat_store_normalized(yb, N_REST, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
                                   c2_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST, FLAT)
             else:
-                y = _summed(acc, n0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr,
+                y = _flat_summed(acc, n0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr,
                             rb_ptr, C_OUT, T_OUT, H_OUT, so1, sr1, dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS,
                             OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, WIDE)
                 inv_norm = _inverse_norm(tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1), scale, eps)
-                _store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n_desc, c_desc,
+                _flat_store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n_desc, c_desc,
                                   cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, BLOCK_N, FLAT)
         elif OUT_MODE != 0:
             if N_REST > 0:  # the narrow accumulator first: fewer registers live while the residual tile is
@@ -449,11 +569,11 @@ if triton is not None:
             _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, HAS_BIAS,
                            HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
         else:
-            _epilogue(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1, HAS_BIAS,
-                      HAS_RESIDUAL, HAS_RES_BIAS, BLOCK_N, WIDE)
+            _flat_epilogue_store(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
+                                 HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, BLOCK_N, WIDE)
             if N_REST > 0:
-                _epilogue(acc2, BLOCK_N, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
-                          HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, N_REST, WIDE)
+                _flat_epilogue_store(acc2, BLOCK_N, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT,
+                                     so1, sr1, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, N_REST, WIDE)
 
     @triton.jit
     def _row_dots(a_desc, a_row, c0, wt, wt2, acc, acc2, N_REST: tl.constexpr):
@@ -522,18 +642,24 @@ if triton is not None:
             acc, acc2 = _row_dots(a_desc, a_row, c0, wt, wt2, acc, acc2, N_REST)
             if ROWS == 2:
                 accb, acc2b = _row_dots(a_desc, a_row + WP, c0, wt, wt2, accb, acc2b, N_REST)
-        _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
-                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0,
-                      so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
-                      HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W,
-                      BLOCK_N, FLAT)
+        if FLAT:
+            _flat_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
+                           bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0,
+                           so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
+                           HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W,
+                           BLOCK_N, FLAT)
+        else:
+            _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
+                          bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3,
+                          so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS,
+                          HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W, BLOCK_N)
         if ROWS == 2:
             if h + 1 < H_OUT:  # an odd row count's last program holds one row
                 _row_epilogue(accb, acc2b, b, t, h + 1, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc,
-                              c_desc, c2_desc, bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT,
-                              H_OUT, W_OUT, WP, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW,
-                              SLOT0, scale, nbias, eps, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE,
-                              RES_MODE, N_REST, WIDE, BLOCK_W, BLOCK_N, False)
+                              c_desc, c2_desc, bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT,
+                              W_OUT, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0,
+                              scale, nbias, eps, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE,
+                              N_REST, WIDE, BLOCK_W, BLOCK_N)
 
 def _checked_shapes(padded: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple[int, ...]:
     """The unpadded conv's output shape [B, O, T, H, W] after the argument checks every launcher shares."""
