@@ -30,6 +30,15 @@ clipped) are read and written through tensor descriptors, others by per-element 
 keep the epilogue near 128 registers per thread, so two programs share an SM and one's epilogue overlaps the
 other's main loop (docs/tuning.md sections 1.6 and 1.7).
 
+Flat programs (`ConvTile.flat`, `launch_config` for rows its row tiles do not divide: Wan 2.1 480p's 416- and
+208-wide rows): a program's ``BLOCK_W`` pixels are consecutive positions of the frame's output rows laid out
+``Wp`` (the padded input's width) apart, so its input tiles stay one TMA box per tap and it computes only the
+``kw - 1`` positions between one row's end and the next row's start, running on into row h + 1. Their
+epilogue (`_flat_epilogue`) addresses the output, residual and next cache per element (`_pixels`) and stores the
+normalized tile into the next padded input, whose rows are ``Wp`` wide too, with one TMA store (zeros at the
+positions between rows: that buffer's pads). TMA stores at negative coordinates raise an illegal instruction on
+the H200 (docs/tuning.md section 1.15).
+
 Norm epilogue (`conv3d_channels_last_norm_padded`, the pair op of `rewrite.ops.wan_fast`): where one program
 holds every output channel of its pixels (a ``2n + n`` split, or one channel block), it adds the bias, rounds
 once, takes the Wan RMS norm over the channels (gamma, scale, SiLU) in fp32 with one rounding, and stores
