@@ -472,31 +472,19 @@ def test_pair_op_on_exact_first_conv_values(kernel_allowed_on_cpu, monkeypatch, 
 
 @needs_kernels
 @pytest.mark.parametrize("mode", ["steady", "chunk0"])
-def test_pair_op_with_split_channels_and_two_row_programs(kernel_allowed_on_cpu, monkeypatch, mode):
+@pytest.mark.parametrize("tile", [ConvTile(16, 32, 16, 4, 2, 16, 2), ConvTile(16, 32, 16, 4, 2, 16, flat=True)],
+                         ids=["two_row_programs", "flat_programs"])
+def test_pair_op_with_split_channels(kernel_allowed_on_cpu, monkeypatch, mode, tile):
     """The norm epilogue over a 32 + 16 channel split (three 16-channel stores per row, as 128 + 64 for 192
-    channels) in programs of two rows (the second skipped past the odd row count): `_check_pair`."""
-    kernel_gates_open(monkeypatch)
-    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(48, 48, 27): math.inf})
-    monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(48, 48)}))
-    monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None, *_, **__: ConvTile(16, 32, 16, 4, 2, 16, 2))
-    args = _pair_inputs(mode, True, True, c=48, h=5, w=18)
-    calls = _pair_fused(monkeypatch)
-    pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)
-    assert calls, "the fused epilogue did not run"
-    _check_pair(args, pair)
-
-
-@needs_kernels
-@pytest.mark.parametrize("mode", ["steady", "chunk0"])
-def test_pair_op_with_flat_programs(kernel_allowed_on_cpu, monkeypatch, mode):
-    """The norm epilogue of flat programs (16 positions of rows laid out 20 apart: most store into two rows of
-    the next padded input and cache, zeros at the pads between them; the last runs into the bottom pad) over
-    a 32 + 16 channel split, the output and residual by pointers: `_check_pair`."""
+    channels): in programs of two rows (the second skipped past the odd row count), and in flat programs (16
+    positions of rows laid out 20 apart: most store into two rows of the next padded input and cache, zeros at
+    the pads between them; the last runs into the bottom pad; output and residual by pointers): `_check_pair`.
+    A caller that asks for no flat tile gets the row form of `tile`."""
     kernel_gates_open(monkeypatch)
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(48, 48, 27): math.inf})
     monkeypatch.setattr(triton_conv3d, "_NORM_EPILOGUE_FASTER", frozenset({(48, 48)}))
     monkeypatch.setattr(triton_conv3d, "launch_config",
-                        lambda c, o, w=None, k=3, flat=True: ConvTile(16, 32, 16, 4, 2, 16, flat=flat))
+                        lambda c, o, w=None, k=3, flat=True: tile._replace(flat=tile.flat and flat))
     args = _pair_inputs(mode, True, True, c=48, h=5, w=18)
     calls = _pair_fused(monkeypatch)
     pair = torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast(*args)

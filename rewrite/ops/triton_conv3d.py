@@ -421,162 +421,117 @@ if triton is not None:
 
     # ---- flat programs (FLAT): positions running on from one output row into the next ----
     @triton.jit
-    def _pixels(h, w0, WP, H_OUT, W_OUT, s_h, s_w, FLAT: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr):
-        """(offsets, inside) of the program's BLOCK_W pixels from row h's start in a tensor of row stride s_h and
-        pixel stride s_w: pixels w0.. of row h or, FLAT, positions w0.. of rows laid out WP apart (those past
-        WP are row h + 1's pixels w - WP); `inside` masks the positions that are output pixels. int32 offsets
-        unless WIDE (an offset within two output rows reaches 2^31)."""
+    def _pixels(h, w0, WP, H_OUT, W_OUT, s_h, s_w, WIDE: tl.constexpr, BLOCK_W: tl.constexpr):
+        """(offsets, inside) of a flat program's BLOCK_W positions w0.. of rows laid out WP apart (those past WP
+        are row h + 1's pixels w - WP) from row h's start, in a tensor of row stride s_h and pixel stride s_w;
+        `inside` masks the positions that are output pixels. int32 offsets unless WIDE (an offset within two
+        output rows reaches 2^31)."""
         q = w0 + tl.arange(0, BLOCK_W)
-        if FLAT:
-            below = (q >= WP).to(tl.int32)
-            w = q - below * WP
-            inside = (w < W_OUT) & (h + below < H_OUT)
-            rows = below
-        else:
-            w = q
-            inside = w < W_OUT
-            rows = tl.zeros_like(q)
+        below = (q >= WP).to(tl.int32)
+        w = q - below * WP
+        inside = (w < W_OUT) & (h + below < H_OUT)
         if WIDE:
-            return rows.to(tl.int64) * s_h + w.to(tl.int64) * s_w, inside
+            return below.to(tl.int64) * s_h + w.to(tl.int64) * s_w, inside
         else:
-            return rows * s_h + w * s_w, inside
-
-    @triton.jit
-    def _flat_offsets(pix, n, s_n, WIDE: tl.constexpr):
-        """The [BLOCK_W, BLOCK_N] offsets of pixels at `pix` (`_pixels`) and channels n (the row's own offset is
-        one int64 scalar added to the base pointer). (int64 tiles: 304 bytes of spills with a residual on
-        sm_90, against 16.)"""
-        if WIDE:
-            return pix[:, None] + n.to(tl.int64)[None, :] * s_n
-        else:
-            return pix[:, None] + n[None, :] * s_n
+            return below * s_h + w * s_w, inside
 
     @triton.jit
     def _flat_epilogue_store(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
-                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
-                  BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
-        """Add bias / residual (+ its deferred bias) to the fp32 tile of channels n0.. and store it rounded once
-        (`out_row` / `res_row`: the output / residual pointers advanced to the program's row; `pix_o` / `pix_r`
-        its pixels' offsets from there, `inside` the output pixels: `_pixels`; any strides)."""
+                             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
+                             BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
+        """`_epilogue` for a flat program: its positions' offsets `pix_o` / `pix_r` from the output / residual
+        row pointers and the mask `inside` come from `_pixels` (any strides)."""
         n = n0 + tl.arange(0, BLOCK_N)
         mask = inside[:, None] & (n < C_OUT)[None, :]
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            r = tl.load(res_row + _flat_offsets(pix_r, n, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(res_row + _offsets(pix_r, n, 1, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
-        tl.store(out_row + _flat_offsets(pix_o, n, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
+        tl.store(out_row + _offsets(pix_o, n, 1, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _flat_summed(acc, n0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr,
-                C_OUT, T_OUT, H_OUT, so1, sr1, dtype: tl.constexpr, HAS_BIAS: tl.constexpr,
-                HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, OUT_MODE: tl.constexpr,
-                RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
-        """The output of channels n0.. (conv + bias + residual (+ its deferred bias), rounded once to the
-        activation dtype) for the NORM epilogue, also stored where OUT_MODE is not 0 (a conv whose own output
-        is read again: a residual block's output is the next block's shortcut). Residual and output by TMA
-        rows (modes 1-3) or, mode 4 (flat programs), by pointers at `pix_r` / `pix_o` (`_pixels`)."""
+    def _flat_summed(acc, n0, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr, C_OUT, so1, sr1,
+                     dtype: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     HAS_RES_BIAS: tl.constexpr, HAS_OUT: tl.constexpr, BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
+        """`_summed` for a flat program: the residual read and, HAS_OUT, the output stored by pointers at
+        `pix_r` / `pix_o` (`_pixels`)."""
         n = n0 + tl.arange(0, BLOCK_N)
         mask = inside[:, None] & (n < C_OUT)[None, :]
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
         if HAS_RESIDUAL:
-            if RES_MODE == 4:
-                r = tl.load(res_row + _flat_offsets(pix_r, n, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
-            else:
-                r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
+            r = tl.load(res_row + _offsets(pix_r, n, 1, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
             if HAS_RES_BIAS:
                 r += _per_channel(rb_ptr, n, C_OUT)
             acc += r
         y = _round(acc, dtype)
-        if OUT_MODE == 4:
-            tl.store(out_row + _flat_offsets(pix_o, n, so1, WIDE), y, mask=mask)
-        elif OUT_MODE != 0:
-            _store_rows(o_desc, y, b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
+        if HAS_OUT:
+            tl.store(out_row + _offsets(pix_o, n, 1, so1, WIDE), y, mask=mask)
         return y
 
     @triton.jit
-    def _flat_store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, cache_row, cache_col, IN_CACHE, pad_desc,
-                          cache_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU: tl.constexpr,
-                          BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
-        """The Wan norm (+ SiLU) of the tile y (channels n0..; `inv_norm` = scale / its pixels' clamped channel
-        norms) in fp32, rounded once, stored by TMA into the next conv's padded input at (pad_row, pad_col) (0
-        at positions that are no output pixels, `inside`: the pads there) and, IN_CACHE, into the next cache
-        (both channels-last): by TMA at its row (cache_row, cache_col), or FLAT by pointers at `pix_c` from
-        `cache_base` (`_pixels`)."""
+    def _flat_store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, IN_CACHE, pad_desc, cache_base, pix_c,
+                               gamma_ptr, C_OUT, nbias, SILU: tl.constexpr, BLOCK_W: tl.constexpr,
+                               BLOCK_N: tl.constexpr):
+        """`_store_normalized` for a flat program: one TMA store at (pad_row, pad_col) of the next padded input
+        viewed with rows WP wide (0 at the positions that are no output pixels, `inside`: that buffer's pads)
+        and, IN_CACHE, the next cache by pointers at `pix_c` from `cache_base` (`_pixels`)."""
         n = n0 + tl.arange(0, BLOCK_N)
         gamma = _per_channel(gamma_ptr, n, C_OUT)
         v = normalized(y.to(tl.float32), inv_norm, gamma, nbias, SILU)
         v = _round(tl.where(inside[:, None], v, 0.0), y.dtype)
         pad_desc.store([pad_row, pad_col, n0], tl.reshape(v, [1, BLOCK_W, BLOCK_N]))
         if IN_CACHE:
-            if FLAT:
-                tl.store(cache_base + pix_c[:, None] + n[None, :], v, mask=inside[:, None] & (n < C_OUT)[None, :])
-            else:
-                cache_desc.store([cache_row, cache_col, n0], tl.reshape(v, [1, BLOCK_W, BLOCK_N]))
+            tl.store(cache_base + pix_c[:, None] + n[None, :], v, mask=inside[:, None] & (n < C_OUT)[None, :])
 
     @triton.jit
-    def _flat_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
-                      bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0,
-                      so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
-                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr,
-                      SILU: tl.constexpr, OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, N_REST: tl.constexpr,
-                      WIDE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, FLAT: tl.constexpr):
-        """The epilogue of one output row (b, t, h) of a program (FLAT: positions running on into row h + 1):
-        `acc` holds channels n0.. (BLOCK_N) of pixels w0.. (BLOCK_W) and, N_REST > 0, `acc2` channels BLOCK_N..
-        (N_REST) of the same pixels (the kernel's docstring says where they go)."""
+    def _flat_epilogue(acc, acc2, b, t, h, w0, n0, n_desc, n2_desc, bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr,
+                       cache_ptr, C_OUT, H_OUT, W_OUT, WP, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, FT,
+                       PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                       HAS_RES_BIAS: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, HAS_OUT: tl.constexpr,
+                       N_REST: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+        """`_row_epilogue` for a flat program (positions w0.. of row h running on into row h + 1): the output,
+        residual and next cache by pointers (`_pixels`), the normalized tile into the next padded input by one
+        TMA store (`n_desc`: its rows are WP wide too, so the program's positions are consecutive there)."""
         b64 = b.to(tl.int64)
         t64 = t.to(tl.int64)
         h64 = h.to(tl.int64)
         out_row = out_ptr + (b64 * so0 + t64 * so2 + h64 * so3)
         res_row = res_ptr + (b64 * sr0 + t64 * sr2 + h64 * sr3)
-        pix_o, inside = _pixels(h, w0, WP, H_OUT, W_OUT, so3, so4, FLAT, WIDE, BLOCK_W)
-        pix_r, _ = _pixels(h, w0, WP, H_OUT, W_OUT, sr3, sr4, FLAT, WIDE, BLOCK_W)
+        pix_o, inside = _pixels(h, w0, WP, H_OUT, W_OUT, so3, so4, WIDE, BLOCK_W)
+        pix_r, _ = _pixels(h, w0, WP, H_OUT, W_OUT, sr3, sr4, WIDE, BLOCK_W)
         if NORM:
             dtype: tl.constexpr = n_desc.dtype
             slot = t - SLOT0
             in_cache = (slot >= 0) & (slot < 2)
-            cache_row = (b * 2 + slot) * H_OUT + h
-            if FLAT:  # the padded input's rows are WP wide too: the program's positions are consecutive there
-                pad_row = b * TO + FT + t
-                pad_col = (PH + h) * WP + PW + w0
-            else:
-                pad_row = (b * TO + FT + t) * HO + PH + h
-                pad_col = PW + w0
+            pad_row = b * TO + FT + t
+            pad_col = (PH + h) * WP + PW + w0
             cache_base = cache_ptr + (b64 * 2 + slot) * H_OUT * W_OUT * C_OUT + h64 * W_OUT * C_OUT
-            pix_c, _ = _pixels(h, w0, WP, H_OUT, W_OUT, W_OUT * C_OUT, C_OUT, FLAT, False, BLOCK_W)
+            pix_c, _ = _pixels(h, w0, WP, H_OUT, W_OUT, W_OUT * C_OUT, C_OUT, False, BLOCK_W)
             if N_REST > 0:  # rounded at once (half the registers of the fp32 sums), stored N_REST channels at a time
-                y2 = _flat_summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, out_row, res_row, pix_o, pix_r, inside,
-                             bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, so1, sr1, dtype, HAS_BIAS, HAS_RESIDUAL,
-                             HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST, WIDE)
-                y = _flat_summed(acc, 0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr,
-                            rb_ptr, C_OUT, T_OUT, H_OUT, so1, sr1, dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS,
-                            OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, WIDE)
+                y2 = _flat_summed(acc2, BLOCK_N, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr, C_OUT, so1,
+                                  sr1, dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, HAS_OUT, N_REST, WIDE)
+                y = _flat_summed(acc, 0, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr, C_OUT, so1, sr1,
+                                 dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, HAS_OUT, BLOCK_N, WIDE)
                 squares = (tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
                            + tl.sum(y2.to(tl.float32) * y2.to(tl.float32), axis=1))
                 inv_norm = _inverse_norm(squares, scale, eps)
-                _flat_store_normalized(y2, BLOCK_N, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
-                                  c2_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST, FLAT)
+                _flat_store_normalized(y2, BLOCK_N, inv_norm, inside, pad_row, pad_col, in_cache, n2_desc, cache_base,
+                                       pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST)
                 ya, yb = tl.split(tl.permute(tl.reshape(y, [BLOCK_W, 2, N_REST]), [0, 2, 1]))
-                _flat_store_normalized(ya, 0, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
-                                  c2_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST, FLAT)
-                _flat_store_normalized(yb, N_REST, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n2_desc,
-                                  c2_desc, cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST, FLAT)
+                _flat_store_normalized(ya, 0, inv_norm, inside, pad_row, pad_col, in_cache, n2_desc, cache_base,
+                                       pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST)
+                _flat_store_normalized(yb, N_REST, inv_norm, inside, pad_row, pad_col, in_cache, n2_desc, cache_base,
+                                       pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, N_REST)
             else:
-                y = _flat_summed(acc, n0, b, t, h, w0, o_desc, r_desc, out_row, res_row, pix_o, pix_r, inside, bias_ptr,
-                            rb_ptr, C_OUT, T_OUT, H_OUT, so1, sr1, dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS,
-                            OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N, WIDE)
+                y = _flat_summed(acc, n0, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr, C_OUT, so1, sr1,
+                                 dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, HAS_OUT, BLOCK_N, WIDE)
                 inv_norm = _inverse_norm(tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1), scale, eps)
-                _flat_store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, cache_row, w0, in_cache, n_desc, c_desc,
-                                  cache_base, pix_c, gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, BLOCK_N, FLAT)
-        elif OUT_MODE != 0:
-            if N_REST > 0:  # the narrow accumulator first: fewer registers live while the residual tile is
-                _epilogue_rows(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
-                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
-            _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, HAS_BIAS,
-                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
+                _flat_store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, in_cache, n_desc, cache_base, pix_c,
+                                       gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, BLOCK_N)
         else:
             _flat_epilogue_store(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
                                  HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, BLOCK_N, WIDE)
@@ -652,11 +607,10 @@ if triton is not None:
             if ROWS == 2:
                 accb, acc2b = _row_dots(a_desc, a_row + WP, c0, wt, wt2, accb, acc2b, N_REST)
         if FLAT:
-            _flat_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
-                           bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, cache_ptr, C_OUT, T_OUT, H_OUT, W_OUT, WP, so0,
-                           so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, HO, FT, PH, PW, SLOT0, scale, nbias, eps,
-                           HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU, OUT_MODE, RES_MODE, N_REST, WIDE, BLOCK_W,
-                           BLOCK_N, FLAT)
+            _flat_epilogue(acc, acc2, b, t, h, w0, n0, n_desc, n2_desc, bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr,
+                           cache_ptr, C_OUT, H_OUT, W_OUT, WP, so0, so1, so2, so3, so4, sr0, sr1, sr2, sr3, sr4, TO, FT,
+                           PH, PW, SLOT0, scale, nbias, eps, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, NORM, SILU,
+                           OUT_MODE != 0, N_REST, WIDE, BLOCK_W, BLOCK_N)
         else:
             _row_epilogue(acc, acc2, b, t, h, w0, n0, o_desc, o2_desc, r_desc, r2_desc, n_desc, n2_desc, c_desc, c2_desc,
                           bias_ptr, res_ptr, rb_ptr, out_ptr, gamma_ptr, C_OUT, T_OUT, H_OUT, W_OUT, so0, so1, so2, so3,
@@ -773,14 +727,14 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
     if norm is None:
         gamma, geometry, scale, norm_bias, eps, silu = out, (0,) * 6, 1.0, 0.0, 0.0, False
         tma = out_rows is not None and (residual is None or res_rows is not None)
-    elif tile.flat:  # output and residual by pointers (mode 4); the padded input as rows wp wide, the cache by pointers
+    elif tile.flat:  # output, residual and cache by pointers (`_flat_epilogue`); the padded input as rows wp wide
         gamma, next_padded, next_cache, geometry, scale, norm_bias, eps, silu = norm
         nb, nc, nt, nh, nw = next_padded.shape
         if nw != wp:
             raise ValueError(f"conv3d_channels_last_norm_padded: a flat tile needs the next padded input as wide as "
                              f"this one ({nw} against {wp})")
         tma = False
-        out_mode, res_mode = 4 if out is not None else 0, 4 if residual is not None else 0
+        out_mode = 4 if out is not None else 0  # the kernel's HAS_OUT
         flat_rows = next_padded.permute(0, 2, 3, 4, 1).reshape(nb * nt, nh * nw, nc)
         descriptors[4:6] = [TensorDescriptor.from_tensor(flat_rows, [1, tile.block_w, n]) for n in blocks]
     else:  # the next conv's buffers are channels-last (the caller checked): mode 1 rows
@@ -791,7 +745,7 @@ def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ..
         tma = True
         descriptors[4:6] = [_rows_descriptor(*_row_view(next_padded), tile.block_w, n) for n in blocks]
         descriptors[6:8] = [_rows_descriptor(*_row_view(next_cache), tile.block_w, n) for n in blocks]
-    # per-element pointers (the norm-free epilogue's mode 0, flat programs' mode 4): int64 offsets where needed
+    # per-element pointers (the norm-free epilogue's mode 0, flat programs): int64 offsets where needed
     wide = not tma and _row_offsets_wide(shape, *[t.stride() for t in (out, residual) if t is not None],
                                          flat=tile.flat)
     if tma and out_rows is not None:
