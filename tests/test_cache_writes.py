@@ -15,7 +15,7 @@ from rewrite.capture.wan import capture_wan_decoder
 from rewrite.models.wan import build_wan
 from rewrite.ops import cache_into
 from rewrite.pipeline import rewrite_graph
-from rewrite.runtime.cache_writes import write_caches_in_place
+from rewrite.runtime.cache_writes import static_cache_formats, write_caches_in_place
 
 aten = torch.ops.aten
 
@@ -112,3 +112,35 @@ def test_the_in_place_steady_step_is_built_once_per_graph():
     written = sum(len(n.args[1]) for n in nodes if n.target is cache_into.write_next_caches_into)
     assert len(copies) + written == len(steady.user_input_names) - 1
     assert step.graph_module is not steady.graph_module
+
+
+@pytest.mark.parametrize("level", ["lossless", "channels_last"])
+def test_static_caches_take_the_layout_the_steady_graph_returns(level):
+    vae = build_wan("wan2.1", "tiny")
+    chunk0, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    rewrite_graph(steady, level)
+    rewrite_graph(chunk0, level)
+    names = steady.user_input_names
+    formats = static_cache_formats(steady.graph_module, names)
+    assert len(formats) == len(names) - 1
+    new = list(next(n for n in steady.graph_module.graph.nodes if n.op == "output").args[0])[1:]
+    first = list(next(n for n in chunk0.graph_module.graph.nodes if n.op == "output").args[0])[1:]
+    cl = torch.channels_last_3d
+    for fmt, value, chunk0_value in zip(formats, new, first):
+        if fmt is not None:  # returned channels-last by the steady step
+            assert value.meta["val"].is_contiguous(memory_format=cl) and not value.meta["val"].is_contiguous()
+    # the time_conv caches: chunk 0 returns them contiguous, the steady step channels-last; their buffers follow
+    # the steady step, so that its copy into them is a memcpy
+    crossing = [i for i, (value, chunk0_value) in enumerate(zip(new, first))
+                if chunk0_value.meta["val"].is_contiguous() and not value.meta["val"].is_contiguous()]
+    assert crossing and all(formats[i] is cl for i in crossing)
+
+
+def test_a_cache_read_by_an_aten_op_keeps_its_layout():
+    graph = fx.Graph()
+    x, c0 = graph.placeholder("x"), graph.placeholder("c0")
+    y = graph.call_function(aten.add.Tensor, (x, c0))  # ATen reads the cache: its strides may matter
+    new = graph.call_function(aten.mul.Tensor, (x, 2))
+    new.meta["val"] = torch.empty((1, 4, 2, 3, 3), memory_format=torch.channels_last_3d)
+    graph.output((y, new))
+    assert static_cache_formats(fx.GraphModule(torch.nn.Module(), graph), ["x", "c0"]) == [None]

@@ -30,7 +30,7 @@ from rewrite.capture.wan import capture_wan_decoder, reference_forward
 from rewrite.ops import compile_ahead
 from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import disk_cache, guards
-from rewrite.runtime.cache_writes import write_caches_in_place
+from rewrite.runtime.cache_writes import static_cache_formats, write_caches_in_place
 from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
 from rewrite.runtime.graphs import CudaGraphBackend, GraphCache, describe_key, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
@@ -379,7 +379,8 @@ class _WanCudaGraphs:
         with static_buffer_mode():
             self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
             _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
-            self.caches = [c.clone() for c in caches]
+            formats = static_cache_formats(steady.graph_module, steady.user_input_names)
+            self.caches = [_static_copy(c, f) for c, f in zip(caches, formats)]
             del _, caches  # not kept alive through the captures below (they would count twice in the peak)
 
         def first(x):
@@ -416,6 +417,13 @@ class _WanCudaGraphs:
     def next(self, x: torch.Tensor) -> torch.Tensor:
         self.x.copy_(x)
         return self._next.replay()[0]
+
+
+def _static_copy(cache: torch.Tensor, memory_format) -> torch.Tensor:
+    """A static buffer holding `cache`, in `memory_format` (`static_cache_formats`) or else in cache's layout."""
+    if memory_format is None or cache.is_contiguous(memory_format=memory_format):
+        return cache.clone()
+    return torch.empty_like(cache, memory_format=memory_format).copy_(cache)
 
 
 _IN_PLACE_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
