@@ -116,6 +116,24 @@ def test_upsample_nearest2x_is_exact(dtype, upcast, layout):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major", "channels_last", "strided_columns"))
+@pytest.mark.parametrize("frames", (1, 2, 3))
+def test_temporal_interleave_is_exact(dtype, layout, frames):
+    g = torch.Generator().manual_seed(4)
+    y = _randn(2, 6, frames, 3, 5, dtype=dtype, generator=g)
+    y = {"contiguous": lambda t: t, "frame_major": _frame_major, "strided_columns": _strided_columns,
+         "channels_last": lambda t: t.contiguous(memory_format=torch.channels_last_3d)}[layout](y)
+    with use_backend("reference"):
+        expected = torch.ops.rewrite.temporal_interleave(y)
+    with use_backend("triton"):
+        actual = torch.ops.rewrite.temporal_interleave(y)
+    assert actual.stride() == expected.stride()
+    assert torch.equal(actual, expected)
+    assert torch.equal(actual[:, :, 1::2], y[:, 3:])  # frame 2t + 1 is channel half 1 of frame t
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("factor_t,first_frame", ((2, 0), (2, 1), (1, 0)))
 def test_dup_up_add_is_exact(dtype, factor_t, first_frame):
     g = torch.Generator().manual_seed(3)

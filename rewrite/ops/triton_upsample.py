@@ -1,8 +1,11 @@
-"""Triton kernels of the Wan nearest-exact 2x upsample and the Wan 2.2 DupUp3D shortcut add, beside their launchers.
+"""Triton kernels of the Wan upsamplers' data movement (nearest-exact 2x, the temporal frame interleave) and the Wan
+2.2 DupUp3D shortcut add, beside their launchers.
 
 - `upsample_nearest2x`: pixel duplication from any strides into the layout ATen's op gives
   (`rewrite::upsample_nearest2x`); `upsample_nearest2x_channels_last`: the same written channels-last, the
   input of cuDNN's conv in `rewrite::upsample_conv2d`.
+- `temporal_interleave`: Wan's upsample3d frame interleave, ``[b, 2c, t, h, w] -> [b, c, 2t, h, w]`` in one copy
+  (`rewrite::temporal_interleave`; ATen's stack runs two strided copies).
 - `dup_up_add`: `main + DupUp3D(x)[:, :, first_frame:]`, the shortcut gathered from x in one pass
   (`rewrite::dup_up_add`; the fused form is `rewrite.ops.triton_epilogue.conv_epilogue`'s `dup_up`).
 
@@ -18,7 +21,7 @@ from torch import Tensor
 from rewrite.ops.dispatch import triton
 from rewrite.ops.layout import reference_layout
 from rewrite.ops.triton_launch import Tile, launch, launch_flat
-from rewrite.ops.wan_reference import upsample_nearest2x_reference
+from rewrite.ops.wan_reference import temporal_interleave_reference, upsample_nearest2x_reference
 
 if triton is not None:
     import triton.language as tl
@@ -49,6 +52,17 @@ if triton is not None:
         value = tl.load(x_ptr + (n * sx0 + (h // 2) * sx2) + c[None, :].to(tl.int64) * sx1 + (w // 2)[:, None] * sx3,
                         mask=mask, other=0.0)
         tl.store(out_ptr + (row.to(tl.int64) * WO + w[:, None]) * C + c[None, :], value, mask=mask)
+
+    @triton.jit
+    def _temporal_interleave_kernel(y_ptr, out_ptr, numel, C, T2, H, W, sy0, sy1, sy2, sy3, sy4,
+                                    so0, so1, so2, so3, so4, BLOCK: tl.constexpr):
+        """out[b, c, t2] = y[b, (t2 % 2) * C + c, t2 // 2] for out [B, C, T2, H, W]; both any strides."""
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < numel
+        b, c, t2, h, w = _position(i, C, T2, H, W)
+        value = tl.load(y_ptr + b * sy0 + ((t2 % 2) * C + c) * sy1 + (t2 // 2) * sy2 + h * sy3 + w * sy4, mask=mask,
+                        other=0.0)
+        tl.store(out_ptr + b * so0 + c * so1 + t2 * so2 + h * so3 + w * so4, value, mask=mask)
 
     @triton.jit
     def _dup_up_add_kernel(main_ptr, x_ptr, out_ptr, numel, C, T, H, W, REPEATS, FT, FS, FIRST,
@@ -89,6 +103,19 @@ def upsample_nearest2x_channels_last(x: Tensor) -> Tensor:
         grid = (n * 2 * h, triton.cdiv(2 * w, tile.positions), triton.cdiv(c, block_c))
         launch(_upsample2x_cl_kernel, grid, x, out, c, 2 * h, 2 * w, *x.stride(), BLOCK_W=tile.positions,
                BLOCK_C=block_c, num_warps=tile.warps)
+    return out
+
+
+def temporal_interleave(y: Tensor) -> Tensor:
+    """``[b, 2c, t, h, w] -> [b, c, 2t, h, w]``, channel half k of frame t becoming frame 2t + k, from any strides
+    into the layout ATen's reshape + stack + reshape gives (contiguous, or channels-last for such a y)."""
+    b, c2, t, h, w = y.shape
+    if c2 % 2:
+        raise ValueError(f"temporal_interleave: an even channel count expected, got {c2}")
+    strides = reference_layout(("temporal_interleave",), temporal_interleave_reference, y)
+    out = torch.empty_strided((b, c2 // 2, 2 * t, h, w), strides, dtype=y.dtype, device=y.device)
+    launch_flat(_temporal_interleave_kernel, out.numel(), y, out, out.numel(), c2 // 2, 2 * t, h, w, *y.stride(),
+                *out.stride())
     return out
 
 

@@ -440,14 +440,16 @@ def _(x, upcast, weight, bias, stride, padding):
 # ---- temporal interleave after time_conv ----------------------------------------------------------------
 @torch.library.custom_op("rewrite::temporal_interleave", mutates_args=())
 def temporal_interleave(y: Tensor) -> Tensor:
-    """[b, 2c, t, h, w] -> [b, c, 2t, h, w]: channel halves become interleaved frames (Wan's upsample3d)."""
+    """[b, 2c, t, h, w] -> [b, c, 2t, h, w]: channel halves become interleaved frames (Wan's upsample3d); the
+    kernel path copies once (`triton_upsample.temporal_interleave`), exact (data movement)."""
+    if y.dim() == 5 and y.shape[1] % 2 == 0 and use_kernel("temporal_interleave", (y,), FLOAT_DTYPES):
+        return triton_upsample.temporal_interleave(y)
     return temporal_interleave_reference(y)
 
 
 @temporal_interleave.register_fake
 def _(y):
-    b, c2, t, h, w = y.shape  # contiguous for every y: the 6-D reshape and stack copy into contiguous memory
-    return y.new_empty((b, c2 // 2, 2 * t, h, w))
+    return temporal_interleave_reference(y)  # the reference's layout: contiguous, channels-last for such a y
 
 
 # ---- Wan 2.2 DupUp3D shortcut + add ---------------------------------------------------------------------
