@@ -114,12 +114,12 @@ def test_the_in_place_steady_step_is_built_once_per_graph():
     assert step.graph_module is not steady.graph_module
 
 
-@pytest.mark.parametrize("level", ["lossless", "channels_last"])
-def test_static_caches_take_the_layout_the_steady_graph_returns(level):
+def test_static_caches_take_the_layout_the_steady_graph_returns():
+    # `lossless`, where a layout change could change bits; `channels_last` has the same cache ops
     vae = build_wan("wan2.1", "tiny")
     chunk0, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
-    rewrite_graph(steady, level)
-    rewrite_graph(chunk0, level)
+    rewrite_graph(steady, "lossless")
+    rewrite_graph(chunk0, "lossless")
     names = steady.user_input_names
     formats = static_cache_formats(steady.graph_module, names)
     assert len(formats) == len(names) - 1
