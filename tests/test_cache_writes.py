@@ -126,7 +126,7 @@ def test_static_caches_take_the_layout_the_steady_graph_returns():
     new = list(next(n for n in steady.graph_module.graph.nodes if n.op == "output").args[0])[1:]
     first = list(next(n for n in chunk0.graph_module.graph.nodes if n.op == "output").args[0])[1:]
     cl = torch.channels_last_3d
-    for fmt, value, chunk0_value in zip(formats, new, first):
+    for fmt, value in zip(formats, new):
         if fmt is not None:  # returned channels-last by the steady step
             assert value.meta["val"].is_contiguous(memory_format=cl) and not value.meta["val"].is_contiguous()
     # the time_conv caches: chunk 0 returns them contiguous, the steady step channels-last; their buffers follow

@@ -380,7 +380,7 @@ class _WanCudaGraphs:
             self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
             _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
             formats = static_cache_formats(steady.graph_module, steady.user_input_names)
-            self.caches = [_static_copy(c, f) for c, f in zip(caches, formats)]
+            self.caches = [c.clone(memory_format=f or torch.preserve_format) for c, f in zip(caches, formats)]
             del _, caches  # not kept alive through the captures below (they would count twice in the peak)
 
         def first(x):
@@ -417,13 +417,6 @@ class _WanCudaGraphs:
     def next(self, x: torch.Tensor) -> torch.Tensor:
         self.x.copy_(x)
         return self._next.replay()[0]
-
-
-def _static_copy(cache: torch.Tensor, memory_format) -> torch.Tensor:
-    """A static buffer holding `cache`, in `memory_format` (`static_cache_formats`) or else in cache's layout."""
-    if memory_format is None or cache.is_contiguous(memory_format=memory_format):
-        return cache.clone()
-    return torch.empty_like(cache, memory_format=memory_format).copy_(cache)
 
 
 _IN_PLACE_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
