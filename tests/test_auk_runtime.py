@@ -1,6 +1,6 @@
 """AuK runtime on CPU: routing, buckets, tiling, streaming and CUDA-graph pool management.
 
-CUDA graphs cannot be captured on CPU, so the runner gets a fake graph backend (`FakeGraphs`): a "capture"
+CUDA graphs cannot be captured on CPU, so the runner gets a fake graph backend (`tests.graph_fakes.FakeGraphs`): a "capture"
 records its shape and pool, and a "replay" runs the captured graph eagerly and copies the result into a
 persistent output buffer, the way a real replay overwrites its static outputs (so a runner that forgot to
 copy an output out would see it change under it). Everything else (the exported graph, the rewrite passes,
@@ -23,62 +23,11 @@ from rewrite.capture.auk import reference_decode
 from rewrite.models.auk import AuKConfig, AuKVAE
 from rewrite.runtime.auk import tile_batches
 from rewrite.runtime.tiles import plan_tiles
+from tests.graph_fakes import FakeGraphs
 
 MICRO = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,
                   resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3),))
 HOP = MICRO.hop_length
-
-
-class FakeStep:
-    def __init__(self, fn, inputs):
-        self.fn, self.inputs, self.outputs = fn, list(inputs), None
-
-    def replay(self):
-        results = self.fn(*self.inputs)
-        if self.outputs is None:
-            # A real replay writes its outputs' memory directly: no inference-mode check ever sees it.
-            with torch.inference_mode(False):
-                self.outputs = [r.clone() for r in results]
-        else:
-            for static, value in zip(self.outputs, results):
-                static.copy_(value)
-        return self.outputs
-
-
-class FakeGraphs:
-    """A graph backend that captures nothing: records (input shape, pool) per capture."""
-
-    def __init__(self, fail: bool = False):
-        self.fail = fail
-        self.pools = 0
-        self.captured: list[tuple[tuple[int, ...], int]] = []
-
-    def can_capture(self, device):
-        return True
-
-    def new_pool(self):
-        self.pools += 1
-        return self.pools
-
-    def capture(self, fn, inputs, pool):
-        if self.fail:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        self.captured.append((tuple(inputs[0].shape), pool))
-        return FakeStep(fn, inputs)
-
-
-class Uncopyable:
-    """Stands for the `torch.cuda.CUDAGraph` a real step holds: a pybind object that deepcopy refuses."""
-
-    def __reduce_ex__(self, protocol):
-        raise TypeError("cannot pickle 'torch._C._CUDAGraph' object")
-
-
-class CudaLikeGraphs(FakeGraphs):
-    def capture(self, fn, inputs, pool):
-        step = super().capture(fn, inputs, pool)
-        step.graph = Uncopyable()
-        return step
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +267,7 @@ def test_graphs_captured_in_inference_mode_serve_no_grad_decodes(micro_vae):
 
 @torch.no_grad()
 def test_deepcopy_after_cuda_graph_captures_gives_the_copy_its_own_graphs(micro_vae):
-    vae, _ = optimized(micro_vae, compile_shapes=(64,), graph_backend=CudaLikeGraphs())
+    vae, _ = optimized(micro_vae, compile_shapes=(64,), graph_backend=FakeGraphs(cuda_like=True))
     z = latents(1, 50)
     vae.decode(z)
     twin = copy.deepcopy(vae)  # CUDA graphs cannot be copied: the copy starts with empty pools of its own

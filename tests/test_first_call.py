@@ -17,7 +17,8 @@ from rewrite.ops import compile_ahead, run_context, selftest
 from rewrite.reporting import STAGES, TimingLog
 from rewrite.runtime import disk_cache
 from rewrite.runtime.graphs import GraphPool
-from tests.test_auk_runtime import MICRO, FakeGraphs
+from tests.graph_fakes import FakeGraphs
+from tests.test_auk_runtime import MICRO
 from tests.test_compile_ahead import FakeAsyncMode, FakeKernel
 
 

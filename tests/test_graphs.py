@@ -7,25 +7,7 @@ import copy
 import torch
 
 from rewrite.runtime.graphs import GraphCache, GraphPool, static_buffer_mode
-
-
-class Uncopyable:
-    """Stands in for a captured step: torch.cuda.CUDAGraph refuses deepcopy and pickling."""
-
-    def __deepcopy__(self, memo):
-        raise TypeError("cannot pickle 'torch._C._CudaGraph' object")
-
-
-class Backend:
-    def __init__(self):
-        self.pools = 0
-
-    def new_pool(self):
-        self.pools += 1
-        return self.pools
-
-    def capture(self, fn, inputs, pool):
-        return Uncopyable()
+from tests.graph_fakes import FakeGraphs, Uncopyable
 
 
 def test_deep_copies_of_graph_containers_are_empty():
@@ -35,14 +17,14 @@ def test_deep_copies_of_graph_containers_are_empty():
     twin = copy.deepcopy(cache)
     assert len(cache) == 1 and len(twin) == 0 and twin.max_entries == 2
 
-    pool = GraphPool(Backend(), max_entries=3)
+    pool = GraphPool(FakeGraphs(cuda_like=True), max_entries=3)  # its steps refuse deepcopy
     pool.get("a", lambda: (lambda x: [x]), lambda: [torch.zeros(1)])
     twin_pool = copy.deepcopy(pool)
     assert len(pool) == 1 and len(twin_pool) == 0 and twin_pool.max_entries == 3
 
 
 def test_a_full_pool_retires_its_whole_generation():
-    backend = Backend()
+    backend = FakeGraphs()
     pool = GraphPool(backend, max_entries=2)
     for key in ("a", "b", "c"):
         pool.get(key, lambda: (lambda x: [x]), lambda: [torch.zeros(1)])

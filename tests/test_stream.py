@@ -1,7 +1,7 @@
 """Streamed Wan decodes: `vae.decode_stream(z)` and `rewrite.stream` sessions give, piece by piece, what one
 `vae.decode` gives (torch.equal), whatever else uses the VAE between their calls.
 
-CPU tests run the graphs eagerly, and with `EagerReplays` standing in for CUDA-graph capture (shared static
+CPU tests run the graphs eagerly, and with `tests.graph_fakes.FakeGraphs` standing in for CUDA-graph capture (shared static
 caches, outputs overwritten by the next replay) so that the ownership of those caches is exercised here;
 the `gpu`-marked tests run the real CUDA graphs.
 """
@@ -23,7 +23,8 @@ from rewrite.runtime import stream as stream_module
 from rewrite.runtime.graphs import CudaGraphBackend
 from rewrite.runtime.runner import installed_runner
 from rewrite.runtime.stream import ClipState, StreamSession, frame_local_post_quant_conv
-from tests.test_auk_runtime import FakeStep
+from tests.conftest import WanPair
+from tests.graph_fakes import FakeGraphs
 from tests.threads import run_threads
 
 VERSIONS = ("wan2.1", "wan2.2")
@@ -39,33 +40,15 @@ def push_all(session: StreamSession, z: torch.Tensor, sizes) -> torch.Tensor:
     return torch.cat([session.push(c) for c in chunks_of(z, sizes)], 2)
 
 
-class EagerReplays:
-    """Stands in for `CudaGraphBackend` on CPU: `_WanCudaGraphs` over shared static buffers, replayed eagerly."""
-
-    captures = 0
-
-    @staticmethod
-    def can_capture(device):
-        return True
-
-    @staticmethod
-    def new_pool():
-        return None
-
-    def capture(self, fn, inputs, pool):
-        self.captures += 1
-        return FakeStep(fn, inputs)
-
-
 @pytest.fixture
 def static_steps(wan_pair):
-    """`static_steps(version)`: the pair's optimized VAE running `_WanCudaGraphs` with `EagerReplays` (undone after)."""
+    """`static_steps(version)`: the pair's optimized VAE running `_WanCudaGraphs` with `FakeGraphs` (undone after)."""
     touched = []
 
     def get(version):
         pair = wan_pair(version)
         runner = installed_runner(pair.optimized)
-        runner.graph_backend = EagerReplays()
+        runner.graph_backend = FakeGraphs()
         runner.cuda_graphs.clear()
         touched.append(runner)
         return pair
@@ -120,6 +103,25 @@ def test_decode_stream_with_the_cuda_graph_steps_and_decodes_between_pieces(stat
             assert torch.equal(pair.optimized.decode(other).sample, expected_other)
     assert torch.equal(torch.cat(pieces, 2), expected)
     assert saves[0] == 2 and len(installed_runner(pair.optimized).cuda_graphs) == 1  # one shared shape
+
+
+@torch.no_grad()
+def test_a_fresh_module_streams_a_sliced_batch_from_the_slices_graphs():
+    """With `enable_slicing()` the decoder runs batch-1 slices, so the guards must check (and capture) the
+    slices' graphs, not the whole batch's: on a module that had decoded nothing yet, that raised KeyError."""
+    for stream in ("decode_stream", "session"):
+        pair = WanPair("wan2.1", torch.float32)
+        for vae in (pair.reference, pair.optimized):
+            vae.enable_slicing()
+        z = pair.latents(2, 3, seed=4)
+        expected = pair.reference.decode(z).sample
+        if stream == "decode_stream":
+            actual = torch.cat([p for _, p in pair.optimized.decode_stream(z)], 2)
+        else:
+            with StreamSession(pair.optimized, batch=2, height=4, width=6) as session:
+                actual = push_all(session, z, (1, 2))
+        assert torch.equal(actual, expected), stream
+        assert report(pair.optimized).last_path == "graphs", (stream, report(pair.optimized).last_reason)
 
 
 @torch.no_grad()

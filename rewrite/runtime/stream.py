@@ -194,11 +194,12 @@ def _pieces(runner: WanRunner, vae: nn.Module, z: Tensor) -> Iterator[tuple[int,
         yield 0, vae.decode(z).sample
         return
     clip, xs, start = _Clip(vae, z.shape[0]), None, 0
+    rows = clip.rows(z)
     for i in range(z.shape[2]):
         with runner.lock.holding(z.device), CAPTURE_GATE.running():
-            reason = runner.decode_reason(vae, z)
+            reason = runner.decode_reason(vae, rows[0])  # the graphs of the slices the decoder runs
             if xs is None:
-                xs = [vae.post_quant_conv(row) for row in clip.rows(z)]
+                xs = [vae.post_quant_conv(row) for row in rows]
             video = clip.decode(runner, vae, [[x[:, :, i : i + 1]] for x in xs], reason)
             clip.report(runner)
         yield start, finish_video(vae, video)
@@ -289,7 +290,7 @@ class StreamSession:
                         f"({self.dtype} on {self.device}) differs from the per-frame conv a session runs (the conv "
                         "library picks its algorithm by size), so this push cannot give what decoding the whole "
                         "clip gives; decode the whole latent (vae.decode or vae.decode_stream)")
-                reason = runner.decode_reason(vae, z)
+                reason = runner.decode_reason(vae, rows[0])  # the graphs of the slices the decoder runs
                 xs = [[vae.post_quant_conv(row[:, :, j : j + 1]) for j in range(z.shape[2])] for row in rows]
                 video = clip.decode(runner, vae, xs, reason)
                 clip.report(runner)
