@@ -1,10 +1,10 @@
 """AuK runtime on CPU: routing, buckets, tiling, streaming and CUDA-graph pool management.
 
-CUDA graphs cannot be captured on CPU, so the runner gets a fake graph backend (`tests.graph_fakes.FakeGraphs`): a "capture"
-records its shape and pool, and a "replay" runs the captured graph eagerly and copies the result into a
-persistent output buffer, the way a real replay overwrites its static outputs (so a runner that forgot to
-copy an output out would see it change under it). Everything else (the exported graph, the rewrite passes,
-padding, window planning, stitching) is the production code.
+CUDA graphs cannot be captured on CPU, so the runner gets a fake graph backend
+(`tests.graph_fakes.FakeGraphs`): a "capture" records its shape and pool, and a "replay" runs the captured
+graph eagerly and copies the result into a persistent output buffer, the way a real replay overwrites its
+static outputs (so a runner that forgot to copy an output out would see it change under it). Everything else
+(the exported graph, the rewrite passes, padding, window planning, stitching) is the production code.
 
 A micro decoder (two upsample stages, hop 4, one residual kernel) keeps the decodes fast: its decode context
 is (41, 10) latent frames, so windows of 64 frames leave 13 emitted frames each.

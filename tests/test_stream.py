@@ -1,9 +1,9 @@
 """Streamed Wan decodes: `vae.decode_stream(z)` and `rewrite.stream` sessions give, piece by piece, what one
 `vae.decode` gives (torch.equal), whatever else uses the VAE between their calls.
 
-CPU tests run the graphs eagerly, and with `tests.graph_fakes.FakeGraphs` standing in for CUDA-graph capture (shared static
-caches, outputs overwritten by the next replay) so that the ownership of those caches is exercised here;
-the `gpu`-marked tests run the real CUDA graphs.
+CPU tests run the graphs eagerly, and with `tests.graph_fakes.FakeGraphs` standing in for CUDA-graph capture
+(shared static caches, outputs overwritten by the next replay) so that the ownership of those caches is
+exercised here; the `gpu`-marked tests run the real CUDA graphs.
 """
 
 from __future__ import annotations

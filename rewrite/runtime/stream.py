@@ -136,6 +136,11 @@ class _Clip:
     def rows(self, z: Tensor) -> tuple[Tensor, ...]:
         return z.split(1) if self.sliced else (z,)
 
+    def reason(self, runner: WanRunner, vae: nn.Module, rows: tuple[Tensor, ...]) -> str | None:
+        """The guards' verdict for latent `rows` (`self.rows(z)`): checked, and the graphs captured, at the
+        shape the decoder runs, a row slice's where the batch is sliced (every row has that shape)."""
+        return runner.decode_reason(vae, rows[0])
+
     def decode(self, runner: WanRunner, vae: nn.Module, xs: list[list[Tensor]], reason: str | None) -> Tensor:
         """The decoder output [B, C, n, H, W] of the next latent frames, `xs[r]` the frames of row slice r
         (after post_quant_conv), before unpatchify and clamp. The caller holds the lock and the gate, and
@@ -197,7 +202,7 @@ def _pieces(runner: WanRunner, vae: nn.Module, z: Tensor) -> Iterator[tuple[int,
     rows = clip.rows(z)
     for i in range(z.shape[2]):
         with runner.lock.holding(z.device), CAPTURE_GATE.running():
-            reason = runner.decode_reason(vae, rows[0])  # the graphs of the slices the decoder runs
+            reason = clip.reason(runner, vae, rows)
             if xs is None:
                 xs = [vae.post_quant_conv(row) for row in rows]
             video = clip.decode(runner, vae, [[x[:, :, i : i + 1]] for x in xs], reason)
@@ -290,7 +295,7 @@ class StreamSession:
                         f"({self.dtype} on {self.device}) differs from the per-frame conv a session runs (the conv "
                         "library picks its algorithm by size), so this push cannot give what decoding the whole "
                         "clip gives; decode the whole latent (vae.decode or vae.decode_stream)")
-                reason = runner.decode_reason(vae, rows[0])  # the graphs of the slices the decoder runs
+                reason = clip.reason(runner, vae, rows)
                 xs = [[vae.post_quant_conv(row[:, :, j : j + 1]) for j in range(z.shape[2])] for row in rows]
                 video = clip.decode(runner, vae, xs, reason)
                 clip.report(runner)
