@@ -6,8 +6,7 @@ reason it may not.
 
 from __future__ import annotations
 
-from rewrite.ops import dispatch  # INTERPRETING (looked up per call: tests patch it)
-from rewrite.ops import wan as _ops  # conv_bias_is_separate (looked up per call: tests patch it)
+from rewrite.ops import dispatch  # INTERPRETING, conv_bias_is_separate (looked up per call: tests patch them)
 
 
 def triton_kernel_runs(device, kernel: str) -> str | None:
@@ -18,15 +17,15 @@ def triton_kernel_runs(device, kernel: str) -> str | None:
     return f"the graph runs on {device}: {kernel} runs on CUDA"
 
 
-def conv_bias_deferrable(match) -> str | None:
-    """The conv of the match's ("weight", "bias") inputs may have its bias deferred into a later kernel: the
-    graph runs where ATen's conv adds its bias with a separate `add_` (a CUDA graph), and the bias holds one
-    value per output channel."""
-    device = match.inputs["weight"].meta["val"].device
-    if not _ops.conv_bias_is_separate(device):
+def conv_bias_deferrable(match, weight: str = "weight", bias: str = "bias") -> str | None:
+    """The conv of the match's (`weight`, `bias`) inputs may have its bias deferred into a later kernel: the
+    graph runs where ATen's conv adds its bias with a separate `add_` (a CUDA graph,
+    `dispatch.conv_bias_is_separate`), and the bias holds one value per output channel."""
+    device = match.inputs[weight].meta["val"].device
+    if not dispatch.conv_bias_is_separate(device):
         return f"the graph runs on {device}, where ATen's conv may fold its bias into the sum"
-    bias = match.inputs["bias"].meta["val"]
-    channels = match.inputs["weight"].meta["val"].shape[0]
-    if bias.dim() != 1 or bias.shape[0] != channels:
-        return f"bias {list(bias.shape)} is not one value per output channel ({channels})"
+    bias_val = match.inputs[bias].meta["val"]
+    channels = match.inputs[weight].meta["val"].shape[0]
+    if bias_val.dim() != 1 or bias_val.shape[0] != channels:
+        return f"bias {list(bias_val.shape)} is not one value per output channel ({channels})"
     return None

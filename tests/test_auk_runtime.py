@@ -110,25 +110,33 @@ def test_channels_last_exact_length_when_no_bucket_serves(micro_vae):
 
 @torch.no_grad()
 def test_tiled_decode_stitches_windows_exactly(micro_vae):
+    """Each emitted range is bit for bit what an eager decode of the batch its window was replayed in emits
+    there (the same ops on the same shapes); the stitched clip is the whole decode within the tiling contract
+    (max-abs <= 1e-4): a CPU conv (oneDNN) may round differently for another batch or length, so equality
+    with the whole-clip decode is not promised."""
     vae, backend = optimized(micro_vae, compile_shapes=(64, 96), tile_frames=96)
     z = latents(2, 240)
     out = vae.decode(z)
     windows = plan_tiles(240, 96, *micro_vae.decode_context_frames(), sizes=(64, 96))
     assert len(windows) > 3 and windows[-1].window_frames == 64
-    # Each emitted range is exactly what an eager decode of its window emits there.
+    # Equal-width windows ran as one batched graph (window-major along the batch), all in the one bucket pool.
+    full = [w for w in windows if w.window_frames == 96]
+    batches = sorted(shape[0] for shape, _ in backend.captured if shape[1] == 96)
+    assert batches == [2 * len(full)]
+    assert {pool for _, pool in backend.captured} == {1}
+    assert report(vae).last_detail == f"CUDA graphs, {len(windows)} tiled windows of 96/64 frames"
+    stacked = reference_decode(micro_vae, torch.cat([z[:, w.window_start : w.window_start + 96] for w in full]))
     for w in windows:
-        window_wave = reference_decode(micro_vae, z[:, w.window_start : w.window_start + w.window_frames])
+        if w.window_frames == 96:
+            i = full.index(w)
+            window_wave = stacked[2 * i : 2 * i + 2]
+        else:
+            window_wave = reference_decode(micro_vae, z[:, w.window_start : w.window_start + w.window_frames])
         offset = w.emit_start - w.window_start
         expected = window_wave[:, offset * HOP : (offset + w.emit_end - w.emit_start) * HOP]
         assert torch.equal(out[:, w.emit_start * HOP : w.emit_end * HOP], expected), w
-    # And the halo is the decode context, so the stitched clip is the whole decode (CPU: same rounding).
-    assert torch.equal(out, reference_decode(micro_vae, z))
-    # Equal-width windows ran as one batched graph, all in the one bucket pool.
-    full = sum(w.window_frames == 96 for w in windows)
-    batches = sorted(shape[0] for shape, _ in backend.captured if shape[1] == 96)
-    assert batches == [2 * full]
-    assert {pool for _, pool in backend.captured} == {1}
-    assert report(vae).last_detail == f"CUDA graphs, {len(windows)} tiled windows of 96/64 frames"
+    # The halo is the decode context, so the stitched clip is the whole decode up to rounding.
+    assert (out - reference_decode(micro_vae, z)).abs().max() <= 1e-4
 
 
 @torch.no_grad()

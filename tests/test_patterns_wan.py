@@ -90,9 +90,9 @@ def test_deferred_bias_families_match_every_block_of_cuda_graphs(monkeypatch, ve
     """On CUDA graphs every residual block's first conv bias moves into the second norm and every shortcut
     conv's bias into the epilogue; CPU graphs keep them (the CPU conv may fold its bias into the sum). The
     CPU capture stands in for a CUDA one here (the guards' device test patched): structure only."""
-    from rewrite.ops import wan as wan_ops
+    from rewrite.ops import dispatch
 
-    monkeypatch.setattr(wan_ops, "conv_bias_is_separate", lambda device: True)
+    monkeypatch.setattr(dispatch, "conv_bias_is_separate", lambda device: True)
     vae = build_wan(version, "tiny")
     shortcuts = 2 if version == "wan2.1" else 1
     expected = _expected(21, 10, 14, 10, shortcuts, version == "wan2.2", deferred_biases=True)

@@ -151,7 +151,7 @@ def test_the_pass_links_every_run_of_blocks(monkeypatch):
     from rewrite.models.wan import build_wan
     from rewrite.pipeline import rewrite_graph
 
-    monkeypatch.setattr(_wan_ops, "conv_bias_is_separate", lambda device: True)
+    monkeypatch.setattr(dispatch, "conv_bias_is_separate", lambda device: True)
     monkeypatch.setattr(dispatch, "INTERPRETING", True)
     kernel_gates_open(monkeypatch)
     vae = build_wan("wan2.1", "tiny").to(torch.bfloat16)

@@ -43,7 +43,9 @@ to x's dtype as ATen's ``add_`` rounds), then runs the same ``conv1d`` on it; wi
 without its bias and one kernel adds bias and residual with ATen's two roundings
 (`rewrite.ops.triton_epilogue.bias_residual`; ATen's CUDA conv adds its bias with a separate ``add_``). So
 the result is bit-identical to the separate ops, without the pad's fill and copy, the deferred bias pass and
-the residual add pass. Without the kernel it runs the separate reference ops.
+the residual add pass. (On the CPU, where only the tests run the kernel, the conv keeps its bias and ATen
+adds the residual: a CPU conv may fold its bias into the sum, `dispatch.conv_bias_is_separate`.) Without the
+kernel it runs the separate reference ops.
 
 Where `rewrite.ops.triton_conv1d.chosen` picks it (16+ output channels, not one of the convs where cuDNN
 measured faster), the conv is not ATen's: the activation kernel writes ``[B, left + T, C]`` (channels-last)
@@ -162,10 +164,12 @@ _LIB.define("alias_free_snake_causal_conv1d(Tensor x, Tensor alpha, Tensor beta,
 
 def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias=None):
     """Triton activation (adding ``x_bias`` as it reads x) writing ``[B, C, left + T]`` with the zero pad in
-    place, the same conv1d as `causal_conv1d_reference` on that tensor, and with a residual, the conv's
-    bias and the residual added by one kernel with ATen's two roundings: equal, bit for bit, to the
-    separate ops (ATen's CUDA conv adds its bias with a separate ``add_``). Where `triton_conv1d.chosen`
-    says so, the activation is written channels-last and TF32-rounded and the Triton conv runs instead."""
+    place, the same conv1d as `causal_conv1d_reference` on that tensor, and with a residual on CUDA, the
+    conv's bias and the residual added by one kernel with ATen's two roundings (ATen's CUDA conv adds its
+    bias with a separate ``add_``); elsewhere (the CPU under the interpreter, where a conv may fold its bias
+    into the sum) the reference's own conv and add. Equal, bit for bit, to the separate ops on every device.
+    Where `triton_conv1d.chosen` says so, the activation is written channels-last and TF32-rounded and the
+    Triton conv runs instead."""
     validate(x, alpha, beta, taps)
     if choose_implementation(x, alpha, beta, taps)[0] != "triton":
         return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation,
@@ -176,8 +180,9 @@ def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, res
                                    channels_last_out=True, round_tf32=triton_conv1d.rounds_to_tf32(x.dtype))
         return triton_conv1d.causal_conv1d(padded, triton_conv1d.packed_weight(weight), bias, dilation[0], residual)
     padded = run_triton_kernel(x, alpha, beta, taps, logscale, left_zeros=left, x_bias=x_bias)
-    if residual is None:
-        return torch.ops.aten.conv1d.default(padded, weight, bias, [1], [0], dilation, 1)
+    if residual is None or not dispatch.conv_bias_is_separate(x.device):  # the reference's conv and add
+        y = torch.ops.aten.conv1d.default(padded, weight, bias, [1], [0], dilation, 1)
+        return y if residual is None else torch.ops.aten.add.Tensor(residual, y)
     y = torch.ops.aten.conv1d.default(padded, weight, None, [1], [0], dilation, 1)
     as5d = lambda t: t[:, :, None, None, :]  # noqa: E731  [B, C, T] as [B, C, 1, 1, T]: one plane per row
     return triton_epilogue.bias_residual(as5d(y), bias, as5d(residual))[:, :, 0, 0, :]

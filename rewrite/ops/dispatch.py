@@ -56,6 +56,15 @@ def use_backend(name: str) -> Iterator[None]:
         yield
 
 
+def conv_bias_is_separate(device: torch.device) -> bool:
+    """Whether ATen's conv adds its bias with a separate `add_` (one rounding after the sum) on this device:
+    its cuDNN path does (CUDA, cuDNN on: the Wan runtime keeps graphs off when it is not, see
+    `rewrite.runtime.guards.cudnn_reason`). CPU convs (oneDNN) may fold the bias into the sum, and whether they
+    do depends on the instruction set and the shape. Only where this holds may a kernel add a conv's bias
+    after a bias-free conv, or a pattern defer it into a later kernel, and stay exact."""
+    return device.type == "cuda"
+
+
 def kernel_unsupported_reason(op: str, tensors: tuple[Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> Optional[str]:
     """None when a Triton kernel may serve `op` for these tensors, else the reason."""
     if triton is None:

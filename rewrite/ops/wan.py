@@ -283,13 +283,6 @@ def _(x, upcast):
 
 
 # ---- RMS norm (+ SiLU) feeding a causal conv3d ------------------------------------------------------------
-def conv_bias_is_separate(device: torch.device) -> bool:
-    """Whether ATen's conv adds its bias with a separate `add_` (one rounding after the sum) on this device:
-    its cuDNN path does (CUDA, cuDNN on: `guards.cudnn_reason` keeps graphs off when it is not); CPU convs
-    may fold the bias into the sum. Where it holds, a conv's bias may be deferred into a later kernel."""
-    return device.type == "cuda"
-
-
 def fused_norm_applies(x: Tensor, gamma: Tensor, act: Optional[str], op: str, tensors: tuple[Tensor, ...],
                        dtypes: tuple[torch.dtype, ...]) -> bool:
     """The call conditions of the fused norm + conv kernel path of `op` (a 5-D x, one gamma per channel, SiLU
