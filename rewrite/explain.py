@@ -13,13 +13,16 @@ pattern names), another dtype (``dtype``: the search casts to a dtype other than
 or upcasts to float32, a cast a float32 graph does not have) or another device (``needs CUDA``: no variant
 of the family matched and its guard rejected a candidate naming the graph's device).
 
-Symbolic sizes print by what they are (``[batch, 16, 1, height, width]``): `size_names` reads them off the
-graph's first input, whose dims the model table names (`rewrite.supported.SupportedModel.latent_dims`).
+Symbolic sizes print by what they are (``[batch, 16, 1, height, width]``), never as torch's symbols (``s77``;
+only the JSON keeps those): `size_names` reads them off the graph's first input, whose dims the model table
+names (`rewrite.supported.SupportedModel.latent_dims`). Graph sizes are counted in tensor ops
+(`rewrite.reporting.op_count`), as `rewrite.report` counts them, so both say the same number for a graph.
 
-Output: `format_text` / `to_json` (the `rewrite-debug` report), `write_dot_files` (the whole graph with one
-colour per pattern and a box per match, combined matches around the matches they combine; one file per
-match) and `write_graphml`. Read-only towards the library: the graphs given are rewritten in place, as
-`optimize` would rewrite them, and nothing else changes.
+Output: `format_summary` (the default text: a pattern family x graph table of matched and declined counts,
+near misses grouped by kind), `format_text` (``--details``: every pattern, match and near miss), `to_json`
+(everything), `write_dot_files` (the whole graph with one colour per pattern and a box per match, combined
+matches around the matches they combine; one file per match) and `write_graphml`. Read-only towards the
+library: the graphs given are rewritten in place, as `optimize` would rewrite them, and nothing else changes.
 """
 
 from __future__ import annotations
@@ -39,11 +42,12 @@ import torch.fx as fx
 
 from rewrite.capture.export import CapturedGraph
 from rewrite.engine.export_graph import describe_value, graph_to_networkx, to_dot
-from rewrite.engine.matcher import Match, MatchResult, describe_target, module_stack
+from rewrite.engine.matcher import Match, MatchResult, NearMiss, describe_target, module_stack
 from rewrite.engine.pattern import Pattern
 from rewrite.levels import level_enables
 from rewrite.passes.manager import PassContext
 from rewrite.pipeline import pipeline_for
+from rewrite.reporting import op_count
 
 FUSE_PASS = "fuse_patterns"
 #: near misses shown per pattern and graph in the text output (the JSON lists all)
@@ -96,17 +100,21 @@ class GraphReport:
     """What the passes found in one graph; ``snapshot`` is the graph as ``fuse_patterns`` saw it."""
 
     name: str
-    nodes: int  # as captured
+    nodes: int  # every node as captured (placeholders and shape arithmetic included)
     dtype: torch.dtype
     device: torch.device
     module_types: frozenset[str]  # classes the graph's nodes came from, qualified and short names
     sizes: dict[str, str] = dataclasses.field(default_factory=dict)  # symbol -> what it is ("s0" -> "height")
     input_shape: str = ""  # the first input's shape, sizes named
     nodes_after: int = 0  # after the passes
+    ops: int = 0  # tensor ops as captured (`rewrite.reporting.op_count`, the count `report` prints)
+    ops_after: int = 0  # tensor ops after the passes
     passes: list[str] = dataclasses.field(default_factory=list)
     matches: dict[str, int] = dataclasses.field(default_factory=dict)
     rejections: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # pattern -> reasons
     near_misses: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: pattern -> kind of near miss (`near_miss_kind`: what was expected, found, without node names) -> count
+    near_miss_kinds: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     subgraphs: list[SubgraphRecord] = dataclasses.field(default_factory=list)
     snapshot: nx.DiGraph = dataclasses.field(default_factory=nx.DiGraph)
     provenance_known: bool = True  # False when it is unknown which match created which node
@@ -216,7 +224,11 @@ class _Recorder:
         if result.rejected:
             self.report.rejections[pattern.name] = [r.reason for r in result.rejected]
         if self.wanted(pattern, len(result.matches)):
-            self.report.near_misses[pattern.name] = [miss.reason for miss in result.near_misses()]
+            misses = result.near_misses()
+            self.report.near_misses[pattern.name] = [miss.reason for miss in misses]
+            names = {node.name for node in result.gm.graph.nodes}
+            kinds = collections.Counter(near_miss_kind(miss, names) for miss in misses)
+            self.report.near_miss_kinds[pattern.name] = dict(kinds.most_common())
 
     def start(self, gm: fx.GraphModule) -> None:
         """The graph as ``fuse_patterns`` received it; creation of nodes watched from now on."""
@@ -246,6 +258,23 @@ class _Recorder:
             self.hook = None
 
 
+#: a token of a near miss's ``found`` text that may be a graph node's name (dotted op names are one token)
+TOKEN = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def near_miss_kind(miss: NearMiss, node_names: Collection[str]) -> str:
+    """What a near miss has in common with others of its kind: the rejection reason of a complete candidate,
+    the pattern ops never reached, or ``expected X but found Y`` with the graph's node names left out of Y
+    (``expected aten.expand.default but found placeholder``)."""
+    if miss.expected == "a usable match":
+        return miss.found
+    if miss.found == "no path to them":
+        return f"pattern ops {miss.expected} never reached"
+    found = TOKEN.sub(lambda m: "" if m.group(0) in node_names else m.group(0), miss.found)
+    found = re.sub(r"\(\s*\)", "", re.sub(r"\(\s+", "(", re.sub(r"\s+", " ", found))).strip()
+    return f"expected {miss.expected} but found {found or 'another node'}"
+
+
 def _named_snapshot(graph: fx.Graph, sizes: Mapping[str, str]) -> nx.DiGraph:
     snapshot = graph_to_networkx(graph)
     for _, attributes in snapshot.nodes(data=True):
@@ -264,10 +293,11 @@ def explain_graph(graph: CapturedGraph, level: str, near_miss_wanted: NearMissWa
     first = _first_input(graph)
     report = GraphReport(graph.name, nodes=graph.node_count, dtype=graph.dtype, device=graph.device,
                          module_types=_graph_module_types(graph.graph_module.graph), sizes=sizes,
-                         input_shape=name_sizes(describe_value(first.meta.get("val"))[0], sizes) if first else "")
+                         input_shape=name_sizes(describe_value(first.meta.get("val"))[0], sizes) if first else "",
+                         ops=op_count(graph.graph_module.graph))
     if level == "off":
         report.snapshot = _named_snapshot(graph.graph_module.graph, sizes)
-        report.nodes_after = graph.node_count
+        report.nodes_after, report.ops_after = graph.node_count, report.ops
         return report
 
     recorder = _Recorder(report, lambda p, count: near_miss_wanted(p, count, static_reason(p, level, report)))
@@ -280,7 +310,8 @@ def explain_graph(graph: CapturedGraph, level: str, near_miss_wanted: NearMissWa
     report.matches = dict(ctx.report.get(FUSE_PASS, {}).get("matches", {}))
     if recorder.gm is None:  # no pattern ran: the graph is as fuse_patterns saw it
         report.snapshot = _named_snapshot(graph.graph_module.graph, sizes)
-    report.nodes_after = len(results[-1][1].gm.graph.nodes) if results else graph.node_count
+    final = results[-1][1].gm.graph if results else graph.graph_module.graph
+    report.nodes_after, report.ops_after = len(final.nodes), op_count(final)
     return report
 
 
@@ -432,7 +463,8 @@ def without_graph_specific_near_misses(reports: Sequence[GraphReport]) -> list[G
     """``reports`` without the near misses of patterns that matched in another of the graphs: a variant for
     another graph (chunk 0's causal conv input in the steady graph) explains nothing there."""
     matched = {name for report in reports for name, count in report.matches.items() if count}
-    return [dataclasses.replace(report, near_misses={n: r for n, r in report.near_misses.items() if n not in matched})
+    return [dataclasses.replace(report, near_misses={n: r for n, r in report.near_misses.items() if n not in matched},
+                                near_miss_kinds={n: k for n, k in report.near_miss_kinds.items() if n not in matched})
             for report in reports]
 
 
@@ -443,7 +475,9 @@ def shown(report: GraphReport, patterns: Sequence[Pattern]) -> GraphReport:
     return dataclasses.replace(
         report,
         matches={n: report.matches.get(n, 0) for n in names},
+        rejections={n: report.rejections[n] for n in names if n in report.rejections},
         near_misses={n: report.near_misses[n] for n in names if n in report.near_misses},
+        near_miss_kinds={n: report.near_miss_kinds[n] for n in names if n in report.near_miss_kinds},
         subgraphs=[s for s in report.subgraphs if s.pattern in names])
 
 
@@ -477,25 +511,86 @@ def format_table(reports: Sequence[GraphReport], patterns: Sequence[Pattern], le
         header.append("does not apply")
         for row, pattern in zip(rows, patterns):
             row.append(reasons.get(pattern.name, ""))
-    if any(r.rewritten for r in reports):
-        nodes = ["nodes (captured -> rewritten)", *(f"{r.nodes} -> {r.nodes_after}" for r in reports)]
-    else:
-        nodes = ["nodes (captured, not rewritten)", *(str(r.nodes) for r in reports)]
-    rows.append(nodes + [""] * (len(header) - len(nodes)))
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = _columns([header, ["-" * w for w in widths], *rows], right=range(1, len(reports) + 1))
+    return _table(header, rows, len(reports), patterns, level)
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: int, patterns: Sequence[Pattern], level: str,
+           subheader: list[str] | None = None) -> str:
+    """Header (and subheader), a rule, the rows; columns 1..``numeric`` right-aligned."""
+    heads = [header] + ([subheader] if subheader else [])
+    widths = [max(len(row[i]) for row in [*heads, *rows]) for i in range(len(header))]
+    lines = _columns([*heads, ["-" * w for w in widths], *rows], right=range(1, numeric + 1))
     if not patterns:
-        lines.insert(2, f"(no patterns enabled at level {level!r})")
+        lines.insert(len(heads) + 1, f"(no patterns enabled at level {level!r})")
     return "\n".join(lines)
 
 
-def format_sizes(report: GraphReport) -> str | None:
-    """The legend of the named sizes: ``sizes of chunk0: batch = s77, height = s0, width = s92 (input
-    [batch, 16, 1, height, width])``."""
-    if not report.sizes:
+def families(patterns: Sequence[Pattern]) -> dict[str, list[Pattern]]:
+    """Family -> its patterns among ``patterns``, families in the order of their first pattern."""
+    grouped: dict[str, list[Pattern]] = {}
+    for pattern in patterns:
+        grouped.setdefault(pattern.family, []).append(pattern)
+    return grouped
+
+
+def family_counts(report: GraphReport, members: Sequence[Pattern]) -> tuple[str, str]:
+    """(matched, declined) of a family in one graph: its patterns' matches, and the candidates that matched
+    its structure but that its guards (or an overlap, or containment) rejected; ``-`` for both where none of
+    its patterns ran."""
+    ran = [p.name for p in members if p.name in report.matches]
+    if not ran:
+        return "-", "-"
+    return (str(sum(report.matches[name] for name in ran)),
+            str(sum(len(report.rejections.get(name, ())) for name in ran)))
+
+
+def family_reason(members: Sequence[Pattern], reasons: Mapping[str, str]) -> str:
+    """Why a family does not apply: its patterns' reasons (one when they share it), or "" when one may apply."""
+    found = [reasons.get(p.name) for p in members]
+    return "; ".join(dict.fromkeys(found)) if all(found) else ""
+
+
+def format_family_table(reports: Sequence[GraphReport], patterns: Sequence[Pattern], level: str,
+                        reasons: Mapping[str, str] | None = None) -> str:
+    """The summary table: a row per pattern family of ``patterns``, per graph two columns: how many times the
+    family matched and how many candidates it declined; with ``reasons`` a column of why a family does not
+    apply."""
+    header, subheader = ["pattern family"], [""]
+    for report in reports:
+        header += [report.name, ""]
+        subheader += ["matched", "declined"]
+    rows = [[family, *(cell for report in reports for cell in family_counts(report, members))]
+            for family, members in families(patterns).items()]
+    if reasons is not None:
+        header.append("does not apply")
+        subheader.append("")
+        for row, members in zip(rows, families(patterns).values()):
+            row.append(family_reason(members, reasons))
+    return _table(header, rows, 2 * len(reports), patterns, level, subheader)
+
+
+def format_ops(reports: Sequence[GraphReport]) -> str:
+    """One line of each graph's tensor ops, captured and rewritten, counted as `report` counts them."""
+    if any(r.rewritten for r in reports):
+        counts = ", ".join(f"{r.name} {r.ops} -> {r.ops_after}" for r in reports)
+        what = "captured -> rewritten"
+    else:
+        counts, what = ", ".join(f"{r.name} {r.ops}" for r in reports), "captured, not rewritten"
+    return f"tensor ops, {what}: {counts} (as report() counts: no weights, inputs or shape arithmetic)"
+
+
+def format_sizes(reports: Sequence[GraphReport]) -> str | None:
+    """What the graphs' symbolic sizes are, by name only: ``sizes: batch, height, width are symbolic (any
+    value); chunk0 and steady take the latent [batch, 4, 1, height, width]``. None when no size is symbolic."""
+    named = list(dict.fromkeys(name for report in reports for name in report.sizes.values()))
+    if not named:
         return None
-    named = ", ".join(f"{name} = {symbol}" for symbol, name in report.sizes.items())
-    return f"sizes of {report.name}: {named} (the graph input is {report.input_shape})"
+    by_shape: dict[str, list[str]] = {}
+    for report in reports:
+        by_shape.setdefault(report.input_shape, []).append(report.name)
+    inputs = "; ".join(f"{' and '.join(names)} take{'s' if len(names) == 1 else ''} the latent {shape}"
+                       for shape, names in by_shape.items())
+    return f"sizes: {', '.join(named)} {'is' if len(named) == 1 else 'are'} symbolic (any value); {inputs}"
 
 
 def format_subgraph(record: SubgraphRecord) -> str:
@@ -526,6 +621,26 @@ def format_near_misses(report: GraphReport) -> list[str]:
     return lines
 
 
+#: near-miss kinds listed per pattern and graph in the summary (`format_near_miss_summary`)
+NEAR_MISS_KINDS_SHOWN = 3
+
+
+def format_near_miss_summary(report: GraphReport) -> list[str]:
+    """Per pattern of ``report`` with near misses: how many, and the most common kinds with their counts."""
+    lines = []
+    for pattern, kinds in report.near_miss_kinds.items():
+        total = sum(kinds.values())
+        lines.append(f"near misses of {pattern} in {report.name}: {total}" + ("" if total else
+                     " (no candidate left: the graph lacks the pattern's ops or every candidate matched)"))
+        shown_kinds = list(kinds.items())[:NEAR_MISS_KINDS_SHOWN]
+        width = max((len(str(count)) for _, count in shown_kinds), default=0)
+        lines += [f"    {count:>{width}} x {kind}" for kind, count in shown_kinds]
+        if len(kinds) > NEAR_MISS_KINDS_SHOWN:
+            rest = sum(count for _, count in list(kinds.items())[NEAR_MISS_KINDS_SHOWN:])
+            lines.append(f"    ({rest} more, of {len(kinds) - NEAR_MISS_KINDS_SHOWN} other kinds)")
+    return lines
+
+
 def format_hidden(reasons: Mapping[str, str]) -> str | None:
     """One line counting the patterns left out of the table, by kind of reason."""
     if not reasons:
@@ -535,20 +650,54 @@ def format_hidden(reasons: Mapping[str, str]) -> str | None:
     return f"{len(reasons)} patterns do not apply here and are not shown ({counted}); --all-patterns lists them"
 
 
-def format_text(heading: Heading, reports: Sequence[GraphReport], patterns: Sequence[Pattern],
-                hidden: Mapping[str, str], reasons: Mapping[str, str] | None = None) -> str:
-    """The `rewrite-debug` text report: heading, sizes, match table, matches, near misses.
-
-    ``hidden``: the patterns left out, with why; ``reasons``: why each shown pattern does not apply (given
-    when the table shows those too)."""
+def _head(heading: Heading, reports: Sequence[GraphReport]) -> list[str]:
+    """The heading line, the level-off note and the sizes line."""
     lines = [f"{heading.model} ({heading.config}, {heading.dtype}) at level {heading.level}"]
     if heading.level == "off":
         lines.append("level off rewrites nothing: optimize installs nothing there and no pass runs")
-    lines += [legend for legend in map(format_sizes, reports) if legend]
-    lines += ["", format_table(reports, patterns, heading.level, reasons)]
+    legend = format_sizes(reports)
+    return lines + ([legend] if legend else [])
+
+
+def _tail(heading: Heading, reports: Sequence[GraphReport], hidden: Mapping[str, str]) -> list[str]:
+    """The lines under a table: the tensor ops, and how many patterns were left out."""
     note = format_hidden(hidden) if heading.level != "off" else None
-    if note:
-        lines.append(note)
+    return [format_ops(reports)] + ([note] if note else [])
+
+
+#: under the summary's table when a family declined a candidate
+DECLINED_NOTE = ("declined: candidates with the family's ops that its guard (or an overlap with another match) "
+                 "turned down; --json says why")
+#: the last line of the summary (`format_summary`)
+DETAILS_HINT = ("--details lists each pattern's count, every match and (with --near-misses) each near miss; "
+                "--json all of it")
+
+
+def format_summary(heading: Heading, reports: Sequence[GraphReport], patterns: Sequence[Pattern],
+                   hidden: Mapping[str, str], reasons: Mapping[str, str] | None = None) -> str:
+    """The default `rewrite-debug` text: heading, sizes, a family x graph table of matched and declined
+    counts, tensor ops, near misses by kind (where computed), and how to see more.
+
+    ``hidden``: the patterns left out, with why; ``reasons``: why each shown pattern does not apply (given
+    when the table shows those too)."""
+    lines = _head(heading, reports) + ["", format_family_table(reports, patterns, heading.level, reasons)]
+    lines += _tail(heading, reports, hidden)
+    if any(report.rejections.get(p.name) for report in reports for p in patterns):
+        lines.append(DECLINED_NOTE)
+    near = [line for report in reports for line in format_near_miss_summary(report)]
+    if near:
+        lines += ["", *near]
+    return "\n".join(lines + (["", DETAILS_HINT] if heading.level != "off" else []))
+
+
+def format_text(heading: Heading, reports: Sequence[GraphReport], patterns: Sequence[Pattern],
+                hidden: Mapping[str, str], reasons: Mapping[str, str] | None = None) -> str:
+    """The `rewrite-debug --details` text: heading, sizes, pattern x graph match table, every match, near
+    misses (`NEAR_MISSES_SHOWN` per pattern and graph).
+
+    ``hidden`` and ``reasons`` as for `format_summary`."""
+    lines = _head(heading, reports) + ["", format_table(reports, patterns, heading.level, reasons)]
+    lines += _tail(heading, reports, hidden)
     for report in reports:
         for record in report.subgraphs:
             lines += ["", format_subgraph(record)]
@@ -562,9 +711,10 @@ def format_text(heading: Heading, reports: Sequence[GraphReport], patterns: Sequ
 
 
 def to_json(heading: Heading, reports: Sequence[GraphReport], not_applicable: Mapping[str, str]) -> str:
-    graphs = [{"name": r.name, "nodes": r.nodes, "nodes_after": r.nodes_after, "passes": r.passes,
-               "sizes": {name: symbol for symbol, name in r.sizes.items()}, "input": r.input_shape,
-               "matches": r.matches, "near_misses": r.near_misses,
+    graphs = [{"name": r.name, "nodes": r.nodes, "nodes_after": r.nodes_after, "ops": r.ops, "ops_after": r.ops_after,
+               "passes": r.passes, "sizes": {name: symbol for symbol, name in r.sizes.items()}, "input": r.input_shape,
+               "matches": r.matches, "declined": r.rejections, "near_misses": r.near_misses,
+               "near_miss_kinds": r.near_miss_kinds,
                "subgraphs": [dataclasses.asdict(s) for s in r.subgraphs]} for r in reports]
     return json.dumps({**dataclasses.asdict(heading), "graphs": graphs, "not_applicable": dict(not_applicable)},
                       indent=2)

@@ -1,5 +1,8 @@
 """What `optimize` did to a module: captured graphs, matched patterns, fallbacks, the path of the last call, and
-what the first calls cost (`Timing` records: export, passes, self-checks, kernels, CUDA-graph capture)."""
+what the first calls cost (`Timing` records: export, passes, self-checks, kernels, CUDA-graph capture).
+
+A graph's size is given in tensor ops (`op_count`: call nodes, not the weight and input placeholders nor the
+shape arithmetic of symbolic sizes), the count ``rewrite-debug`` prints too."""
 
 from __future__ import annotations
 
@@ -88,12 +91,29 @@ def format_timings(records: list[Timing], indent: str = "  ") -> list[str]:
     return lines
 
 
+def is_shape_arithmetic(node: "torch.fx.Node") -> bool:
+    """Whether an FX call node computes a size, not a tensor (``aten.sym_size.int``, ``operator.mul`` of sizes):
+    its value is an int, float or bool, or a symbolic one. Graphs exported with symbolic sizes have such nodes;
+    the same graphs exported for one size compute the sizes at export time and have none."""
+    import torch
+
+    value = node.meta.get("val")
+    return isinstance(value, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def op_count(graph: "torch.fx.Graph") -> int:
+    """The tensor ops of an FX graph: its ``call_function`` nodes but shape arithmetic (`is_shape_arithmetic`).
+    Placeholders (the weights and the inputs) and the output node are not counted, so a graph exported for one
+    size and the same graph with symbolic sizes count the same; `report` and ``rewrite-debug`` both count so."""
+    return sum(1 for node in graph.nodes if node.op == "call_function" and not is_shape_arithmetic(node))
+
+
 @dataclasses.dataclass
 class GraphReport:
     name: str
     dtype: str
     device: str
-    nodes: int
+    nodes: int  # every node of the rewritten graph: placeholders (weights, inputs), ops, shape arithmetic, output
     capture_seconds: float
     matches: dict[str, int]
     passes: list[str]
@@ -102,6 +122,8 @@ class GraphReport:
     declined: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     #: the input sizes the graph serves: "any" (sizes symbolic) or one size, e.g. "1x90x160" (Wan's first sizes)
     sizes: str = "any"
+    #: the tensor ops of the rewritten graph (`op_count`), the count the report prints; None when unknown
+    ops: int | None = None
 
     @classmethod
     def of(cls, graph) -> "GraphReport":
@@ -109,7 +131,8 @@ class GraphReport:
         return cls(graph.name, str(graph.dtype), str(graph.device), graph.node_count, graph.capture_seconds,
                    dict(graph.matches), list(graph.passes),
                    "disk cache" if "disk cache load" in graph.timings else "export",
-                   {family: dict(reasons) for family, reasons in graph.declined.items()})
+                   {family: dict(reasons) for family, reasons in graph.declined.items()},
+                   ops=op_count(graph.graph_module.graph))
 
 
 @dataclasses.dataclass
@@ -138,11 +161,12 @@ class Report:
                  + (f" ({self.last_reason})" if self.last_reason else "")
                  + (f": {self.last_detail}" if self.last_detail else "")]
         if self.graphs:
-            lines.append(f"  {'graph':<8} {'dtype':<15} {'device':<8} {'sizes':<10} {'nodes':>6} "
+            lines.append(f"  {'graph':<8} {'dtype':<15} {'device':<8} {'sizes':<10} {'ops':>6} "
                          f"{'capture s':>9}  matches")
             for g in self.graphs:
                 matches = ", ".join(f"{k}={v}" for k, v in sorted(g.matches.items()) if v) or "-"
-                lines.append(f"  {g.name:<8} {g.dtype:<15} {g.device:<8} {g.sizes:<10} {g.nodes:>6} "
+                ops = "?" if g.ops is None else g.ops
+                lines.append(f"  {g.name:<8} {g.dtype:<15} {g.device:<8} {g.sizes:<10} {ops:>6} "
                              f"{g.capture_seconds:>9.2f}  {matches}")
                 for family, reasons in sorted(g.declined.items()):
                     for reason, count in sorted(reasons.items()):
@@ -181,13 +205,13 @@ class FallbackLog:
         """A degradation that still computes the exact result (e.g. graphs run without CUDA graphs)."""
         first = reason not in self.counts
         self.counts[reason] += 1
-        (logger.warning if first else logger.debug)("rewrite: %s", reason)
+        (logger.warning if first else logger.debug)("%s", reason)
 
     def took_reference(self, reason: str) -> None:
         first = reason not in self.counts
         self.counts[reason] += 1
         self.last_path, self.last_reason, self.last_detail = "reference", reason, None
-        (logger.warning if first else logger.debug)("rewrite: reference path taken: %s", reason)
+        (logger.warning if first else logger.debug)("reference path taken: %s", reason)
 
 
 @dataclasses.dataclass

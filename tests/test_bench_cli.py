@@ -1,5 +1,6 @@
-"""`rewrite-bench`: argument checks, the AuK and Wan runs on tiny models (JSON layout, exactness columns), SNR,
-the chart (`--plot`, from a run and from saved results).
+"""`rewrite-bench`: argument checks and --help, the AuK and Wan runs on tiny models (JSON layout, exactness
+columns, the table's columns and CPU note), SNR, the chart (`--plot`, from a run and from saved results), a
+reader that closes stdout early.
 
 `main([...])` runs in-process. Each model runs once per module (a tiny config, one timed call per level, no
 untimed calls); the tests read the JSON it printed. Argument errors stop in `parse_args`, before any model
@@ -9,10 +10,12 @@ is built.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +25,7 @@ import torch
 
 import rewrite
 from rewrite.tools import bench, bench_distributed
+from rewrite.tools.cli_output import BROKEN_PIPE_STATUS
 
 AUK_ARGS = ["--model", "auk", "--config", "tiny", "--seconds", "0.2,0.5", "--levels", "off,lossless",
             "--repeat", "1", "--warmup", "0", "--json", "-"]
@@ -90,20 +94,65 @@ def test_auk_json_layout(auk_run):
         assert "psnr_db" not in clip["levels"][0]
 
 
+def cells(line: str) -> list[str]:
+    """A table line's cells: columns are two or more spaces apart, a cell holds single spaces at most."""
+    return re.split(r"\s{2,}", line.strip())
+
+
+AUK_HEADER = ["clip s", "frames", "level", "first s", "rewrite.warmup s", "best ms", "speedup", "peak GiB", "equal",
+              "max abs", "SNR dB", "path"]
+
+
 def test_auk_table(auk_run):
     table, summary = auk_run
     lines = table.splitlines()
     assert lines[0].startswith("auk tiny batch 1 float32 on cpu")
-    assert all(word in lines[1] for word in ("clip s", "frames", "warm-up s", "best ms", "SNR dB", "path"))
-    rows = [line.split() for line in lines[2:]]
-    assert [(r[0], r[1], r[2]) for r in rows] == [("0.2", "10", "off"), ("0.2", "10", "lossless"),
-                                                   ("0.5", "25", "off"), ("0.5", "25", "lossless")]
-    equal_at = rows[1].index("True")
-    assert rows[1][equal_at : equal_at + 4] == ["True", "0", "inf", "graphs:"]
-    assert lines[3].endswith("graphs: graph run eagerly (no CUDA graphs on cpu)")
-    assert rows[0][-2:] == ["ref", "reference"]
-    best_ms = float(rows[0][4])  # clip, frames, level, first s, (no warm-up at off) best ms
-    assert best_ms == pytest.approx(summary["clips"][0]["levels"][0]["best_s"] * 1e3, abs=1e-3)
+    assert cells(lines[1]) == AUK_HEADER
+    rows = [dict(zip(AUK_HEADER, cells(line))) for line in lines[2:6]]
+    assert all(len(cells(line)) == len(AUK_HEADER) for line in lines[2:6])
+    assert [(r["clip s"], r["frames"], r["level"]) for r in rows] == [
+        ("0.2", "10", "off"), ("0.2", "10", "lossless"), ("0.5", "25", "off"), ("0.5", "25", "lossless")]
+    off, lossless = rows[:2]
+    assert [lossless[k] for k in ("equal", "max abs", "SNR dB")] == ["True", "0", "inf"]
+    assert lossless["path"] == "graphs: graph run eagerly (no CUDA graphs on cpu)"
+    assert [off[k] for k in ("rewrite.warmup s", "equal", "max abs", "SNR dB", "path")] == ["-", "ref", "-", "-",
+                                                                                           "reference"]
+    assert float(off["best ms"]) == pytest.approx(summary["clips"][0]["levels"][0]["best_s"] * 1e3, abs=1e-3)
+
+
+def test_peak_memory_is_n_a_on_the_cpu(auk_run, wan_run):
+    for table, summary in (auk_run, wan_run):
+        levels = [r for clip in summary.get("clips", [summary]) for r in clip["levels"]]
+        assert all(r["peak_gib"] is None for r in levels)  # JSON null, not NaN
+        header = cells(table.splitlines()[1])
+        rows = [dict(zip(header, cells(line))) for line in table.splitlines()[2:2 + len(levels)]]
+        assert [r["peak GiB"] for r in rows] == ["n/a"] * len(levels)
+    saved = copy.deepcopy(auk_run[1])
+    saved["clips"][0]["levels"][0]["peak_gib"] = math.nan  # results saved before, or by a torchrun rank
+    assert cells(bench.format_table(saved).splitlines()[2])[7] == "n/a"
+
+
+def test_a_cpu_run_says_once_that_it_checks_exactness_only(auk_run, wan_run):
+    for table, _ in (auk_run, wan_run):
+        assert table.count(bench.CPU_NOTE) == 1
+        assert table.splitlines()[-1] == f"note: {bench.CPU_NOTE}"
+    assert "exactness only" in bench.CPU_NOTE and "CUDA" in bench.CPU_NOTE
+    on_gpu = copy.deepcopy(wan_run[1])
+    on_gpu["device"] = "NVIDIA H100 80GB HBM3"
+    assert bench.CPU_NOTE not in bench.format_table(on_gpu)
+
+
+def test_columns_stay_apart_however_wide_the_numbers(auk_run):
+    """A full-size AuK decode on a CPU takes seconds: ``17107.713`` ms fills the old fixed-width column and ran
+    into the first-call time (``8.87417107.713``). Every cell keeps two spaces to its neighbours."""
+    summary = copy.deepcopy(auk_run[1])
+    level = summary["clips"][1]["levels"][1]
+    level.update(first_call_s=8.874, warmup_s=21.6, best_s=17.107713, max_abs=1.25e-7, snr_db=123456.7)
+    lines = bench.format_table(summary).splitlines()
+    assert all(len(cells(line)) == len(AUK_HEADER) for line in lines[1:6])
+    row = dict(zip(AUK_HEADER, cells(lines[5])))
+    assert (row["first s"], row["rewrite.warmup s"], row["best ms"]) == ("8.874", "21.600", "17107.713")
+    assert row["SNR dB"] == "123456.7" and row["max abs"] == "1.25e-07"
 
 
 # ---------------------------------------------------------------------------------------------------- Wan
@@ -117,8 +166,10 @@ def test_wan_json_layout_and_table(wan_run):
     check_levels(summary["levels"], "psnr_db")
     lines = table.splitlines()
     assert lines[0].startswith("wan2.1 tiny 32x32x5 float32 on cpu")
-    assert all(word in lines[1] for word in ("first s", "warm-up s", "best s", "PSNR dB"))
+    assert cells(lines[1]) == ["level", "first s", "rewrite.warmup s", "best s", "speedup", "peak GiB", "equal",
+                               "max abs", "PSNR dB", "path"]
     assert lines[3].split()[-4:] == ["True", "0", "inf", "graphs"]
+    assert len(cells(lines[2])) == len(cells(lines[3])) == len(cells(lines[1]))
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -150,6 +201,23 @@ def test_bad_arguments(argv, message, capsys):
         bench.parse_args(argv)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_help_shows_every_default_and_what_the_warm_up_column_times(capsys):
+    parser = bench.build_parser()
+    for action in parser._actions:
+        if action.option_strings and action.dest not in ("help",):
+            assert "default" in action.help, action.option_strings
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(["--help"])
+    assert stop.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for default in ("default full", "default 480x832", "default 81", "default off,lossless", "default 5)",
+                    "default 3)", "default 1)", "default wan2.1", "bfloat16 for Wan, float32 for AuK",
+                    "cuda when available, else cpu"):
+        assert default in text, default
+    assert "not rewrite.warmup, whose time is the 'rewrite.warmup s' column" in text
+    assert "n/a on a CPU" in text and "the speed-ups need CUDA" in text
 
 
 def test_defaults_per_model():
@@ -212,6 +280,20 @@ def test_bar_labels_say_how_exact_each_level_is():
     assert bench.exactness({"bit_identical": True, "psnr_db": math.inf}, wan) == "bit-identical"
     assert bench.exactness({"bit_identical": False, "psnr_db": 47.25}, wan) == "PSNR 47.2 dB"
     assert bench.exactness({"bit_identical": False, "snr_db": 71.04}, auk) == "SNR 71.0 dB"
+
+
+def test_a_reader_that_closes_stdout_ends_the_run_quietly(auk_run, tmp_path):
+    """``rewrite-bench --from RESULTS | head``, the reader gone before the first line: exit status 141 (as for
+    SIGPIPE), nothing on stderr, no "Exception ignored" at the interpreter's exit. A real pipe and process:
+    stdout's file descriptor is pointed at /dev/null."""
+    saved = tmp_path / "auk.json"
+    saved.write_text(json.dumps(auk_run[1], default=str))
+    child = subprocess.Popen([sys.executable, "-m", "rewrite.tools.bench", "--from", str(saved)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()  # before the child (still importing torch) writes anything
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == BROKEN_PIPE_STATUS
+    assert err == ""
 
 
 def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys):

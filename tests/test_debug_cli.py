@@ -1,7 +1,10 @@
-"""`rewrite-debug`: table and JSON output, filters, near misses, DOT and GraphML files, bad arguments.
+"""`rewrite-debug`: the default summary, the --details and JSON output, filters, near misses, sizes by name,
+tensor op counts, DOT and GraphML files, bad arguments, a reader that closes stdout early.
 
 `main([...])` runs in-process. Capturing is the slow part (~10 s per model), so each model is captured
-once per session and every run gets a fresh copy of its graphs (the passes rewrite them in place).
+once per session and every run gets a fresh copy of its graphs (the passes rewrite them in place); the
+output of a run with the real registry and no output files is kept per argument list (`run_text`), so
+tests asking the same question share one run.
 Arguments are checked before the capture: those tests make the capture fail if it is reached.
 Tests that need known matches swap the pattern registry for two tiny test patterns, so that they do not
 depend on what the Wan pattern files hold; the others run with the real registry, whatever it holds.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import json
 import re
 import shutil
@@ -28,12 +32,19 @@ from rewrite.engine.pattern import Pattern, variants
 from rewrite.passes.canonicalize import canonicalize
 from rewrite.passes.fuse_patterns import fuse_patterns
 from rewrite.passes.manager import PassContext
+from rewrite.pipeline import rewrite_graph
+from rewrite.reporting import GraphReport as ReportRow
+from rewrite.reporting import op_count
 from rewrite.tools import debug
+from rewrite.tools.cli_output import BROKEN_PIPE_STATUS
 
 aten = torch.ops.aten
 GRAPHS = ["chunk0", "steady"]
 CAPTURE = debug.capture_graphs  # the real capture (the fixture below swaps in the cached one)
 _CAPTURED: dict[tuple[str, str, torch.dtype, bool], list[CapturedGraph]] = {}
+_OUTPUTS: dict[tuple[str, ...], str] = {}  # argv -> stdout of a run with the real registry (`run_text`)
+REAL_REGISTRY = pattern_registry.registry
+SYMBOL = re.compile(r"\bs\d+\b")  # a torch size symbol (s77): never printed in the text
 
 
 # --------------------------------------------------------------------------------------------- fixtures
@@ -113,10 +124,31 @@ def test_patterns(monkeypatch):
     return TEST_PATTERNS
 
 
-def run_json(capsys, *argv: str) -> dict:
-    assert debug.main([*argv, "--json"]) == 0
+def run_text(capsys, *argv: str) -> str:
+    """The stdout of a successful run. With the real registry and no files written, one run per ``argv`` a
+    session: the output depends on nothing else (the captures are cached, each run rewrites fresh copies)."""
+    shared = pattern_registry.registry is REAL_REGISTRY and not {"--dot", "--graphml"} & set(argv)
+    if shared and argv in _OUTPUTS:
+        return _OUTPUTS[argv]
+    assert debug.main(list(argv)) == 0
     out = capsys.readouterr().out
-    return json.loads(out)  # the whole of stdout is one JSON object
+    if shared:
+        _OUTPUTS[argv] = out
+    return out
+
+
+def run_json(capsys, *argv: str) -> dict:
+    return json.loads(run_text(capsys, *argv, "--json"))  # the whole of stdout is one JSON object
+
+
+def table_rows(out: str) -> dict[str, list[str]]:
+    """The rows of the text's table (between the rule under the header and the tensor ops line), by their
+    first cell (the pattern or family: a name may hold single spaces, cells are two or more apart)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("---")) + 1
+    end = next(i for i, line in enumerate(lines) if line.startswith("tensor ops"))
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[start:end] if not line.startswith("(")]
+    return {cells[0]: cells[1:] for cells in rows}
 
 
 def applicable_names(report: dict) -> list[str]:
@@ -128,10 +160,9 @@ def applicable_names(report: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("model", ["wan2.1", "wan2.2"])
-def test_table_lists_both_graphs_and_every_applicable_pattern(model, capsys):
+def test_details_table_lists_both_graphs_and_every_applicable_pattern(model, capsys):
     report = run_json(capsys, model)
-    assert debug.main([model]) == 0
-    out = capsys.readouterr().out
+    out = run_text(capsys, model, "--details")
     header = next(line for line in out.splitlines() if line.startswith("pattern"))
     assert header.split()[1:] == GRAPHS
     for name in applicable_names(report):
@@ -139,6 +170,40 @@ def test_table_lists_both_graphs_and_every_applicable_pattern(model, capsys):
     for name in report["not_applicable"]:
         assert not any(line.startswith(name + " ") for line in out.splitlines()), name
     assert f"{len(report['not_applicable'])} patterns do not apply here and are not shown" in out
+
+
+def family_sums(report: dict, graph: dict) -> dict[str, tuple[str, str]]:
+    """Family -> (matched, declined) of one JSON graph over the patterns the report shows."""
+    family = {p.name: p.family for p in pattern_registry.registry()}
+    sums: dict[str, list[int]] = {}
+    for name in applicable_names(report):
+        counts = sums.setdefault(family[name], [0, 0])
+        counts[0] += graph["matches"][name]
+        counts[1] += len(graph["declined"].get(name, ()))
+    return {f: (str(m), str(d)) for f, (m, d) in sums.items()}
+
+
+def test_default_is_a_summary_per_pattern_family_and_graph(capsys):
+    """A row per family, per graph how many times it matched and how many candidates it declined: the sums
+    of the JSON's per-pattern counts. No match listing, no per-pattern row, and a line saying how to see
+    them; well under a hundred lines."""
+    report = run_json(capsys, "wan2.1")
+    out = run_text(capsys, "wan2.1")
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("pattern family"))
+    assert lines[header].split()[2:] == GRAPHS
+    assert lines[header + 1].split() == ["matched", "declined"] * len(GRAPHS)
+    chunk0, steady = (family_sums(report, graph) for graph in report["graphs"])
+    rows = table_rows(out)
+    assert list(rows) == list(chunk0)  # the families, in registry order
+    for family, cells in rows.items():
+        assert cells == [*chunk0[family], *steady[family]], family
+    assert rows["rms_norm"][0] == str(sum(report["graphs"][0]["matches"][n] for n in applicable_names(report)
+                                          if n.startswith("rms_norm[")))
+    assert not any("[" in name for name in rows)  # families, not variants
+    assert " #1 in " not in out and "near misses" not in out and explain.DECLINED_NOTE not in out
+    assert lines[-1] == explain.DETAILS_HINT
+    assert len(lines) < 40
 
 
 @pytest.mark.parametrize("model", ["wan2.1", "wan2.2"])
@@ -178,8 +243,8 @@ def test_counts_are_those_of_fuse_patterns(test_patterns, capsys):
         assert fuse_patterns(gm, ctx).stats["matches"] == expected["matches"]
 
 
-def test_table_text_shows_subgraphs_with_module_and_nodes(test_patterns, capsys):
-    assert debug.main(["wan2.1", "--graph", "steady"]) == 0
+def test_details_show_subgraphs_with_module_and_nodes(test_patterns, capsys):
+    assert debug.main(["wan2.1", "--graph", "steady", "--details"]) == 0
     out = capsys.readouterr().out
     assert "test_silu #1 in steady: decoder." in out
     assert "aten.silu.default" in out and "float32" in out
@@ -227,10 +292,9 @@ def test_patterns_that_do_not_apply_are_named_with_why(capsys):
 
 def test_all_patterns_lists_the_others_with_why(capsys):
     report = run_json(capsys, "wan2.1")
-    assert debug.main(["wan2.1", "--all-patterns"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = run_text(capsys, "wan2.1", "--all-patterns", "--details").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("pattern"))
-    end = next(i for i, line in enumerate(lines) if line.startswith("nodes (captured"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("tensor ops"))
     header, lines = lines[start], lines[start + 2:end + 2]  # the rows, then the line after the table
     assert header.split()[1:] == [*GRAPHS, "does", "not", "apply"]
     for pattern in pattern_registry.registry():
@@ -239,6 +303,18 @@ def test_all_patterns_lists_the_others_with_why(capsys):
     [row] = [line for line in lines if line.startswith("snake_causal_conv1d ")]
     assert row.split()[1:3] == ["-", "-"]  # not run at lossless
     assert not any("do not apply here and are not shown" in line for line in lines)
+
+
+def test_all_patterns_in_the_summary_gives_each_family_that_cannot_apply_its_reason(capsys):
+    report = run_json(capsys, "wan2.1")
+    out = run_text(capsys, "wan2.1", "--all-patterns")
+    rows = table_rows(out)
+    assert list(rows) == list(explain.families(pattern_registry.registry()))
+    assert rows["snake_causal_conv1d"] == ["-", "-", "-", "-", "needs --level channels_last"]  # not run at lossless
+    assert rows["residual_bias"][-1] == report["not_applicable"]["residual_bias"]
+    assert int(rows["residual_bias"][1]) > 0 and explain.DECLINED_NOTE in out  # its guard declines on the CPU
+    assert len(rows["rms_norm"]) == 4  # some of its variants apply: counts, no reason
+    assert "do not apply here and are not shown" not in out
 
 
 def test_dtype_variants_that_cannot_apply():
@@ -266,27 +342,32 @@ def test_near_misses_leave_out_the_patterns_that_cannot_apply(capsys):
 # --------------------------------------------------------------------------------------------- sizes, nodes, combined matches
 
 
-def test_symbolic_sizes_are_named(capsys):
+def test_symbolic_sizes_are_named_by_what_they_are_and_never_printed_as_symbols(capsys):
     wan = run_json(capsys, "wan2.1")
     for graph in wan["graphs"]:
         assert set(graph["sizes"]) == {"batch", "height", "width"}
         assert graph["input"] == "[batch, 4, 1, height, width]"
         shapes = [n["shape"] for s in graph["subgraphs"] for n in s["nodes"]]
-        assert shapes and not any(re.search(r"\bs\d+\b", shape) for shape in shapes)
+        assert shapes and not any(SYMBOL.search(shape) for shape in shapes)
         assert any("height + 2" in shape for shape in shapes)  # the padded causal conv input
     [auk] = run_json(capsys, "auk")["graphs"]
     assert set(auk["sizes"]) == {"batch", "frames"} and auk["input"] == "[batch, frames, 8]"
-    assert debug.main(["wan2.1", "--graph", "steady"]) == 0
-    out = capsys.readouterr().out
-    assert f"sizes of steady: batch = {wan['graphs'][1]['sizes']['batch']}," in out
-    assert "(the graph input is [batch, 4, 1, height, width])" in out
+    summary, details = run_text(capsys, "wan2.1"), run_text(capsys, "wan2.1", "--details")
+    for out in (summary, details):
+        assert ("sizes: batch, height, width are symbolic (any value); chunk0 and steady take the latent "
+                "[batch, 4, 1, height, width]") in out.splitlines()
+        assert not SYMBOL.search(out)
+    assert "[batch, 16, 1, height, width]" in details
+    auk_text = run_text(capsys, "auk", "--near-misses", "--details")
+    assert "sizes: batch, frames are symbolic (any value); decode takes the latent [batch, frames, 8]" in auk_text
+    assert not SYMBOL.search(auk_text)
 
 
-def test_text_shows_how_the_nodes_of_a_match_connect(test_patterns, capsys):
+def test_details_show_how_the_nodes_of_a_match_connect(test_patterns, capsys):
     report = run_json(capsys, "wan2.1", "--graph", "steady")
     first = report["graphs"][0]["subgraphs"][0]
     [node] = first["nodes"]
-    assert debug.main(["wan2.1", "--graph", "steady"]) == 0
+    assert debug.main(["wan2.1", "--graph", "steady", "--details"]) == 0
     out = capsys.readouterr().out
     assert f"    inputs: x = {first['inputs']['x']}" in out
     [line] = [line for line in out.splitlines() if line.split()[:1] == [node["name"]]]
@@ -333,11 +414,31 @@ def test_level_off_rewrites_nothing(capsys):
     report = run_json(capsys, "wan2.1", "--level", "off")
     for graph in report["graphs"]:
         assert graph["passes"] == [] and graph["nodes_after"] == graph["nodes"] and graph["matches"] == {}
-    assert debug.main(["wan2.1", "--level", "off"]) == 0
-    out = capsys.readouterr().out
+        assert graph["ops_after"] == graph["ops"]
+    out = run_text(capsys, "wan2.1", "--level", "off")
     assert "level off rewrites nothing" in out
-    [row] = [line for line in out.splitlines() if line.startswith("nodes")]
-    assert "->" not in row and row.split()[-2:] == [str(g["nodes"]) for g in report["graphs"]]
+    [row] = [line for line in out.splitlines() if line.startswith("tensor ops")]
+    assert "->" not in row and "captured, not rewritten" in row
+    assert ", ".join(f"{g['name']} {g['ops']}" for g in report["graphs"]) in row
+
+
+def test_tensor_ops_are_what_report_counts_for_graphs_of_one_size_or_any(capsys):
+    """The capture `optimize` makes for a first decode has one size (no shape arithmetic), the tool's has
+    symbolic sizes (more nodes); rewritten, both count the tensor ops the text says for each graph."""
+    from rewrite.capture.wan import capture_wan_decoder
+
+    report = run_json(capsys, "wan2.1")
+    out = run_text(capsys, "wan2.1")
+    decoder = supported.get("wan2.1").build("tiny", device=torch.device("cpu"), dtype=torch.float32).decoder
+    one_size = capture_wan_decoder(decoder, torch.float32, torch.device("cpu"), (1, 4, 4))  # ~1/3 of a capture
+    for symbolic, sized, expected in zip(captured("wan2.1"), one_size, report["graphs"]):
+        assert symbolic.node_count > sized.node_count  # shape arithmetic, and slices not known to be whole
+        assert op_count(symbolic.graph_module.graph) == expected["ops"]
+        for graph in (symbolic, sized):
+            rewrite_graph(graph, "lossless")  # as optimize does; its report row counts the same
+            assert ReportRow.of(graph).ops == expected["ops_after"] < expected["ops"]
+    [row] = [line for line in out.splitlines() if line.startswith("tensor ops, captured -> rewritten:")]
+    assert ", ".join(f"{g['name']} {g['ops']} -> {g['ops_after']}" for g in report["graphs"]) in row
 
 
 # --------------------------------------------------------------------------------------------- AuK
@@ -348,17 +449,19 @@ AUK_LOSSLESS = {"alias_free_activation[exact]": 109, "causal_conv1d": 54, "causa
 
 def test_auk_table_has_one_decode_graph_and_every_applicable_pattern(capsys):
     report = run_json(capsys, "auk")
-    assert debug.main(["auk"]) == 0
-    out = capsys.readouterr().out
+    out = run_text(capsys, "auk", "--details")
     assert out.startswith("auk (tiny, float32) at level lossless")
     header = next(line for line in out.splitlines() if line.startswith("pattern"))
     assert header.split()[1:] == ["decode"]
-    table = [line.split() for line in out.splitlines() if len(line.split()) == 2]  # pattern, count
-    rows = {name: count for name, count in table if name.startswith(("alias_free", "amp_"))}
-    assert rows == {"alias_free_activation[exact]": "109", "amp_average": "6"}
+    rows = {name: cells for name, cells in table_rows(out).items() if name.startswith(("alias_free", "amp_"))}
+    assert rows == {"alias_free_activation[exact]": ["109"], "alias_free_activation[exact, aten]": ["0"],
+                    "amp_average": ["6"]}
     for name in applicable_names(report):
         assert any(line.startswith(name + " ") for line in out.splitlines()), name
     assert "alias_free_activation[exact] #109 in decode: decoder.activation_post" in out
+    summary = table_rows(run_text(capsys, "auk"))
+    assert summary["alias_free_activation"] == ["109", "0"] and summary["amp_average"] == ["6", "0"]
+    assert summary["causal_conv1d"] == ["109", "0"]  # 54 + 54 + 1
 
 
 def test_auk_json_counts_and_subgraphs(capsys):
@@ -423,11 +526,29 @@ def test_near_misses_of_a_named_pattern_even_when_it_matched(test_patterns, caps
     assert set(report["graphs"][0]["near_misses"]) == {"test_silu", "test_silu[silu_]"}
 
 
-def test_near_misses_in_the_text_report(test_patterns, capsys):
-    assert debug.main(["wan2.1", "--near-misses", "--pattern", "test_silu_mul"]) == 0
+def test_near_misses_in_the_details(test_patterns, capsys):
+    assert debug.main(["wan2.1", "--near-misses", "--pattern", "test_silu_mul", "--details"]) == 0
     out = capsys.readouterr().out
     assert "near misses of test_silu_mul in chunk0:" in out
     assert "    - test_silu_mul: matched 1/2 ops; at node " in out
+
+
+def test_near_misses_in_the_summary_are_counted_by_kind(capsys):
+    """AuK's aten-form activation pattern: one line per kind with its count, most common first, without
+    node names (the kinds of the JSON); its 184 near misses are not listed one by one."""
+    report = run_json(capsys, "auk", "--near-misses")
+    out = run_text(capsys, "auk", "--near-misses")
+    [graph] = report["graphs"]
+    kinds = graph["near_miss_kinds"]["alias_free_activation[exact, aten]"]
+    assert sum(kinds.values()) == len(graph["near_misses"]["alias_free_activation[exact, aten]"])
+    assert list(kinds.values()) == sorted(kinds.values(), reverse=True)
+    first, count = next(iter(kinds.items()))
+    assert first == "expected aten.expand.default but found placeholder"
+    lines = out.splitlines()
+    start = lines.index(f"near misses of alias_free_activation[exact, aten] in decode: {sum(kinds.values())}")
+    assert lines[start + 1] == f"    {count} x {first}"
+    assert not any(line.startswith("    - ") for line in lines) and "p_decoder" not in out
+    assert len(lines) < 40
 
 
 # --------------------------------------------------------------------------------------------- files
@@ -527,8 +648,8 @@ def test_empty_registry(monkeypatch, capsys):
     monkeypatch.setattr(pattern_registry, "registry", lambda: ())
     report = run_json(capsys, "wan2.1", "--near-misses")
     assert all(g["matches"] == {} and g["subgraphs"] == [] for g in report["graphs"])
-    assert debug.main(["wan2.1"]) == 0
-    assert "(no patterns enabled at level 'lossless')" in capsys.readouterr().out
+    assert "(no patterns enabled at level 'lossless')" in run_text(capsys, "wan2.1")
+    assert "(no patterns enabled at level 'lossless')" in run_text(capsys, "wan2.1", "--details")
     with pytest.raises(SystemExit):
         debug.main(["wan2.1", "--pattern", "rms_norm"])
     assert "no patterns are registered" in capsys.readouterr().err
@@ -540,3 +661,21 @@ def test_console_script_help():
         pytest.skip("rewrite-debug is not installed as a console script")
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "usage: rewrite-debug" in result.stdout
+
+
+# --------------------------------------------------------------------------------------------- stdout closed
+
+
+class ClosedStdout(io.StringIO):
+    """A stdout whose reader has gone: every write raises BrokenPipeError, as a pipe into ``head`` does."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_reader_that_closes_stdout_ends_the_run_quietly(monkeypatch, capsys):
+    """``rewrite-debug wan2.1 --json | head``: no traceback, exit status 141 (as for SIGPIPE)."""
+    run_json(capsys, "wan2.1", "--graph", "steady")  # the capture, cached before stdout closes
+    monkeypatch.setattr("sys.stdout", ClosedStdout())
+    assert debug.main(["wan2.1", "--graph", "steady", "--json"]) == BROKEN_PIPE_STATUS
+    assert "Traceback" not in capsys.readouterr().err

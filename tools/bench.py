@@ -2,10 +2,12 @@
 
 For each input (Wan: one video shape; AuK: one latent clip per `--seconds` value) and each level (one model,
 one set of weights, levels switched with `optimize`): the time of `rewrite.warmup` right after `optimize`
-(levels other than `off`, when the API has it), the first call (capture included unless the warm-up did it),
-then best of N timed calls after untimed warm-up calls, peak memory, and the output against the first
+(levels other than `off`, when the API has it: column ``rewrite.warmup s``, JSON ``warmup_s``), the first
+call (capture included unless `rewrite.warmup` did it), then best of ``--repeat`` timed calls after
+``--warmup`` untimed ones, CUDA's peak memory (``n/a`` on a CPU, JSON null), and the output against the first
 level (`torch.equal`, max-abs, and PSNR over Wan's [-1, 1] video range or SNR of the AuK waveform).
-Ratios are computed within this one run.
+Ratios are computed within this one run. A CPU run's table ends with a note that CPU runs check exactness
+only (the speed-ups need CUDA). ``--help`` lists every default and what each column means.
 
 The models are those of `rewrite.supported` (which also builds them); a bench adapter per model family
 (`WanBench`, `AuKBench`) checks its own arguments, makes the inputs and says how to decode and compare;
@@ -17,7 +19,8 @@ above) against the sharded ``lossless`` decode over the N ranks, in the same run
 ``--plot FILE.png`` draws the best time per level and input, each bar labelled with its speedup and its
 exactness (bit-identical, else PSNR or SNR); ``--from results.json`` (repeatable, one panel per file) prints
 and plots results a run saved with ``--json`` instead of running. The plot needs matplotlib
-(``pip install -e ".[plot]"``).
+(``pip install -e ".[plot]"``). A reader that closes stdout early (``| head``) ends the run quietly with
+exit status 141 (`rewrite.tools.cli_output`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 
 from rewrite import supported
 from rewrite.tools import bench_distributed
+from rewrite.tools.cli_output import emit, quiet_when_stdout_closes
 
 DTYPES = supported.DTYPES
 
@@ -46,7 +50,7 @@ class LevelResult:
     warmup_s: float | None  # `rewrite.warmup` after `optimize`; None at `off` or when the API lacks it
     best_s: float
     times_s: list[float]
-    peak_gib: float
+    peak_gib: float | None  # CUDA's peak allocated memory; None on the CPU ("n/a" in the table)
     bit_identical: bool | None = None
     max_abs: float | None = None
     quality_db: float | None = None  # written as the adapter's `quality_key` (psnr_db, snr_db)
@@ -208,37 +212,54 @@ ADAPTERS = {model.name: {"wan": WanBench, "auk": AuKBench}[model.family] for mod
 # ---------------------------------------------------------------------------------------------- arguments
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
+    """The options, each with its default in its help (``--help`` shows them all)."""
     from rewrite.levels import LEVELS
 
-    parser = argparse.ArgumentParser(prog="rewrite-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=tuple(ADAPTERS), default="wan2.1")
-    parser.add_argument("--config", choices=supported.CONFIGS, default="full")
+    parser = argparse.ArgumentParser(prog="rewrite-bench", description=__doc__.splitlines()[0].split(": ", 1)[1],
+                                     epilog=f"{COLUMNS_HELP} {CPU_NOTE[0].upper()}{CPU_NOTE[1:]}.")
+    parser.add_argument("--model", choices=tuple(ADAPTERS), default="wan2.1", help="model (default wan2.1)")
+    parser.add_argument("--config", choices=supported.CONFIGS, default="full",
+                        help="model size (default full: the real decoder's shapes, random weights)")
     parser.add_argument("--size", default=None, help="Wan: output HxW in pixels (default 480x832)")
     parser.add_argument("--frames", type=int, default=None, help="Wan: output frames, 1 + 4k (default 81)")
     parser.add_argument("--seconds", default=None,
                         help="AuK: comma-separated clip lengths in seconds (default 5); frames = round(seconds * 50)")
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=1, help="latents per decode (default 1)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default: bfloat16 for Wan, float32 for AuK")
-    parser.add_argument("--levels", default="off,lossless", help=f"comma-separated, from {', '.join(LEVELS)}")
-    parser.add_argument("--repeat", type=int, default=3, help="timed calls per level (best is reported)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls after the first call")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--levels", default="off,lossless",
+                        help=f"comma-separated, from {', '.join(LEVELS)} (default off,lossless); the first is the "
+                             "reference of the speedup and exactness columns")
+    parser.add_argument("--repeat", type=int, default=3, help="timed calls per level; the best is reported (default 3)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed calls per level after the first call, before the timed ones (default 1); "
+                             "not rewrite.warmup, whose time is the 'rewrite.warmup s' column")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="default: cuda when available, else cpu")
     parser.add_argument("--backend", choices=bench_distributed.BACKENDS, default=None,
                         help="under torchrun: the process group's backend (default nccl on CUDA, gloo on the CPU)")
     parser.add_argument("--band-cuda-graphs", choices=bench_distributed.CUDA_GRAPH_MODES, default=None,
                         help="under torchrun: how the band graphs are captured on CUDA (decode_sharded's "
                              "cuda_graphs=; default segments)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
-    parser.add_argument("--profile", action="store_true", help="per-kernel table of one call per level")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout; default: none)")
+    parser.add_argument("--profile", action="store_true", help="per-kernel table of one call per level (default off)")
     parser.add_argument("--profile-rows", type=int, default=15, metavar="N",
                         help="kernels listed per --profile table (default 15, the most device time first)")
     parser.add_argument("--plot", metavar="FILE", type=Path,
-                        help="draw the results as a bar chart (FILE.png; needs pip install -e \".[plot]\")")
+                        help="draw the results as a bar chart (FILE.png; needs pip install -e \".[plot]\"; "
+                             "default: none)")
     parser.add_argument("--from", dest="sources", metavar="RESULTS", type=Path, action="append",
                         help="print (and with --plot draw) a saved --json results file instead of running "
-                             "(repeatable: one chart panel per file)")
+                             "(repeatable: one chart panel per file; default: run)")
+    return parser
+
+
+def parse_args(argv):
+    """The checked arguments (exit 2 with the usage on a bad one, before any model is built)."""
+    from rewrite.levels import LEVELS
+
+    parser = build_parser()
     args = parser.parse_args(argv)
     check_outputs(parser, args)
     if args.sources:
@@ -361,7 +382,7 @@ def bench_levels(bench, case: Case, args, device: torch.device, dtype: torch.dty
             out, seconds = _timed(decode, device)
             times.append(seconds)
             progress.update()
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
         result = LevelResult(level, first, warmup_s, min(times), times, peak, path=_path_of(report(vae)))
         if reference is None:
             reference = out.clone()
@@ -416,19 +437,43 @@ def _triton_version() -> str | None:
 # ------------------------------------------------------------------------------------------------ output
 
 
-def _level_row(r: dict, bench) -> str:
-    equal = "ref" if r["bit_identical"] is None else str(r["bit_identical"])
-    max_abs = "" if r["max_abs"] is None else f"{r['max_abs']:.3g}"
+#: the level columns of the table, after the input's own (AuK: clip s, frames); see COLUMNS_HELP
+LEVEL_COLUMNS = ("level", "first s", "rewrite.warmup s", "{best}", "speedup", "peak GiB", "equal", "max abs",
+                 "{quality}", "path")
+COLUMNS_HELP = ("Columns: 'first s' is the first decode after optimize (the capture included unless "
+                "rewrite.warmup did it); 'rewrite.warmup s' the time of rewrite.warmup right after optimize (not "
+                "the --warmup calls; '-' at level off); 'best' the best of the --repeat timed calls; 'peak GiB' "
+                "CUDA's peak memory (n/a on a CPU); 'equal', 'max abs' and PSNR/SNR compare with the first level.")
+#: said once under a table of a CPU run (a CPU decode runs the graphs eagerly: no CUDA graphs, no Triton)
+CPU_NOTE = "on a CPU, runs check exactness only: the speed-ups need CUDA"
+
+
+def _number(value: float | None, spec: str) -> str:
+    """``value`` formatted, ``n/a`` for None or NaN (a peak memory on the CPU, in this or older JSON)."""
+    return "n/a" if value is None or value != value else format(value, spec)
+
+
+def _level_cells(r: dict, bench) -> list[str]:
+    """One level's cells in `LEVEL_COLUMNS` order; ``-`` where the column does not apply to the level."""
     quality = r[bench.quality_key]
-    quality = "" if quality is None else ("inf" if math.isinf(quality) and quality > 0 else f"{quality:.1f}")
-    warmup = "" if r["warmup_s"] is None else f"{r['warmup_s']:.3f}"
-    return (f"{r['level']:<14}{r['first_call_s']:>9.3f}{warmup:>10}{r['best_s'] * bench.best_scale:>9.3f}"
-            f"{r['speedup']:>8.2f}x{r['peak_gib']:>10.2f}{equal:>7}{max_abs:>10}{quality:>9}  {r['path']}")
+    quality = "-" if quality is None else ("inf" if math.isinf(quality) and quality > 0 else f"{quality:.1f}")
+    return [r["level"], f"{r['first_call_s']:.3f}", "-" if r["warmup_s"] is None else f"{r['warmup_s']:.3f}",
+            f"{r['best_s'] * bench.best_scale:.3f}", f"{r['speedup']:.2f}x", _number(r["peak_gib"], ".2f"),
+            "ref" if r["bit_identical"] is None else str(r["bit_identical"]),
+            "-" if r["max_abs"] is None else f"{r['max_abs']:.3g}", quality, r["path"]]
 
 
-def _level_header(bench) -> str:
-    return (f"{'level':<14}{'first s':>9}{'warm-up s':>10}{bench.best_title:>9}{'speedup':>9}{'peak GiB':>10}"
-            f"{'equal':>7}{'max abs':>10}{bench.quality_title:>9}  path")
+def _level_header(bench) -> list[str]:
+    return [c.format(best=bench.best_title, quality=bench.quality_title) for c in LEVEL_COLUMNS]
+
+
+def aligned(rows: list[list[str]], left: int) -> list[str]:
+    """Rows as columns two spaces apart at least, whatever the widths of the values: the first ``left``
+    columns and the last (a free-text path) left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    last = len(widths) - 1
+    return ["  ".join(cell.ljust(width) if i < left or i == last else cell.rjust(width)
+                      for i, (cell, width) in enumerate(zip(row, widths))).rstrip() for row in rows]
 
 
 def _distributed_line(d: dict) -> str:
@@ -439,23 +484,28 @@ def _distributed_line(d: dict) -> str:
 
 
 def format_table(summary: dict) -> str:
+    """The printed results of one run: a heading, a row per level (AuK: per clip and level), the CPU note on a
+    CPU, the distributed line and the profiles."""
     bench = ADAPTERS[summary["model"]]
     on = f"on {summary['device']} (torch {summary['torch']}, triton {summary['triton']})"
     if "clips" not in summary:  # Wan: one video shape
         head = f"{summary['model']} {summary['config']} {summary['size']}x{summary['frames']} {summary['dtype']} {on}"
-        lines = [head, _level_header(bench)] + [_level_row(r, bench) for r in summary["levels"]]
-        if "distributed" in summary:
-            lines.append(_distributed_line(summary["distributed"]))
-        for level, table in summary["profiles"].items():
-            lines += ["", f"profile at level {level}:", table]
-        return "\n".join(lines)
-    head = f"{summary['model']} {summary['config']} batch {summary['batch']} {summary['dtype']} {on}"
-    lines = [head, f"{'clip s':>7}{'frames':>8}  {_level_header(bench)}"]
-    for clip in summary["clips"]:
-        lines += [f"{clip['seconds']:>7g}{clip['frames']:>8}  {_level_row(r, bench)}" for r in clip["levels"]]
-    for clip in summary["clips"]:
+        rows = [_level_header(bench)] + [_level_cells(r, bench) for r in summary["levels"]]
+        lines = [head, *aligned(rows, left=1)]
+    else:
+        head = f"{summary['model']} {summary['config']} batch {summary['batch']} {summary['dtype']} {on}"
+        rows = [["clip s", "frames", *_level_header(bench)]]
+        rows += [[f"{clip['seconds']:g}", str(clip["frames"]), *_level_cells(r, bench)]
+                 for clip in summary["clips"] for r in clip["levels"]]
+        lines = [head, *aligned(rows, left=3)]
+    if summary["device"] == "cpu":
+        lines.append(f"note: {CPU_NOTE}")
+    if "distributed" in summary:
+        lines.append(_distributed_line(summary["distributed"]))
+    for clip in summary.get("clips", [summary]):
         for level, table in clip["profiles"].items():
-            lines += ["", f"profile at level {level}, clip {clip['seconds']:g} s ({clip['frames']} frames):", table]
+            where = f", clip {clip['seconds']:g} s ({clip['frames']} frames)" if "clips" in summary else ""
+            lines += ["", f"profile at level {level}{where}:", table]
     return "\n".join(lines)
 
 
@@ -520,11 +570,14 @@ def plot_results(summaries: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=150)
 
 
+@quiet_when_stdout_closes
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``rewrite-bench``: 0, 2 for bad arguments, `BROKEN_PIPE_STATUS` when stdout's reader
+    stops early (``rewrite-bench ... | head``)."""
     args = parse_args(argv)
     if args.sources:  # saved results: print and plot them, run nothing
         summaries = args.results
-        print("\n\n".join(format_table(summary) for summary in summaries))
+        emit("\n\n".join(format_table(summary) for summary in summaries))
     else:
         if bench_distributed.under_torchrun():
             summary = bench_distributed.run_distributed(args, sys.modules[__name__])
@@ -533,11 +586,11 @@ def main(argv: list[str] | None = None) -> int:
         if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
             return 0
         summaries = [summary]
-        print(format_table(summaries[0]))
+        emit(format_table(summaries[0]))
         if args.json:
             text = json.dumps(summaries[0], indent=2, default=str)
             if args.json == "-":
-                print(text)
+                emit(text)
             else:
                 with open(args.json, "w") as handle:
                     handle.write(text)

@@ -6,15 +6,21 @@ decoder is captured from the meta device) and runs the level's own pipeline on e
 ``fuse_patterns`` (`rewrite.explain`). Every pattern runs, whatever ``--pattern`` selects, so the counts are
 the pipeline's; the filters only choose what is shown. Arguments are checked before the capture.
 
-Output: the sizes the graphs' symbols stand for, a pattern x graph table of match counts (rows: the patterns
-that apply to the model, level, dtype and device, zeros included; ``--all-patterns`` adds the others with why
-each does not apply), then every matched subgraph with its nodes' inputs by name and the matches it combines;
-``--near-misses`` adds why applicable patterns did not match; ``--json`` prints one JSON object instead
-(progress and notes go to stderr). ``--dot DIR`` writes ``GRAPH.dot`` (the graph as ``fuse_patterns``
-received it, one colour per pattern, a box per match) and ``GRAPH.PATTERN.K.dot`` per match;
-``--graphml FILE`` writes the same whole graphs with ``pattern`` and ``match`` attributes on matched nodes.
+Output (a summary by default): the symbolic sizes by name (batch, height, width; frames for AuK) and the
+graphs' input, a pattern family x graph table of how many times each family matched and how many candidates
+it declined (rows: the families with a pattern that applies to the model, level, dtype and device, zeros
+included; ``--all-patterns`` adds the others with why each does not apply), the graphs' tensor ops captured
+and rewritten (counted as `rewrite.report` counts them), and with ``--near-misses`` how many candidates of
+each applicable pattern that matched nowhere came close, by kind (``174 x expected aten.expand.default but
+found placeholder``). ``--details`` prints instead a pattern x graph table, every matched subgraph with its
+nodes' inputs by name and the matches it combines, and with ``--near-misses`` each near miss (up to
+``NEAR_MISSES_SHOWN`` per pattern and graph). ``--json`` prints one JSON object with all of it (progress and
+notes go to stderr). ``--dot DIR`` writes ``GRAPH.dot`` (the graph as ``fuse_patterns`` received it, one
+colour per pattern, a box per match) and ``GRAPH.PATTERN.K.dot`` per match; ``--graphml FILE`` writes the
+same whole graphs with ``pattern`` and ``match`` attributes on matched nodes. A reader that closes stdout
+early (``| head``) ends the run quietly with exit status 141 (`rewrite.tools.cli_output`).
 
-Usage: ``rewrite-debug wan2.1 [--config full] [--pattern rms_norm --near-misses] [--json]``,
+Usage: ``rewrite-debug wan2.1 [--config full] [--pattern rms_norm --near-misses] [--details] [--json]``,
 ``rewrite-debug auk [--config full] [--level channels_last]`` (one graph, ``decode``).
 
 ``--aten-activations`` (AuK) captures each alias-free activation as its 15 ATen ops, the
@@ -38,6 +44,8 @@ from rewrite.capture.export import CapturedGraph
 from rewrite.engine.pattern import Pattern
 from rewrite.levels import LEVELS
 from rewrite.passes.manager import PassError
+from rewrite.reporting import op_count
+from rewrite.tools.cli_output import emit, quiet_when_stdout_closes
 
 
 def progress(message: str) -> None:
@@ -59,10 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also list the patterns that do not apply here, with why (another model, level, "
                              "dtype or device)")
     parser.add_argument("--near-misses", action="store_true",
-                        help="why patterns did not match (applicable ones with no match, or every --pattern)")
+                        help="why patterns did not match (applicable ones with no match, or every --pattern): "
+                             "counts by kind, each near miss with --details")
+    parser.add_argument("--details", action="store_true",
+                        help="a row per pattern (not per family) and every match with its nodes; the default is "
+                             "the summary per family and graph")
     parser.add_argument("--dot", metavar="DIR", type=Path, help="write DOT files of the graphs and matches here")
     parser.add_argument("--graphml", metavar="FILE", type=Path, help="write the graphs as GraphML")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (everything --details shows, and more) instead of the text")
     parser.add_argument("--aten-activations", action="store_true",
                         help="auk: capture each alias-free activation as its ATen ops, not as one op node")
     return parser
@@ -102,13 +115,15 @@ def capture(args: argparse.Namespace, model: supported.SupportedModel) -> list[C
     start = time.perf_counter()
     progress(f"capturing {args.model} ({args.config}, {args.dtype}) on the CPU ...")
     graphs = capture_graphs(model, args.config, supported.DTYPES[args.dtype], aten_activations=args.aten_activations)
-    progress(f"captured {', '.join(f'{g.name} ({g.node_count} nodes)' for g in graphs)} "
+    progress(f"captured {', '.join(f'{g.name} ({op_count(g.graph_module.graph)} tensor ops)' for g in graphs)} "
              f"in {time.perf_counter() - start:.1f} s")
     return [g for g in graphs if not args.graph or g.name in args.graph]
 
 
+@quiet_when_stdout_closes
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``rewrite-debug``; returns the exit status (2 for bad arguments, 1 for a failed pass)."""
+    """Entry point of ``rewrite-debug``; returns the exit status (2 for bad arguments, 1 for a failed pass,
+    `rewrite.tools.cli_output.BROKEN_PIPE_STATUS` when stdout's reader stops early)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     model = supported.get(args.model)
@@ -139,10 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress(f"wrote {args.graphml}")
     heading = explain.Heading(args.model, args.config, args.dtype, args.level)
     if args.json:
-        print(explain.to_json(heading, reports, reasons))
+        emit(explain.to_json(heading, reports, reasons))
     else:
         row_reasons = {p.name: reasons[p.name] for p in rows if p.name in reasons}
-        print(explain.format_text(heading, reports, rows, hidden, row_reasons if row_reasons or args.all_patterns else None))
+        text = explain.format_text if args.details else explain.format_summary
+        emit(text(heading, reports, rows, hidden, row_reasons if row_reasons or args.all_patterns else None))
     return 0
 
 
