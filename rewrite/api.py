@@ -7,6 +7,7 @@ object; `level="off"` removes everything `optimize` installed, leaving the modul
 
 from __future__ import annotations
 
+import difflib
 import logging
 import sys
 
@@ -17,7 +18,7 @@ from rewrite.levels import LEVELS, check_level
 from rewrite.pipeline import rewrite_graph
 from rewrite.reporting import Report, WarmupResult
 from rewrite.runtime.runner import installed_runner
-from rewrite.supported import model_for
+from rewrite.supported import SupportedModel, model_for
 
 logger = logging.getLogger("rewrite")
 
@@ -37,14 +38,16 @@ def optimize(module: nn.Module, level: str = "lossless", *, group=None, output: 
     its algorithms during capture, default False). Both models: `cache_dir`, a directory where the rewritten
     graphs and the self-check verdicts are kept for later processes (`rewrite.runtime.disk_cache`; default
     None: the ``REWRITE_CACHE_DIR`` environment variable, off when unset; False: off).
-    Raises TypeError for an unsupported module, an option the model does not take or a `group=` that is no
-    ProcessGroup or DeviceMesh, ValueError for an unknown level, a bad option value or a mesh that is not 1-D.
+    Raises TypeError for an unsupported module, an option the model does not take (naming the options it takes
+    at that level and the close matches) or a `group=` that is no ProcessGroup or DeviceMesh, ValueError for an
+    unknown level, a bad option value or a mesh that is not 1-D; the module is unchanged when it raises.
     """
     check_level(level)
     model = model_for(module)
-    sharding = _sharding_for(module, model.family, level, group, output)
     runner_class = model.runner_class()
-    # Built first: a bad option raises before anything installed is touched (at "off" too: an option
+    _check_option_names(model, runner_class, level, options)  # before anything is built or installed
+    sharding = _sharding_for(module, model.family, level, group, output)
+    # Built first: a bad option value raises before anything installed is touched (at "off" too: an option
     # misspelt there would be one misspelt at the other levels).
     runner = runner_class(module, LEVELS[-1] if level == "off" else level, rewrite_graph, **options)
     if level == "off":
@@ -52,9 +55,48 @@ def optimize(module: nn.Module, level: str = "lossless", *, group=None, output: 
     fresh = _install_runner(module, runner_class, runner, options)
     _set_sharding(module, sharding)
     if fresh or sharding is not None:
-        logger.info("rewrite: %s optimized at level %r%s", type(module).__name__, level,
+        logger.info("%s optimized at level %r%s", type(module).__name__, level,
                     "" if sharding is None else f", decode sharded (output={sharding.output!r})")
     return module
+
+
+#: `optimize`'s own options of a sharded decode (Wan only), with the levels where they act
+_SHARDING_OPTIONS = {"group": ("lossless", "channels_last"), "output": ("lossless", "channels_last")}
+
+
+def accepted_options(model: SupportedModel, runner_class: type) -> dict[str, tuple[str, ...]]:
+    """The options `optimize` takes for `model` (driven by `runner_class`), by name: the levels where each
+    acts. The runner's `OPTIONS` (its test hooks, `HIDDEN_OPTIONS`, are accepted but not listed) and, for
+    Wan, `group` and `output`."""
+    options = dict(runner_class.OPTIONS)
+    if model.family == "wan":
+        options.update(_SHARDING_OPTIONS)
+    return options
+
+
+def _check_option_names(model: SupportedModel, runner_class: type, level: str, options: dict) -> None:
+    """A TypeError naming `optimize`, the option(s) it does not take, the close matches and the options it
+    takes for this model at this level, raised before anything is built or installed."""
+    accepted = accepted_options(model, runner_class)
+    unknown = [name for name in options if name not in accepted and name not in runner_class.HIDDEN_OPTIONS]
+    if not unknown:
+        return
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, list(accepted), n=2)
+        named.append(f"{name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+    what = model.type_name + (f" ({model.label})" if model.label else "")
+    acting = sorted(name for name, levels in accepted.items() if level in levels)
+    other = sorted(set(accepted) - set(acting))
+    if level == "off":
+        takes = f"it takes {', '.join(other)} (none acts at level 'off')"
+    else:
+        takes = f"at level {level!r} it takes {', '.join(acting)}"
+        if other:
+            elsewhere = sorted({lv for name in other for lv in accepted[name]})
+            takes += (f"; also {', '.join(other)}, which act at level {' or '.join(map(repr, elsewhere))} only")
+    raise TypeError(f"optimize() got {'an unexpected option' if len(unknown) == 1 else 'unexpected options'} "
+                    f"{', '.join(named)} for {what}: {takes}")
 
 
 def _sharding_for(module: nn.Module, family: str, level: str, group, output):

@@ -66,7 +66,7 @@ from rewrite.runtime.graphs import describe_key
 from rewrite.runtime.runner import MAX_RECAPTURES
 from rewrite.runtime.wan import finish_video, store_frames, temporal_factor
 
-logger = logging.getLogger("rewrite")
+logger = logging.getLogger("rewrite.distributed")
 
 #: the level the band graphs are rewritten at (see the module docstring)
 BAND_LEVEL = "lossless"
@@ -267,7 +267,7 @@ class BandGraphStore:
             if self.recaptures[key] > MAX_RECAPTURES:
                 self.captures.errors[key] = (f"the decoder changed after {MAX_RECAPTURES} recaptures of {what} "
                                              f"({'; '.join(changes)}); the eager band mode serves it from now on")
-                logger.warning("rewrite.distributed: %s", self.captures.errors[key])
+                logger.warning("%s", self.captures.errors[key])
         elif found is not None and not set(forced) <= found.forms.gathered:
             self.captures.forget(key)  # more convs must gather (the ranks' union)
 
@@ -313,7 +313,7 @@ class BandGraphStore:
                                                   f"{error}")
             ok, reason = self.conv_verdicts[key]
             if not ok:
-                logger.info("rewrite.distributed: band graphs gather %s", reason)
+                logger.info("band graphs gather %s", reason)
         return self.conv_verdicts[key][0]
 
 
@@ -543,7 +543,7 @@ def _segments(backend, graphs: BandGraphs, graph_steps: _GraphSteps, x_ext, run:
             graphs.segment_reasons[mode] = f"another rank has no captured band graphs ({mode})"
         reason = graphs.segment_reasons[mode]
         if mode not in graphs.segments_logged:
-            logger.warning("rewrite.distributed: %s; the band graphs run op by op", reason)
+            logger.warning("%s; the band graphs run op by op", reason)
             graphs.segments_logged.add(mode)
         graphs.segments = None
         stats["reason"] = reason
@@ -576,7 +576,7 @@ def _checked_steps(candidate, reference, checks: Checks | None, caches_agree, ru
                 else:
                     checks.refused = (f"{candidate.name} differ from {reference.name} at step {i} "
                                       f"({'chunk 0' if i == 0 else 'steady'}) on some rank")
-                    logger.warning("rewrite.distributed: %s; %s serves this shape", checks.refused, reference.name)
+                    logger.warning("%s; %s serves this shape", checks.refused, reference.name)
                     stats["reason"] = checks.refused
                     candidate = None
             y = expected

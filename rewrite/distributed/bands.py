@@ -44,7 +44,7 @@ from torch import nn
 
 from rewrite.capture.export import tracing_copy
 
-logger = logging.getLogger("rewrite")
+logger = logging.getLogger("rewrite.distributed")
 
 #: latent rows every band needs: with one row the band's size-1 row dim makes ATen choose other memory
 #: layouts (cat, pad) than for the whole tensor (measured: a 1-row band's conv input came out frame-major
@@ -238,7 +238,7 @@ class BandRun:
             why = reason if not ok else "another rank's band failed its check"
             text = f"{key[0]} {key[1]}: runs on the gathered whole tensor ({why})"
             self.stats.reasons.append(text)
-            logger.warning("rewrite.distributed: %s", text)
+            logger.warning("%s", text)
         return agreed
 
     def spatial_op(self, kind: str, signature: tuple, x: torch.Tensor, halo: int, band_fn, whole_fn):

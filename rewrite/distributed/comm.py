@@ -22,7 +22,7 @@ import logging
 import torch
 import torch.distributed as dist
 
-logger = logging.getLogger("rewrite")
+logger = logging.getLogger("rewrite.distributed")
 
 
 class DistributedDecodeError(RuntimeError):
@@ -84,7 +84,7 @@ class Comm:
         try:
             self.store.set(f"{self.prefix}/error/{self.rank}", f"{type(error).__name__}: {error}"[:4000])
         except Exception as failure:  # noqa: BLE001 - the store itself may be gone (its host rank died)
-            logger.debug("rewrite.distributed: could not post the error to the store: %s", failure)
+            logger.debug("could not post the error to the store: %s", failure)
 
     def peer_errors(self) -> dict[int, str]:
         if self.store is None:

@@ -42,7 +42,7 @@ from rewrite.distributed.comm import Comm, DistributedDecodeError, resolve_group
 from rewrite.runtime import guards
 from rewrite.runtime.locks import CAPTURE_GATE
 
-logger = logging.getLogger("rewrite")
+logger = logging.getLogger("rewrite.distributed")
 
 OUTPUTS = ("all", "rank0", "band")
 
@@ -152,7 +152,7 @@ def _decode(vae, z, comm: Comm, output: str, verify: bool, cuda_graphs: str = "s
     ok = comm.all_reduce_min(int(reason is None), "the choice of the decode mode")
     if not ok:
         reason = reason or "another rank cannot decode this call by bands or tiles"
-        logger.warning("rewrite.distributed: single-process decode on every rank: %s", reason)
+        logger.warning("single-process decode on every rank: %s", reason)
         video = vae.decode(z).sample
         info = ShardedInfo("single-process", reason)
         if output == "band":

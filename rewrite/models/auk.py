@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rewrite.models.input_casts import input_may_be_cast, plain_weight_dtype
 from rewrite.ops.alias_free_geometry import DOWN_PAD, FILTER_TAPS, RESAMPLE_RATIO, UP_CROP, UP_PAD
 
 logger = logging.getLogger(__name__)
@@ -389,6 +390,25 @@ class AuKVAE(nn.Module):
             problem = f"got an empty batch or zero frames (shape {shape})"
         if problem is not None:
             raise ValueError(f"AuKVAE.decode expects normalised latents shaped {expected}; {problem}")
+        needed = self._refused_latent_dtype(z)
+        if needed is not None:
+            raw = torch.promote_types(torch.result_type(z, self.global_log_std), self.global_mean.dtype)
+            raise ValueError(f"AuKVAE.decode expects latents of the model's dtype {needed}, or of one that the "
+                             f"denormalisation (z * sqrt(global_log_std) + global_mean) promotes to it; got {z.dtype}, "
+                             f"which it promotes to {raw} (cast them: z.to({needed}))")
+
+    def _refused_latent_dtype(self, z: torch.Tensor) -> torch.dtype | None:
+        """The dtype `decoder.conv_pre` needs where it would raise for the denormalised `z` (``z * sqrt(var) +
+        mean`` promotes the dtype: an fp32 model takes bf16, fp16 and integer latents; the conv then needs its
+        weight's dtype), else None; also None where something might cast on the way
+        (`rewrite.models.input_casts.input_may_be_cast`, the decoder and ``conv_pre``) or ``conv_pre`` has no
+        plain ``weight`` parameter."""
+        conv = self.decoder.conv_pre
+        needed = plain_weight_dtype(conv)
+        raw = torch.promote_types(torch.result_type(z, self.global_log_std), self.global_mean.dtype)
+        if needed is None or raw == needed or input_may_be_cast(z, [self.decoder, conv]):
+            return None
+        return needed
 
 
 # ---------------------------------------------------------------------------------------------------

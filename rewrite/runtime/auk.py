@@ -52,7 +52,7 @@ from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import disk_cache, guards
 from rewrite.runtime.graphs import CudaGraphBackend, GraphPool, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
-from rewrite.runtime.runner import DecoderRunner, installed_runner
+from rewrite.runtime.runner import EVERY_LEVEL, DecoderRunner, installed_runner
 from rewrite.runtime.tiles import Window, plan_tiles
 
 logger = logging.getLogger(__name__)
@@ -123,6 +123,9 @@ class AuKRunner(DecoderRunner):
     """The captured decode graph of one `AuKVAE`, its CUDA graphs, and the code that routes a decode."""
 
     model_name = "auk"
+    OPTIONS = {"cache_dir": EVERY_LEVEL, "compile_shapes": ("channels_last",), "tile_frames": ("channels_last",),
+               "max_graphs": EVERY_LEVEL, "cudnn_benchmark": ("channels_last",)}
+    HIDDEN_OPTIONS = ("graph_backend",)  # tests: a stand-in for CUDA graphs
 
     def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, compile_shapes: Sequence[int] = DEFAULT_COMPILE_SHAPES,
                  tile_frames: int | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS, cudnn_benchmark: bool = False,
@@ -265,12 +268,13 @@ class AuKRunner(DecoderRunner):
         key = (z.dtype, z.device)
         accepted = self._accepted.get(key)
         if (accepted is not None and accepted.holds(vae.decoder) and guards.autograd_reason(vae, z) is None
-                and guards.capture_in_progress_reason(z.device) is None):
+                and guards.autocast_reason(z.device) is None and guards.capture_in_progress_reason(z.device) is None):
             return None  # nothing the checks below look at has changed since they accepted a call
         self._accepted.pop(key, None)
         listing = list(vae.decoder.named_modules(prefix="decoder"))
         reason = (
             guards.autograd_reason(vae, z)
+            or guards.autocast_reason(z.device)
             or guards.hook_reason(vae.decoder, "decoder", modules=listing)
             or guards.training_reason(listing)
             or guards.tensor_attribute_reason(listing)

@@ -142,7 +142,7 @@ class DiskCache:
             return None
         with self._lock:
             self.stats.graphs_loaded += len(graphs)
-        logger.info("rewrite: disk cache: %s graphs read from %s", "+".join(key["graphs"]), path)
+        logger.info("disk cache: %s graphs read from %s", "+".join(key["graphs"]), path)
         return graphs
 
     def save_graphs(self, key: dict, graphs: Sequence[CapturedGraph]) -> bool:
@@ -250,7 +250,7 @@ class DiskCache:
             if temporary is not None:
                 with contextlib.suppress(OSError):  # a leftover temporary file is only clutter
                     os.unlink(temporary)
-        logger.debug("rewrite: disk cache: wrote %s (%d bytes)", path, len(data))
+        logger.debug("disk cache: wrote %s (%d bytes)", path, len(data))
         return True
 
     def report_problem(self, message: str) -> None:
@@ -258,7 +258,7 @@ class DiskCache:
         with self._lock:
             self.stats.rejected += 1
             self.stats.last_problem = message
-        logger.warning("rewrite: disk cache: %s", message)
+        logger.warning("disk cache: %s", message)
 
 
 def _digest(payload: Any) -> str:

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.modules import module as _module_globals
 
 from rewrite.capture.export import INSTALLED_ATTRIBUTES
+from rewrite.models.input_casts import autocast_on, input_may_be_cast, plain_weight_dtype
 
 Listing = Sequence[tuple[str, nn.Module]]  # ``region.named_modules(prefix=...)``, listed ahead
 
@@ -65,6 +66,25 @@ def uniform_parameters_reason(module: nn.Module, x: torch.Tensor) -> str | None:
     if x.dtype != dtype or x.device != device:
         return f"decoder input is {x.dtype} on {x.device}, parameters are {dtype} on {device}"
     return None
+
+
+def autocast_reason(device: torch.device) -> str | None:
+    """Autocast is on for the call's device: it would cast the ops of the reference decode, which the graphs
+    (captured without it) do not."""
+    if autocast_on(device):
+        return (f"torch.autocast is enabled on {device.type}; the graphs compute in the latents' dtype (decode "
+                "outside the autocast block, in the dtype you want, for the graphs)")
+    return None
+
+
+def refused_input_dtype(conv: nn.Module, x: torch.Tensor) -> torch.dtype | None:
+    """The dtype `conv` needs of its input where its forward would raise for `x`'s (a conv's input dtype must be
+    its weight's), else None: None where `x` has that dtype, where something might cast `x` before the conv
+    (`rewrite.models.input_casts.input_may_be_cast`), or where `conv` has no plain `weight` parameter."""
+    needed = plain_weight_dtype(conv)
+    if needed is None or x.dtype == needed or input_may_be_cast(x, [conv]):
+        return None
+    return needed
 
 
 def capture_in_progress_reason(device: torch.device) -> str | None:

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from rewrite.capture.export import CapturedGraph
+from rewrite.levels import LEVELS
 from rewrite.reporting import FallbackLog, TimingLog
 from rewrite.runtime import disk_cache, guards
 from rewrite.runtime.captures import CaptureCache
@@ -44,12 +45,20 @@ logger = logging.getLogger("rewrite")
 
 #: captures of one key after module changes before the reference path serves that key for good
 MAX_RECAPTURES = 3
+#: the levels at which an option of a runner can act (every level but "off")
+EVERY_LEVEL: tuple[str, ...] = tuple(level for level in LEVELS if level != "off")
 
 
 class DecoderRunner:
     """Base of `WanRunner` and `AuKRunner` (see the module docstring)."""
 
     model_name = "?"
+    #: the keyword options of the runner's constructor that `optimize` passes on, by name: the levels at which
+    #: each acts. `optimize` checks a call's option names against it (and `HIDDEN_OPTIONS`) before building
+    #: anything, and names them in its TypeError for an option the runner does not take.
+    OPTIONS: dict[str, tuple[str, ...]] = {"cache_dir": EVERY_LEVEL}
+    #: keyword options the constructor takes that `optimize` accepts but does not list (test hooks)
+    HIDDEN_OPTIONS: tuple[str, ...] = ()
 
     def __init__(self, level: str, rewrite_graph: Callable, options: dict[str, Any]) -> None:
         """`options` are the runner's normalised options; ``cache_dir`` (`disk_cache.open_cache`) is read here."""
@@ -114,7 +123,7 @@ class DecoderRunner:
                     self.graphs.errors[key] = (f"the decoder changed after {MAX_RECAPTURES} recaptures for {what} "
                                                f"({'; '.join(changes)}); the reference path serves it from now on")
                     return None
-                logger.warning("rewrite: the decoder changed since its capture for %s (%s); capturing again",
+                logger.warning("the decoder changed since its capture for %s (%s); capturing again",
                                what, "; ".join(changes))
         if key not in self.graphs.values and key not in self.graphs.errors:
             self.snapshots[key] = guards.ModuleSnapshot.of(listing)
@@ -219,7 +228,7 @@ class PendingRunner:
         module = self.module
         runner = self.runner_class(module, self.level, self.rewrite_graph, **self.options)
         runner.install(module)  # replaces every entry point and `_rewrite_runner` of the pickled runner
-        logger.info("rewrite: %s loaded from a pickle, optimized again at level %r", type(module).__name__, self.level)
+        logger.info("%s loaded from a pickle, optimized again at level %r", type(module).__name__, self.level)
         return runner
 
 

@@ -157,7 +157,7 @@ class WanRunner(DecoderRunner):
             note = ("no shapes given: the step graphs with symbolic sizes are captured (they serve every size); "
                     "the CUDA graphs of a latent size are captured by its first decode (pass shapes=[(latent_height, "
                     "latent_width), ...]: the first size then also gets step graphs of its own, quicker to export)")
-            logger.info("rewrite: warmup: %s", note)
+            logger.info("warmup: %s", note)
             return WarmupResult([], time.perf_counter() - start, note, breakdown=self.timings.records(mark))
         for height, width in pairs:  # the decode compiles each size's kernels ahead (`cuda_steps`)
             z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
@@ -194,7 +194,7 @@ class WanRunner(DecoderRunner):
                         del _
                         steady_in_place(steady)[0](steady.weights(decoder), x, *caches)
             except Exception as error:  # noqa: BLE001 - only a speed-up: the capture compiles what is missing
-                logger.warning("rewrite: compiling the Triton kernels ahead failed (%s: %s); they compile during the "
+                logger.warning("compiling the Triton kernels ahead failed (%s: %s); they compile during the "
                                "capture", type(error).__name__, error)
             self.timings.add("CUDA graphs " + describe_key(key), "compile ahead", time.perf_counter() - start)
 
@@ -211,7 +211,8 @@ class WanRunner(DecoderRunner):
     def decode_reason(self, vae: nn.Module, z: torch.Tensor) -> str | None:
         """Why `vae._decode(z)` cannot run through the graphs, or None. Checked on the latents, before
         ``post_quant_conv`` runs (it runs once, on whichever path serves the call)."""
-        reason = guards.autograd_reason(vae, z) or self.region_reason(vae.decoder, z)
+        reason = (guards.autograd_reason(vae, z) or guards.autocast_reason(z.device)
+                  or self.region_reason(vae.decoder, z))
         if reason is None:
             reason = guards.uniform_parameters_reason(vae.post_quant_conv, z)
         return reason
@@ -250,11 +251,13 @@ class WanRunner(DecoderRunner):
 
     @staticmethod
     def _call_reason(decoder: nn.Module, x: torch.Tensor) -> str | None:
-        """The checks of the call's own context (grad mode, a capture in progress, cuDNN switched off)."""
-        return (guards.autograd_reason(decoder, x) or guards.capture_in_progress_reason(x.device)
-                or guards.cudnn_reason(x.device))
+        """The checks of the call's own context (grad mode, autocast, a capture in progress, cuDNN switched off)."""
+        return (guards.autograd_reason(decoder, x) or guards.autocast_reason(x.device)
+                or guards.capture_in_progress_reason(x.device) or guards.cudnn_reason(x.device))
 
     def check_latents(self, z: torch.Tensor) -> None:
+        """A ValueError for latents diffusers' decode cannot take: not [batch, z_dim, frames, height, width],
+        empty, or of another dtype than the VAE's (`guards.refused_input_dtype`)."""
         if not isinstance(z, torch.Tensor) or z.dim() != 5 or z.shape[1] != self.z_dim:
             got = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
             raise ValueError(
@@ -262,6 +265,14 @@ class WanRunner(DecoderRunner):
             )
         if min(z.shape[0], z.shape[2], z.shape[3], z.shape[4]) < 1:
             raise ValueError(f"Wan latents must have at least one batch item, frame, row and column; got {tuple(z.shape)}")
+        # diffusers' decode raises for latents of another dtype than post_quant_conv's weights (its first op):
+        # a clear error here, before any guard logs a fallback (where a hook or autocast may cast them, the
+        # guards send the call to diffusers' code instead)
+        expected = guards.refused_input_dtype(self.vae.post_quant_conv, z)
+        if expected is not None:
+            raise ValueError(f"Wan latents must be {expected}, the dtype of the VAE's weights (diffusers' decode feeds "
+                             f"them to post_quant_conv, which takes no other); got {z.dtype} (cast them: "
+                             f"z.to({expected}))")
 
     def decode_frames(self, decoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """All latent frames of `x` (after post_quant_conv) through the graphs, into one preallocated video.
