@@ -10,6 +10,10 @@ import collections
 import dataclasses
 import logging
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger("rewrite")
 
@@ -91,7 +95,7 @@ def format_timings(records: list[Timing], indent: str = "  ") -> list[str]:
     return lines
 
 
-def is_shape_arithmetic(node: "torch.fx.Node") -> bool:
+def is_shape_arithmetic(node: torch.fx.Node) -> bool:
     """Whether an FX call node computes a size, not a tensor (``aten.sym_size.int``, ``operator.mul`` of sizes):
     its value is an int, float or bool, or a symbolic one. Graphs exported with symbolic sizes have such nodes;
     the same graphs exported for one size compute the sizes at export time and have none."""
@@ -101,7 +105,7 @@ def is_shape_arithmetic(node: "torch.fx.Node") -> bool:
     return isinstance(value, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def op_count(graph: "torch.fx.Graph") -> int:
+def op_count(graph: torch.fx.Graph) -> int:
     """The tensor ops of an FX graph: its ``call_function`` nodes but shape arithmetic (`is_shape_arithmetic`).
     Placeholders (the weights and the inputs) and the output node are not counted, so a graph exported for one
     size and the same graph with symbolic sizes count the same; `report` and ``rewrite-debug`` both count so."""

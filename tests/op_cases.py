@@ -277,3 +277,10 @@ def _band_cases(add, rnd) -> None:
 
 _BAND_CONTEXTS: list = []
 CASES = _cases()
+MODES = ("band", "steady_t1", "steady", "chunk0")  # the cache modes a causal conv case's id starts with
+
+
+def grid_group(op: str, case: Case) -> tuple[str, str]:
+    """A case's op and cache mode ("" for ops without one): the quick run (`tests.quick`) keeps each such
+    group, the whole run every case of it."""
+    return op, next((mode for mode in MODES if case.id.startswith(mode)), "")

@@ -9,7 +9,6 @@ decoder once on the meta device (export runs on fake tensors: no 114.5 M weights
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 
 import pytest
@@ -22,6 +21,7 @@ from rewrite.models.auk import AuKConfig, AuKVAE
 from rewrite.passes.canonicalize import canonicalize
 from rewrite.pipeline import rewrite_graph
 from rewrite.runtime import auk as auk_runtime
+from tests.captures import copy_graph
 
 # Match counts per pattern (nonzero only) on the decode graph; the same for every channel width.
 # 6 stages x 3 AMP blocks x 3 residual units x 2 activations + activation_post = 109 activations;
@@ -73,11 +73,6 @@ def pair() -> tuple[AuKVAE, AuKVAE]:
 
 def nonzero(matches: dict[str, int]) -> dict[str, int]:
     return {name: count for name, count in matches.items() if count}
-
-
-def copy_graph(graph):
-    module = fx.GraphModule(graph.graph_module, copy.deepcopy(graph.graph_module.graph))
-    return dataclasses.replace(graph, graph_module=module, matches={}, passes=[])
 
 
 @pytest.fixture(scope="module")

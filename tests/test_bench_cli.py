@@ -344,6 +344,7 @@ def test_bad_arguments_under_torchrun(argv, message, monkeypatch, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # torchrun: two ranks and a one-process baseline
 def test_torchrun_two_ranks_against_one_gpu(tmp_path):
     """``torchrun --standalone --nproc-per-node 2 -m rewrite.tools.bench`` (as ``python -m
     torch.distributed.run``), gloo on the CPU, the smallest Wan case: rank 0 alone prints the table and

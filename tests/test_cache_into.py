@@ -15,7 +15,8 @@ import torch
 
 from rewrite.ops import cache_into, triton_norm, triton_norm_fast, triton_pad, wan, wan_fast  # noqa: F401
 from rewrite.ops.dispatch import INTERPRETING
-from tests.op_cases import CASES, channels_last, kernel_gates_open
+from tests import quick
+from tests.op_cases import CASES, channels_last, grid_group, kernel_gates_open
 
 WRITERS = cache_into.next_cache_writers()
 ALL = [(op, case) for op, cases in sorted(CASES.items()) if f"rewrite::{op}" in WRITERS for case in cases]
@@ -44,8 +45,13 @@ def _with_channels_last_caches(op, args):
     return overload, args, buffers
 
 
-@pytest.mark.parametrize("kernels", [False, True], ids=["reference", "kernels"])
-@pytest.mark.parametrize("op, case", ALL, ids=[f"{op}-{case.id}" for op, case in ALL])
+# quick run: one case of each op, cache mode and path (`tests.quick`)
+GRID = quick.grid([(op, case, kernels) for kernels in (False, True) for op, case in ALL],
+                  lambda v: (*grid_group(v[0], v[1]), v[2]), 1, unpack=True,
+                  ids=lambda v: f"{v[0]}-{v[1].id}-{'kernels' if v[2] else 'reference'}")
+
+
+@pytest.mark.parametrize("op, case, kernels", GRID)
 def test_writing_into_the_buffers_gives_the_ops_outputs(kernel_allowed_on_cpu, monkeypatch, kernels, op, case):
     if kernels:
         if not INTERPRETING:

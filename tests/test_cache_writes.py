@@ -11,19 +11,17 @@ import pytest
 import torch
 import torch.fx as fx
 
-from rewrite.capture.wan import capture_wan_decoder
-from rewrite.models.wan import build_wan
 from rewrite.ops import cache_into
 from rewrite.pipeline import rewrite_graph
 from rewrite.runtime.cache_writes import static_cache_formats, write_caches_in_place
+from tests.captures import tiny_wan
 
 aten = torch.ops.aten
 
 
 @pytest.mark.parametrize("version", ["wan2.1", "wan2.2"])
 def test_steady_graph_writes_every_cache_early_and_exactly(version):
-    vae = build_wan(version, "tiny")
-    _, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    vae, (_, steady) = tiny_wan(version)
     rewrite_graph(steady, "lossless")
     names = steady.user_input_names
     module, late = write_caches_in_place(steady.graph_module, names)
@@ -103,8 +101,7 @@ def test_the_in_place_steady_step_is_built_once_per_graph():
     in-place step for the same steady graph, and a step whose graph copies every new cache into its input."""
     from rewrite.runtime.wan import steady_in_place
 
-    vae = build_wan("wan2.1", "tiny")
-    _, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    _, (_, steady) = tiny_wan("wan2.1")
     step, late = steady_in_place(steady)
     assert steady_in_place(steady)[0] is step and late == []
     nodes = step.graph_module.graph.nodes
@@ -116,8 +113,7 @@ def test_the_in_place_steady_step_is_built_once_per_graph():
 
 def test_static_caches_take_the_layout_the_steady_graph_returns():
     # `lossless`, where a layout change could change bits; `channels_last` has the same cache ops
-    vae = build_wan("wan2.1", "tiny")
-    chunk0, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    _, (chunk0, steady) = tiny_wan("wan2.1")
     rewrite_graph(steady, "lossless")
     rewrite_graph(chunk0, "lossless")
     names = steady.user_input_names

@@ -68,7 +68,7 @@ def test_a_decode_that_must_capture_gives_its_shared_hold_back_and_takes_it_agai
         with gate.capturing():  # this decode's own capture: no deadlock with the waiting one
             with gate.running():  # re-entrant inside its own capture
                 pass
-    thread.join(timeout=5)
+    thread.join(timeout=120)  # returns as soon as the thread ends; the bound only guards against a deadlock
     assert done.is_set()  # the waiting capture ran once this thread's hold was given back
     with gate.capturing():  # nothing left held
         pass

@@ -16,13 +16,13 @@ import torch
 from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rewrite.capture.wan import capture_wan_decoder
-from rewrite.models.wan import build_wan
 from rewrite.pipeline import rewrite_graph
 from rewrite.ops import op_info
 from rewrite.ops.dispatch import INTERPRETING
 from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
-from tests.op_cases import CASES, kernel_gates_open
+from tests import quick
+from tests.captures import tiny_wan
+from tests.op_cases import CASES, grid_group, kernel_gates_open
 
 aten = torch.ops.aten
 
@@ -32,8 +32,7 @@ CHANNELS_LAST_OPS = {name.replace("::", ".") + ".default" for name in op_info.ch
 
 @pytest.fixture(scope="module", params=["wan2.1", "wan2.2"])
 def tiny_graphs(request):
-    vae = build_wan(request.param, "tiny")
-    graphs = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    vae, graphs = tiny_wan(request.param)
     for graph in graphs:
         rewrite_graph(graph, "lossless")
     return vae, graphs
@@ -61,8 +60,7 @@ def _reads_as_weight(node, placeholder):
 
 
 def test_a_weight_also_read_elsewhere_is_not_substituted():
-    vae = build_wan("wan2.1", "tiny")
-    _, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    vae, (_, steady) = tiny_wan("wan2.1")
     rewrite_graph(steady, "lossless")
     gm = steady.graph_module
     slot = channels_last_weight_slots(gm)[0]
@@ -150,7 +148,8 @@ WEIGHT_CASES = [(op, case) for op, cases in CASES.items() for case in cases if c
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="needs TRITON_INTERPRET=1 (the kernel paths on CPU)")
-@pytest.mark.parametrize("op, case", WEIGHT_CASES, ids=[f"{op}-{case.id}" for op, case in WEIGHT_CASES])
+@pytest.mark.parametrize("op, case", quick.grid(WEIGHT_CASES, lambda v: grid_group(*v), 1, unpack=True,
+                                                ids=lambda v: f"{v[0]}-{v[1].id}"))
 def test_an_op_declares_a_channels_last_weight_exactly_when_its_kernel_path_converts_one(
         kernel_allowed_on_cpu, monkeypatch, op, case):
     """Declared ops copy the module's (contiguous) weight into channels-last memory on every call of their kernel

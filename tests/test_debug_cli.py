@@ -12,8 +12,6 @@ depend on what the Wan pattern files hold; the others run with the real registry
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import io
 import json
 import re
@@ -23,7 +21,6 @@ import subprocess
 import networkx as nx
 import pytest
 import torch
-import torch.fx as fx
 
 from rewrite import explain, supported
 from rewrite import patterns as pattern_registry
@@ -37,6 +34,8 @@ from rewrite.reporting import GraphReport as ReportRow
 from rewrite.reporting import op_count
 from rewrite.tools import debug
 from rewrite.tools.cli_output import BROKEN_PIPE_STATUS
+from tests import quick
+from tests.captures import copy_graph
 
 aten = torch.ops.aten
 GRAPHS = ["chunk0", "steady"]
@@ -48,12 +47,6 @@ SYMBOL = re.compile(r"\bs\d+\b")  # a torch size symbol (s77): never printed in 
 
 
 # --------------------------------------------------------------------------------------------- fixtures
-
-
-def copy_graph(graph: CapturedGraph) -> CapturedGraph:
-    """A copy whose graph can be rewritten without touching ``graph`` (node meta is shared, read-only)."""
-    module = fx.GraphModule(graph.graph_module, copy.deepcopy(graph.graph_module.graph))
-    return dataclasses.replace(graph, graph_module=module, matches={}, passes=[])
 
 
 def captured(model: str, config: str = "tiny", dtype: torch.dtype = torch.float32,
@@ -159,7 +152,7 @@ def applicable_names(report: dict) -> list[str]:
 # --------------------------------------------------------------------------------------------- output
 
 
-@pytest.mark.parametrize("model", ["wan2.1", "wan2.2"])
+@pytest.mark.parametrize("model", ["wan2.1", pytest.param("wan2.2", marks=quick.slow)])
 def test_details_table_lists_both_graphs_and_every_applicable_pattern(model, capsys):
     report = run_json(capsys, model)
     out = run_text(capsys, model, "--details")

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-SPAWN_LIMIT_S = 300  # a hang guard: a spawn of the two-rank cases takes about 80 s alone on 2 cores
+SPAWN_LIMIT_S = 1200  # a hang guard: the two-rank cases take 90 s on an idle 2-core machine, 270 s on a loaded one
 
 
 # ---- in-process units ---------------------------------------------------------------------------------
@@ -820,7 +820,7 @@ def _worker(rank, world, port, name, out_dir):
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300 if name.startswith("gpu") else 60))
+                            timeout=datetime.timedelta(seconds=300))  # a rank starved by a loaded machine may wait long
     results = {}
     for case_name, case in _cases(name).items():
         try:
@@ -864,6 +864,7 @@ def _check_decodes(results, world):
     return problems
 
 
+@pytest.mark.slow  # ~90-270 s: two spawned ranks through ~20 full decodes
 def test_two_ranks(tmp_path):
     results = _spawn(2, "two", tmp_path)
     problems = _check_decodes(results, 2)
@@ -927,6 +928,7 @@ def _check_optimize(results, world):
     return problems
 
 
+@pytest.mark.slow  # three spawned ranks
 def test_three_ranks_and_a_failing_rank(tmp_path):
     results = _spawn(3, "three", tmp_path)
     problems = _check_decodes(results, 3)
@@ -939,7 +941,7 @@ def test_three_ranks_and_a_failing_rank(tmp_path):
         else:
             assert value["type"] == "PeerFailedError", value
             assert "rank 1 failed: RuntimeError: injected failure on rank 1" in value["message"], value
-            assert 2.5 < value["seconds"] < 10, value  # the 3 s wait timeout, not a hang
+            assert 2.5 < value["seconds"] < 60, value  # the 3 s wait timeout (plus a loaded machine's delays), not the 300 s hang
     assert not problems, "\n".join(problems)
 
 

@@ -7,12 +7,11 @@ import copy
 import pytest
 import torch
 
-from rewrite.capture.wan import capture_wan_decoder
-from rewrite.models.wan import build_wan
 from rewrite.passes.canonicalize import canonicalize
 from rewrite.passes.drop_clones import drop_redundant_clones
 from rewrite.passes.fuse_patterns import fuse_patterns
 from rewrite.passes.manager import PassContext
+from tests.captures import tiny_wan
 
 aten = torch.ops.aten
 
@@ -26,8 +25,7 @@ def _export(module, *inputs):
 
 
 def test_wan22_steady_graph_loses_the_up_block_input_clones_and_stays_equal():
-    vae = build_wan("wan2.2", "tiny")
-    chunk0, steady = capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))
+    vae, (chunk0, steady) = tiny_wan("wan2.2")
     ctx = PassContext(level="lossless")
     canonicalize(steady.graph_module, ctx)
     fuse_patterns(steady.graph_module, ctx)

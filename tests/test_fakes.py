@@ -18,7 +18,8 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from rewrite.ops import alias_free, auk, wan, wan_fast  # noqa: F401  (define the ops)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
-from tests.op_cases import CASES, kernel_gates_open
+from tests import quick
+from tests.op_cases import CASES, grid_group, kernel_gates_open
 
 ALL = [(op, case) for op, cases in sorted(CASES.items()) for case in cases]
 IDS = [f"{op}-{case.id}" for op, case in ALL]
@@ -55,7 +56,8 @@ def test_the_fake_gives_the_reference_paths_layouts(op, case):
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="needs TRITON_INTERPRET=1 (the kernel paths on CPU)")
-@pytest.mark.parametrize("op, case", ALL, ids=IDS)
+@pytest.mark.parametrize("op, case", quick.grid(ALL, lambda v: grid_group(*v), 2, unpack=True,
+                                                ids=lambda v: f"{v[0]}-{v[1].id}"))
 def test_the_fake_gives_the_kernel_paths_layouts(kernel_allowed_on_cpu, monkeypatch, op, case):
     kernel_gates_open(monkeypatch)
     real = _real(op, case.args)

@@ -12,6 +12,7 @@ from rewrite.models.wan import build_wan
 from rewrite.passes.canonicalize import canonicalize
 from rewrite.patterns import registry
 from rewrite.pipeline import rewrite_graph
+from tests.captures import tiny_wan
 
 
 def _family_counts(matches: dict[str, int]) -> dict[str, int]:
@@ -63,6 +64,7 @@ FULL = {"wan2.1": _expected(29, 12, 20, 14, 1, False), "wan2.2": _expected(29, 1
 TINY = {"wan2.1": _expected(21, 10, 14, 10, 2, False), "wan2.2": _expected(21, 10, 14, 10, 1, True)}
 
 
+@pytest.mark.slow  # captures the full-size decoders
 @pytest.mark.parametrize("version", ("wan2.1", "wan2.2"))
 def test_full_size_match_counts(version):
     vae = build_wan(version, "full", perturb_norms=False)
@@ -93,18 +95,16 @@ def test_deferred_bias_families_match_every_block_of_cuda_graphs(monkeypatch, ve
     from rewrite.ops import dispatch
 
     monkeypatch.setattr(dispatch, "conv_bias_is_separate", lambda device: True)
-    vae = build_wan(version, "tiny")
     shortcuts = 2 if version == "wan2.1" else 1
     expected = _expected(21, 10, 14, 10, shortcuts, version == "wan2.2", deferred_biases=True)
-    for graph in capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu")):
+    for graph in tiny_wan(version)[1]:
         rewrite_graph(graph, "lossless")
         assert _family_counts(graph.matches) == expected[graph.name], graph.name
 
 
 @pytest.fixture(scope="module")
 def canonical_wan21():
-    vae = build_wan("wan2.1", "tiny")
-    graphs = {g.name: g for g in capture_wan_decoder(vae.decoder, torch.float32, torch.device("cpu"))}
+    graphs = {g.name: g for g in tiny_wan("wan2.1")[1]}
     for graph in graphs.values():
         canonicalize(graph.graph_module)
     return graphs

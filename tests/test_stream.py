@@ -23,6 +23,7 @@ from rewrite.runtime import stream as stream_module
 from rewrite.runtime.graphs import CudaGraphBackend
 from rewrite.runtime.runner import installed_runner
 from rewrite.runtime.stream import ClipState, StreamSession, frame_local_post_quant_conv
+from tests import quick
 from tests.conftest import WanPair
 from tests.graph_fakes import FakeGraphs
 from tests.threads import run_threads
@@ -166,9 +167,8 @@ def test_decode_stream_slices_as_decode_does_and_tiled_sizes_come_as_one_piece(w
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("batch", (1, 2))
-@pytest.mark.parametrize("sizes", CHUNKINGS, ids=lambda s: "+".join(map(str, s)))
+@pytest.mark.parametrize("sizes,version,batch", quick.product({"+".join(map(str, s)): (s,) for s in CHUNKINGS},
+                                                              {f"{v}-b{b}": (v, b) for v in VERSIONS for b in (1, 2)}))
 def test_session_pushes_are_the_decode_of_the_whole_clip(wan_pair, version, batch, sizes):
     pair = wan_pair(version)
     z = pair.latents(batch, sum(sizes), seed=sum(sizes) + batch)

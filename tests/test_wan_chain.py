@@ -19,6 +19,7 @@ import torch
 from rewrite.ops import dispatch, wan_fast
 from rewrite.ops import wan as _wan_ops
 from rewrite.ops.wan_reference import causal_conv_input_reference, rms_norm_reference
+from tests.captures import tiny_wan
 from tests.op_cases import kernel_gates_open
 from tests.test_wan_fast import DEVICE, _pair_fused, _pair_inputs, needs_kernels
 from tests.ulps import ulp
@@ -147,16 +148,13 @@ def test_the_pass_links_every_run_of_blocks(monkeypatch):
     """On a CPU capture standing in for a CUDA one (as the pair pattern's test): every pair op whose input is
     another block's output through an identity shortcut is linked; the graph still lints and every linked
     node's padded input comes from the node before."""
-    from rewrite.capture.wan import capture_wan_decoder
-    from rewrite.models.wan import build_wan
     from rewrite.pipeline import rewrite_graph
 
     monkeypatch.setattr(dispatch, "conv_bias_is_separate", lambda device: True)
     monkeypatch.setattr(dispatch, "INTERPRETING", True)
     kernel_gates_open(monkeypatch)
-    vae = build_wan("wan2.1", "tiny").to(torch.bfloat16)
     linked, declined = 0, {}
-    for graph in capture_wan_decoder(vae.decoder, torch.bfloat16, torch.device("cpu")):
+    for graph in tiny_wan("wan2.1", torch.bfloat16)[1]:
         rewrite_graph(graph, "channels_last")
         nodes = list(graph.graph_module.graph.nodes)
         for node in nodes:
@@ -178,12 +176,9 @@ def test_the_pass_links_every_run_of_blocks(monkeypatch):
 
 
 def test_the_pass_leaves_other_levels_alone():
-    from rewrite.capture.wan import capture_wan_decoder
-    from rewrite.models.wan import build_wan
     from rewrite.pipeline import rewrite_graph
 
-    vae = build_wan("wan2.1", "tiny").to(torch.bfloat16)
-    for graph in capture_wan_decoder(vae.decoder, torch.bfloat16, torch.device("cpu")):
+    for graph in tiny_wan("wan2.1", torch.bfloat16)[1]:
         rewrite_graph(graph, "lossless")
         assert not any(n.target is chain_op.default for n in graph.graph_module.graph.nodes)
         assert graph.matches.get("chain_block_norms") == 0

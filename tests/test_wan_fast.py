@@ -19,6 +19,8 @@ from rewrite.ops import dispatch, layout, selftest, triton_conv3d, triton_norm_f
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_conv3d import ConvTile
+from tests import quick
+from tests.captures import tiny_wan
 from tests.op_cases import channels_last, frame_major, kernel_gates_open, norm_plan_on_cpu
 from tests.ulps import ulp, within_one_ulp
 
@@ -39,7 +41,8 @@ def _operands(b, c, o, t, h, w, dtype, seed=0):
 
 
 @needs_kernels
-@pytest.mark.parametrize("b,c,o,t,h,w,tile", [
+@pytest.mark.parametrize("b,c,o,t,h,w,tile,dtype", quick.product({f"{b}-{c}-{o}-{t}-{h}-{w}-tile{i}": (b, c, o, t, h, w, tile)
+                                                           for i, (b, c, o, t, h, w, tile) in enumerate([
     (1, 16, 16, 1, 3, 37, SMALL),                              # width not a multiple of the block
     (2, 32, 48, 3, 2, 9, SMALL),                               # 48 outputs: a partial channel block
     (1, 48, 24, 2, 3, 20, ConvTile(32, 32, 16, 4, 2)),         # K = 3 blocks of 16 channels
@@ -47,8 +50,7 @@ def _operands(b, c, o, t, h, w, dtype, seed=0):
     (1, 16, 48, 2, 5, 20, ConvTile(16, 32, 16, 4, 2, 16, 2)),  # two rows per program (an odd row count), 32 + 16
     (2, 32, 40, 1, 4, 12, ConvTile(16, 32, 32, 4, 2, 0, 2)),   # two rows, a partial channel block, 2 batches
     (1, 32, 3, 2, 3, 24, ConvTile(32, 16, 32, 4, 2)),          # 3 outputs (Wan's head) in a 16-channel tile
-])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+])}, {"bf16": (torch.bfloat16,), "fp16": (torch.float16,)}))
 def test_kernel_matches_the_conv(b, c, o, t, h, w, tile, dtype):
     padded, weight, bias, residual = _operands(b, c, o, t, h, w, dtype)
     residual_bias = bias.flip(0)
@@ -459,8 +461,9 @@ def _check_pair(args, pair):
 
 
 @needs_kernels
-@pytest.mark.parametrize("mode", ["steady", "steady_t1", "chunk0"])
-@pytest.mark.parametrize("residual,residual_bias", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("mode,residual,residual_bias", quick.product(
+    {mode: (mode,) for mode in ("steady", "steady_t1", "chunk0")},
+    {f"residual_{r}-bias_{b}": (r, b) for r, b in ((True, True), (True, False), (False, False))}))
 def test_pair_op_on_exact_first_conv_values(kernel_allowed_on_cpu, monkeypatch, mode, residual, residual_bias):
     kernel_gates_open(monkeypatch)
     args = _pair_inputs(mode, residual, residual_bias)
@@ -471,9 +474,11 @@ def test_pair_op_on_exact_first_conv_values(kernel_allowed_on_cpu, monkeypatch, 
 
 
 @needs_kernels
-@pytest.mark.parametrize("mode", ["steady", "chunk0"])
-@pytest.mark.parametrize("tile", [ConvTile(16, 32, 16, 4, 2, 16, 2), ConvTile(16, 32, 16, 4, 2, 16, flat=True)],
-                         ids=["two_row_programs", "flat_programs"])
+@pytest.mark.parametrize("tile,mode", [  # quick: one (flat programs: `test_flat_programs_in_every_layout`)
+    pytest.param(ConvTile(16, 32, 16, 4, 2, 16, 2), "chunk0", id="two_row_programs-chunk0"),
+    pytest.param(ConvTile(16, 32, 16, 4, 2, 16, 2), "steady", id="two_row_programs-steady", marks=quick.slow),
+    pytest.param(ConvTile(16, 32, 16, 4, 2, 16, flat=True), "chunk0", id="flat_programs-chunk0", marks=quick.slow),
+    pytest.param(ConvTile(16, 32, 16, 4, 2, 16, flat=True), "steady", id="flat_programs-steady", marks=quick.slow)])
 def test_pair_op_with_split_channels(kernel_allowed_on_cpu, monkeypatch, mode, tile):
     """The norm epilogue over a 32 + 16 channel split (three 16-channel stores per row, as 128 + 64 for 192
     channels): in programs of two rows (the second skipped past the odd row count), and in flat programs (16
@@ -522,17 +527,14 @@ def test_pair_pattern_fuses_every_served_conv_pair_of_a_block(monkeypatch):
     """Structure on a CPU capture standing in for a CUDA one (the bias-deferral guards' device test patched,
     the kernel gates open for the tiny model's 16-channel convs): every block conv pair whose convs the fast
     op serves becomes one pair op, and no raw channels-last conv output is left feeding a fast conv."""
-    from rewrite.capture.wan import capture_wan_decoder
-    from rewrite.models.wan import build_wan
     from rewrite.pipeline import rewrite_graph
 
     monkeypatch.setattr(dispatch, "conv_bias_is_separate", lambda device: True)
     monkeypatch.setattr(dispatch, "INTERPRETING", True)
     kernel_gates_open(monkeypatch)
-    vae = build_wan("wan2.1", "tiny").to(torch.bfloat16)
     fast, pair = torch.ops.rewrite.rms_norm_causal_conv3d_fast.default, torch.ops.rewrite.rms_norm_causal_conv3d_pair_fast.default
     fused = 0
-    for graph in capture_wan_decoder(vae.decoder, torch.bfloat16, torch.device("cpu")):
+    for graph in tiny_wan("wan2.1", torch.bfloat16)[1]:
         rewrite_graph(graph, "channels_last")
         nodes = list(graph.graph_module.graph.nodes)
         fused += sum(n.target is pair for n in nodes)

@@ -23,6 +23,7 @@ from rewrite.ops import (aten_reduction, layout, triton_epilogue, triton_norm, t
 from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from rewrite.ops.triton_launch import FlatBlock
+from tests import quick
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -354,17 +355,18 @@ def test_upsample_conv2d_is_bit_identical_on_this_gpu(dtype, shape):
 
 
 @needs_kernels
-@pytest.mark.parametrize("shape,pad,cache_frames,mode", [((1, 24, 1, 5, 7), [1, 1, 1, 1, 0, 0], 2, "steady_t1"),
-                                                         ((1, 24, 3, 5, 70), [1, 1, 1, 1, 0, 0], 2, "steady"),
-                                                         ((2, 24, 1, 4, 6), [1, 1, 1, 1, 2, 0], 0, "chunk0"),
-                                                         ((1, 200, 1, 3, 5), [0, 0, 0, 0, 0, 0], 2, "steady_t1"),
-                                                         ((1, 128, 3, 3, 5), [1, 1, 1, 1, 0, 0], 2, "steady"),
-                                                         # a band graph's halo row band: no row pad
-                                                         ((1, 24, 1, 6, 7), [1, 1, 0, 0, 0, 0], 2, "steady_t1"),
-                                                         ((2, 24, 1, 5, 6), [1, 1, 0, 0, 2, 0], 0, "chunk0")])
-@pytest.mark.parametrize("layout", ("contiguous", "frame_major", "channels_last_deferred_bias"))
-@pytest.mark.parametrize("rest_block", [None, FlatBlock(values=32, warps=1)], ids=("default_block", "rows_in_32_value_blocks"))
-@pytest.mark.parametrize("cache_layout", ("contiguous", "channels_last"))
+@pytest.mark.parametrize("shape,pad,cache_frames,mode,layout,rest_block,cache_layout", quick.product(
+    {f"shape{i}": case for i, case in enumerate([((1, 24, 1, 5, 7), [1, 1, 1, 1, 0, 0], 2, "steady_t1"),
+                                                 ((1, 24, 3, 5, 70), [1, 1, 1, 1, 0, 0], 2, "steady"),
+                                                 ((2, 24, 1, 4, 6), [1, 1, 1, 1, 2, 0], 0, "chunk0"),
+                                                 ((1, 200, 1, 3, 5), [0, 0, 0, 0, 0, 0], 2, "steady_t1"),
+                                                 ((1, 128, 3, 3, 5), [1, 1, 1, 1, 0, 0], 2, "steady"),
+                                                 # a band graph's halo row band: no row pad
+                                                 ((1, 24, 1, 6, 7), [1, 1, 0, 0, 0, 0], 2, "steady_t1"),
+                                                 ((2, 24, 1, 5, 6), [1, 1, 0, 0, 2, 0], 0, "chunk0")])},
+    {name: (name,) for name in ("contiguous", "frame_major", "channels_last_deferred_bias")},
+    {"default_block": (None,), "rows_in_32_value_blocks": (FlatBlock(values=32, warps=1),)},
+    {name: (name,) for name in ("contiguous", "channels_last")}))
 def test_norm_written_into_the_padded_conv_input_is_exact(monkeypatch, shape, pad, cache_frames, mode, layout,
                                                           rest_block, cache_layout):
     """The norm kernel storing into the padded channels-last buffer (and the next cache) plus the kernel for the
