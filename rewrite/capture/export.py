@@ -40,6 +40,10 @@ class CapturedGraph:
     #: seconds per stage of getting this graph: "export" and "passes", or "disk cache load" for a graph read back
     #: from `rewrite.runtime.disk_cache`
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: what the runtime derives from this graph once (the steady step that writes its caches in place,
+    #: `rewrite.runtime.wan.steady_in_place`), by name: kept here so that it lives and dies with the graph (a
+    #: module-level cache keyed by the graph kept every optimized Wan module alive, issue 37)
+    derived: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     _binding: "_WeightBinding | None" = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
@@ -291,6 +295,7 @@ def export_step(
         program: ExportedProgram = torch.export.export(
             step, example_inputs, dynamic_shapes=_dynamic_spec(example_inputs, dynamic_dims), strict=False
         )
+    _forget_export_trace_nodes()
     seconds = time.perf_counter() - start
     input_kinds = []
     for spec in program.graph_signature.input_specs:
@@ -316,6 +321,18 @@ def export_step(
         capture_seconds=seconds,
         timings={"export": seconds},
     )
+
+
+def _forget_export_trace_nodes() -> None:
+    """Empty the module-level map of the last non-strict export's trace nodes that torch keeps for its fake
+    tensor leak check (`proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT`, read only inside the export that
+    filled it): left as it is, it keeps the last exported graph, and so whatever module that graph ends up in,
+    alive until the next export."""
+    from torch.fx.experimental import proxy_tensor
+
+    nodes = getattr(proxy_tensor, "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT", None)
+    if isinstance(nodes, dict):
+        nodes.clear()
 
 
 def concrete_shape(val: torch.Tensor) -> list[int]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import weakref
 
 import torch
 from torch import nn
@@ -430,17 +429,15 @@ class _WanCudaGraphs:
         return self._next.replay()[0]
 
 
-_IN_PLACE_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def steady_in_place(steady):
     """`steady` with its new caches written into its cache inputs early (`write_caches_in_place`), and the
-    indices of the caches it still returns; built once per steady graph (the capture and the compile-ahead
-    pass run the same step, so the pass's peak memory is the capture's)."""
-    built = _IN_PLACE_STEPS.get(steady.graph_module)
+    indices of the caches it still returns; built once per steady graph and kept on it (`CapturedGraph.derived`:
+    the capture and the compile-ahead pass run the same step, so the pass's peak memory is the capture's)."""
+    built = steady.derived.get("in_place")
     if built is None:
         module, late = write_caches_in_place(steady.graph_module, steady.user_input_names)
-        built = _IN_PLACE_STEPS[steady.graph_module] = (dataclasses.replace(steady, graph_module=module), late)
+        in_place = dataclasses.replace(steady, graph_module=module, derived={}, _binding=None)
+        built = steady.derived["in_place"] = (in_place, late)
     return built
 
 
