@@ -52,7 +52,7 @@ from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import disk_cache, guards
 from rewrite.runtime.graphs import CudaGraphBackend, GraphPool, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
-from rewrite.runtime.runner import EVERY_LEVEL, DecoderRunner, installed_runner
+from rewrite.runtime.runner import EVERY_LEVEL, OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
 from rewrite.runtime.tiles import Window, plan_tiles
 
 logger = logging.getLogger(__name__)
@@ -207,6 +207,13 @@ class AuKRunner(DecoderRunner):
         self._accepted.pop(key, None)
         self._weight_pointers.pop(key, None)
         self._compiled_ahead.discard(key)
+
+    def release_device_memory(self) -> None:
+        """Every CUDA graph (both pools, their static latents) and the packed conv weights go; the FX graph stays."""
+        self.bucket_graphs.retire()
+        self.exact_graphs.retire()
+        self._static_tails.clear()
+        self.packed_weights = triton_conv1d.PackedWeightCache()
 
     def graph_reports(self) -> list[GraphReport]:
         return [GraphReport.of(g) for g in self.graphs.values.values()]
@@ -385,6 +392,8 @@ class AuKRunner(DecoderRunner):
         if key not in self.capture_failures:
             try:
                 step = self._capture(pool, key, batch, width, z.dtype, z.device)
+            except torch.OutOfMemoryError:
+                raise  # not a failed capture: the decode frees memory and tries again (`within_memory`)
             except Exception as error:  # logged, reported; this shape runs eagerly from now on
                 self.capture_failures[key] = f"CUDA graph capture failed for {batch}x{width} frames: {type(error).__name__}: {error}"
                 self.fallbacks.note(self.capture_failures[key])
@@ -430,6 +439,16 @@ class AuKRunner(DecoderRunner):
         if reason is not None:
             self.fallbacks.took_reference(reason)
             return reference_decode(vae, z)
+        wave = self.within_memory(lambda: self._decode_optimized(z))
+        if wave is None:
+            self.fallbacks.took_reference(OUT_OF_MEMORY_REASON)
+            return reference_decode(vae, z)
+        return wave
+
+    def _decode_optimized(self, z: torch.Tensor) -> torch.Tensor:
+        """The decode through the graphs: eagerly without CUDA graphs, else by the routes of the module
+        docstring (reports the route taken)."""
+        vae = self.vae
         if not self.backend.can_capture(z.device):
             self.fallbacks.took_graphs(f"graph run eagerly (no CUDA graphs on {z.device.type})")
             return self.run_window(z)

@@ -16,7 +16,13 @@ A runner drives one optimized module. This base holds the parts that do not depe
   a parameter set to None, ...), at most `MAX_RECAPTURES` times per key; then the reference path serves;
 * what a capture does and costs: `capture_graphs` exports and rewrites a capture's graphs, or reads them
   back from the disk cache (`rewrite.runtime.disk_cache`, option ``cache_dir``), and records the seconds of
-  each stage in `timings` (with the CUDA-graph builds that `cuda_graphs_built` receives), for the report.
+  each stage in `timings` (with the CUDA-graph builds that `cuda_graphs_built` receives), for the report;
+* out of memory: `within_memory(attempt)` runs a decode's optimized path; a `torch.OutOfMemoryError` anywhere
+  in it (a capture, a replay, a graph run eagerly) frees what the runner holds on the device
+  (`release_device_memory`: CUDA graphs, their pools, static buffers, weight copies) and tries once more;
+  out of memory again, it frees them again and returns None, and the caller runs the reference decode. Each
+  step is noted in the report and logged. The caller sees an out-of-memory error only where the reference
+  decode itself runs out.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import collections
 import contextlib
 import copy
 import functools
+import gc
 import logging
 import threading
 import time
@@ -45,6 +52,8 @@ logger = logging.getLogger("rewrite")
 
 #: captures of one key after module changes before the reference path serves that key for good
 MAX_RECAPTURES = 3
+#: the reason the report gives for a decode that ran out of memory on the optimized path twice
+OUT_OF_MEMORY_REASON = "out of GPU memory on the optimized path, twice (graphs freed in between)"
 #: the levels at which an option of a runner can act (every level but "off")
 EVERY_LEVEL: tuple[str, ...] = tuple(level for level in LEVELS if level != "off")
 
@@ -91,6 +100,32 @@ class DecoderRunner:
         for owner, name, _ in cls.entry_points(module):
             owner.__dict__.pop(name, None)
             owner.__dict__.pop("_rewrite_runner", None)
+
+    # ---- out of memory -------------------------------------------------------------------------------
+    def release_device_memory(self) -> None:
+        """Drop everything this runner holds on the device for speed (CUDA graphs and their pools, static
+        buffers, weight copies); the FX graphs stay. Subclasses free their own containers."""
+
+    def within_memory(self, attempt: Callable[[], Any]) -> Any:
+        """`attempt()`, retried once after `release_device_memory` when it runs out of device memory; None when
+        the retry runs out too (module docstring). Other errors propagate."""
+        for retry in (False, True):
+            try:
+                return attempt()
+            except torch.OutOfMemoryError as error:
+                message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            self._free_after_out_of_memory()
+            if not retry:
+                self.fallbacks.note(f"out of GPU memory on the optimized path ({message}): its CUDA graphs and "
+                                    "buffers freed, the decode tried again")
+        return None
+
+    def _free_after_out_of_memory(self) -> None:
+        with self.lock.holding(torch.device("cpu")):  # no other call of this module replays while they go
+            self.release_device_memory()
+        gc.collect()  # the failed attempt's tensors, held by its traceback's frames until now
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
     # ---- reference path -----------------------------------------------------------------------------
     @contextlib.contextmanager

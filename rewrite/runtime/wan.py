@@ -33,7 +33,7 @@ from rewrite.runtime.cache_writes import static_cache_formats, write_caches_in_p
 from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
 from rewrite.runtime.graphs import CudaGraphBackend, GraphCache, describe_key, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
-from rewrite.runtime.runner import DecoderRunner, installed_runner
+from rewrite.runtime.runner import OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
 
 logger = logging.getLogger("rewrite")
 
@@ -197,6 +197,12 @@ class WanRunner(DecoderRunner):
                                "capture", type(error).__name__, error)
             self.timings.add("CUDA graphs " + describe_key(key), "compile ahead", time.perf_counter() - start)
 
+    def release_device_memory(self) -> None:
+        """The CUDA graphs of every size (their pools and static latent and cache buffers) and the channels-last
+        weight copies go; the FX graphs stay."""
+        self.cuda_graphs.clear()
+        self.channels_last_weights = ChannelsLastWeights()
+
     def _reserve_video(self, sample: torch.Tensor, frames: int) -> None:
         """Allocate and free the output of a `frames`-latent-frame decode of `sample`'s size (the video and, with
         a patch size, its unpatchified copy, alive together), so the caching allocator holds those blocks."""
@@ -304,6 +310,8 @@ class WanRunner(DecoderRunner):
             return self.cuda_graphs.get((b, h, w, x.dtype, x.device), weights0 + weights,
                                         lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1],
                                                                self.channels_last_weights, self.graph_backend))
+        except torch.OutOfMemoryError:
+            raise  # not a failed capture: the decode frees memory and tries again (`within_memory`)
         except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
             self.use_cuda_graphs = False
             self.cuda_graphs.clear()
@@ -448,15 +456,22 @@ def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True)
 
     runner: WanRunner = installed_runner(vae)
     runner.check_latents(z)
-    if decodes_tiled(vae, z.shape[3], z.shape[4]):
-        return vae.tiled_decode(z, return_dict=return_dict)  # its decoder calls come back through the graphs
+    if decodes_tiled(vae, z.shape[3], z.shape[4]):  # its decoder calls come back through the graphs
+        tiled = runner.within_memory(lambda: vae.tiled_decode(z, return_dict=return_dict))
+        if tiled is None:
+            runner.fallbacks.took_reference(OUT_OF_MEMORY_REASON)
+            return runner._reference_decode(z, return_dict=return_dict)
+        return tiled
 
     with runner.lock.holding(z.device), CAPTURE_GATE.running():
         reason = runner.decode_reason(vae, z)
         if reason is not None:
             runner.fallbacks.took_reference(reason)
             return runner._reference_decode(z, return_dict=return_dict)
-        video = runner.decode_frames(vae.decoder, vae.post_quant_conv(z))
+        video = runner.within_memory(lambda: runner.decode_frames(vae.decoder, vae.post_quant_conv(z)))
+        if video is None:
+            runner.fallbacks.took_reference(OUT_OF_MEMORY_REASON)
+            return runner._reference_decode(z, return_dict=return_dict)
         runner.fallbacks.took_graphs()
     video = finish_video(vae, video)
     vae.clear_cache()  # the reference leaves an empty cache behind; keep that observable state the same
