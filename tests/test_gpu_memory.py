@@ -1,0 +1,77 @@
+"""GPU memory of optimized full-size Wan decoders: given back when the module goes, and a decode that runs out
+of memory on the optimized path still returns the reference result (issue 37, items 1 and 3).
+
+The CPU tests (`tests/test_memory_release.py`, `tests/test_out_of_memory.py`) check the bookkeeping with
+stand-in graphs; these check the allocator's numbers with real CUDA graphs and a real out-of-memory error.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from rewrite import optimize, report
+from rewrite.models.wan import build_wan
+
+pytestmark = pytest.mark.gpu
+
+#: what `memory_allocated()` may differ from its value before the module was built (issue 37's target)
+RETURNED_WITHIN = 64 * 2**20
+
+
+def _latents(vae, latent_frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
+    ratio = vae.spatial_compression_ratio
+    shape = (1, vae.config.z_dim, latent_frames, height // ratio, width // ratio)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to("cuda", torch.bfloat16)
+
+
+def _collect() -> int:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated()
+
+
+@pytest.mark.parametrize("level", ["lossless", "channels_last"])
+@pytest.mark.parametrize("ending", ["del", "off"])
+def test_memory_comes_back_when_the_module_goes_or_is_set_off(level, ending):
+    start = _collect()
+    vae = build_wan("wan2.1", "full").to("cuda", torch.bfloat16)
+    weights = _collect() - start
+    optimize(vae, level)
+    with torch.no_grad():
+        for height, width in ((480, 832), (256, 448)):
+            vae.decode(_latents(vae, 3, height, width))
+    assert report(vae).last_path == "graphs"
+    assert _collect() - start > weights + RETURNED_WITHIN  # the graphs and buffers held something
+    if ending == "off":
+        optimize(vae, "off")
+        assert abs(_collect() - start - weights) <= RETURNED_WITHIN
+    del vae
+    assert abs(_collect() - start) <= RETURNED_WITHIN
+
+
+def test_a_decode_out_of_memory_on_the_graphs_frees_them_and_returns_the_reference_result():
+    """Graphs of one size held, then a larger size under a memory cap that fits its decode only once the held
+    graphs are freed: the first attempt runs out, the retry (or the reference decode) completes it."""
+    vae = build_wan("wan2.1", "full").to("cuda", torch.bfloat16)
+    weights = _collect()
+    optimize(vae, "lossless")
+    small, large = _latents(vae, 2, 480, 832), _latents(vae, 2, 720, 1280, seed=1)
+    with torch.no_grad():
+        vae.decode(small)
+        held = _collect()
+        small_graphs = held - weights
+        torch.cuda.reset_peak_memory_stats()
+        expected = vae._rewrite_runner._reference_decode(large).sample  # the small size's graphs stay held
+        reference_peak = torch.cuda.max_memory_allocated() - held
+        cap = _collect() + reference_peak - small_graphs // 2
+        torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
+        try:
+            actual = vae.decode(large).sample
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+    assert torch.equal(actual, expected)
+    assert any("out of GPU memory" in reason for reason in report(vae).fallbacks), report(vae)
