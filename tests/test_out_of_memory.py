@@ -20,6 +20,7 @@ from rewrite.models.auk import AuKConfig, AuKVAE
 from rewrite.models.wan import build_wan
 from rewrite.runtime import wan as wan_runtime
 from rewrite.runtime.runner import OUT_OF_MEMORY_REASON, installed_runner
+from tests import quick
 from tests.graph_fakes import FakeGraphs, FakeStep
 
 MICRO = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,
@@ -88,7 +89,8 @@ def test_wan_runs_out_of_memory_once_frees_its_graphs_and_decodes_through_them_a
         assert len(runner.cuda_graphs) == 1  # captured again after the release
 
 
-@pytest.mark.parametrize("where", ["capture", "replay", "eager"])
+@pytest.mark.parametrize("where", [pytest.param("capture", marks=quick.slow), "replay",
+                                   pytest.param("eager", marks=quick.slow)])
 def test_wan_out_of_memory_twice_takes_the_reference_decode_and_later_calls_the_graphs(monkeypatch, where):
     optimized, runner, z, expected = _wan_decode_out_of_memory(monkeypatch, where, times=2)
     with torch.no_grad():
@@ -121,8 +123,8 @@ def _auk_pair(level):
     return reference, optimized, z
 
 
-@pytest.mark.parametrize("where", ["capture", "replay"])
-@pytest.mark.parametrize("times", [1, 2])
+@pytest.mark.parametrize("where,times", quick.product({"capture": ("capture",), "replay": ("replay",)},
+                                                      {"once": (1,), "twice": (2,)}))
 def test_auk_out_of_memory_frees_the_graphs_then_retries_or_takes_the_reference(monkeypatch, where, times):
     reference, optimized, z = _auk_pair("lossless")
     cls, name = (FakeGraphs, "capture") if where == "capture" else (FakeStep, "replay")
