@@ -1,7 +1,8 @@
 """Out of memory on the optimized path is a fallback, never a crash (issue 37's third item), on the CPU.
 
-A `torch.OutOfMemoryError` is injected where a GPU decode can run out: the CUDA-graph capture, a replay, and a
-rewritten graph run eagerly. The runner frees what it holds on the device (`release_device_memory`) and tries
+A `torch.OutOfMemoryError` is injected where a GPU decode can run out: the export of the FX graphs (on a GPU its
+self-checks run real tensors: seen on an H100), the CUDA-graph capture, a replay, and a rewritten graph run
+eagerly. The runner frees what it holds on the device (`release_device_memory`) and tries
 again; out of memory a second time, it frees it again and runs the reference decode. Either way the call
 returns the reference's result (`torch.equal`: the CPU graphs are exact at `lossless`), the report says what
 happened, and the module keeps its CUDA graphs for the next call (an out-of-memory is not a failed capture).
@@ -19,7 +20,7 @@ from rewrite.capture.auk import reference_decode
 from rewrite.models.auk import AuKConfig, AuKVAE
 from rewrite.models.wan import build_wan
 from rewrite.runtime import wan as wan_runtime
-from rewrite.runtime.runner import OUT_OF_MEMORY_REASON, installed_runner
+from rewrite.runtime.runner import OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
 from tests import quick
 from tests.graph_fakes import FakeGraphs, FakeStep
 
@@ -51,8 +52,11 @@ def _wan_pair():
 
 
 def _inject_wan(monkeypatch, where: str, times: int) -> OutOfMemory:
-    """An out-of-memory at the capture, the replay or the eager graphs of a tiny Wan decode."""
-    if where == "capture":
+    """An out-of-memory at the export, the capture, the replay or the eager graphs of a tiny Wan decode."""
+    if where == "export":
+        fake = OutOfMemory(DecoderRunner.capture_graphs, times)
+        monkeypatch.setattr(DecoderRunner, "capture_graphs", lambda self, *a, **k: fake(self, *a, **k))
+    elif where == "capture":
         fake = OutOfMemory(FakeGraphs.capture, times)
         monkeypatch.setattr(FakeGraphs, "capture", lambda self, *a: fake(self, *a))
     elif where == "replay":
@@ -78,7 +82,7 @@ def _wan_decode_out_of_memory(monkeypatch, where: str, times: int):
     return optimized, runner, z, expected
 
 
-@pytest.mark.parametrize("where", ["capture", "replay", "eager"])
+@pytest.mark.parametrize("where", ["export", "capture", "replay", "eager"])
 def test_wan_runs_out_of_memory_once_frees_its_graphs_and_decodes_through_them_again(monkeypatch, where):
     optimized, runner, _, _ = _wan_decode_out_of_memory(monkeypatch, where, times=1)
     result = report(optimized)
@@ -89,7 +93,7 @@ def test_wan_runs_out_of_memory_once_frees_its_graphs_and_decodes_through_them_a
         assert len(runner.cuda_graphs) == 1  # captured again after the release
 
 
-@pytest.mark.parametrize("where", [pytest.param("capture", marks=quick.slow), "replay",
+@pytest.mark.parametrize("where", ["export", pytest.param("capture", marks=quick.slow), "replay",
                                    pytest.param("eager", marks=quick.slow)])
 def test_wan_out_of_memory_twice_takes_the_reference_decode_and_later_calls_the_graphs(monkeypatch, where):
     optimized, runner, z, expected = _wan_decode_out_of_memory(monkeypatch, where, times=2)
@@ -97,6 +101,7 @@ def test_wan_out_of_memory_twice_takes_the_reference_decode_and_later_calls_the_
         assert report(optimized).last_path == "reference"
         assert report(optimized).last_reason == OUT_OF_MEMORY_REASON
         assert len(runner.cuda_graphs) == 0  # freed again before the reference decode ran
+        assert runner.graphs.errors == {}  # out of memory is no failed capture
         assert torch.equal(optimized.decode(z).sample, expected)  # memory back: the graphs serve again
     assert report(optimized).last_path == "graphs"
 

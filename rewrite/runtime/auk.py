@@ -434,15 +434,16 @@ class AuKRunner(DecoderRunner):
             return self._decode_held(z)
 
     def _decode_held(self, z: torch.Tensor) -> torch.Tensor:
-        vae = self.vae
-        reason = self.fallback_reason(z)
-        if reason is not None:
-            self.fallbacks.took_reference(reason)
-            return reference_decode(vae, z)
-        wave = self.within_memory(lambda: self._decode_optimized(z))
+        def serve() -> tuple[torch.Tensor | None, str | None]:
+            """(wave, None) through the graphs, or (None, why not); the guards may capture the graph, so they
+            run inside `within_memory` too."""
+            reason = self.fallback_reason(z)
+            return (None, reason) if reason is not None else (self._decode_optimized(z), None)
+
+        wave, reason = self.within_memory(serve) or (None, OUT_OF_MEMORY_REASON)
         if wave is None:
-            self.fallbacks.took_reference(OUT_OF_MEMORY_REASON)
-            return reference_decode(vae, z)
+            self.fallbacks.took_reference(reason)
+            return reference_decode(self.vae, z)
         return wave
 
     def _decode_optimized(self, z: torch.Tensor) -> torch.Tensor:

@@ -463,14 +463,18 @@ def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True)
             return runner._reference_decode(z, return_dict=return_dict)
         return tiled
 
-    with runner.lock.holding(z.device), CAPTURE_GATE.running():
+    def serve() -> tuple[torch.Tensor | None, str | None]:
+        """(video, None) through the graphs, or (None, why not); the guards may capture graphs, so they run
+        inside `within_memory` too."""
         reason = runner.decode_reason(vae, z)
         if reason is not None:
-            runner.fallbacks.took_reference(reason)
-            return runner._reference_decode(z, return_dict=return_dict)
-        video = runner.within_memory(lambda: runner.decode_frames(vae.decoder, vae.post_quant_conv(z)))
+            return None, reason
+        return runner.decode_frames(vae.decoder, vae.post_quant_conv(z)), None
+
+    with runner.lock.holding(z.device), CAPTURE_GATE.running():
+        video, reason = runner.within_memory(serve) or (None, OUT_OF_MEMORY_REASON)
         if video is None:
-            runner.fallbacks.took_reference(OUT_OF_MEMORY_REASON)
+            runner.fallbacks.took_reference(reason)
             return runner._reference_decode(z, return_dict=return_dict)
         runner.fallbacks.took_graphs()
     video = finish_video(vae, video)
