@@ -47,9 +47,19 @@ def _halving_tree(values: list) -> torch.Tensor:
     return values[0]
 
 
-def emulated_channel_norm(x: torch.Tensor, split: int, ctas: int = 1) -> torch.Tensor:
-    """ATen's order (see `aten_reduction`) in float64, rounding to fp32 after every step."""
+def emulated_channel_norm(x: torch.Tensor, split: int, ctas: int = 1, pieces: tuple[int, ...] = ()) -> torch.Tensor:
+    """ATen's order (see `aten_reduction`) in float64, rounding to fp32 after every step; with `pieces` (32-bit
+    pieces over the channels), each piece's sum in that order, the sums added left to right."""
     xf = x.float().movedim(1, -1).double()
+    bounds = (0, *pieces, xf.shape[-1])
+    total = None
+    for lo, hi in zip(bounds, bounds[1:]):
+        piece = _emulated_channel_sum(xf[..., lo:hi], split, ctas)
+        total = piece if total is None else _rounded(total + piece)
+    return total.sqrt().float().unsqueeze(1)
+
+
+def _emulated_channel_sum(xf: torch.Tensor, split: int, ctas: int) -> torch.Tensor:
     channels = xf.shape[-1]
     partials = []
     for g in range(ctas):
@@ -69,7 +79,7 @@ def emulated_channel_norm(x: torch.Tensor, split: int, ctas: int = 1) -> torch.T
         for g, partial in enumerate(partials):
             last[g % split] = _rounded(last[g % split] + partial)
         partials = [_halving_tree(last)]
-    return partials[0].sqrt().float().unsqueeze(1)
+    return partials[0]
 
 
 # ---- the plan: a transcription of setReduceConfig, checked on known configurations ----------------------
@@ -97,6 +107,42 @@ def test_plan_is_none_off_cuda():
     assert aten_reduction.plan(torch.randn(1, 8, 1, 4, 4), torch.float32) is None
 
 
+# ---- inputs of 2 GiB and more: ATen's 32-bit pieces ---------------------------------------------------
+def _contiguous(shape):
+    return aten_reduction._contiguous_strides(shape)
+
+
+def _frame_major_strides(shape):
+    b, c, t, h, w = shape
+    return (t * c * h * w, h * w, c * h * w, w, 1)
+
+
+@pytest.mark.parametrize("shape,strides,expected", [
+    # Wan 2.1 1088x1920, last stage (fp32 copy 3.2 GB): two 48-channel pieces, one thread per output each
+    ((1, 96, 4, 1088, 1920), _contiguous((1, 96, 4, 1088, 1920)), aten_reduction.NormPlan(1, 4, 1, (48,))),
+    ((2, 96, 4, 1088, 1920), _contiguous((2, 96, 4, 1088, 1920)), aten_reduction.NormPlan(1, 4, 1, (48,))),
+    ((1, 256, 4, 1088, 1920), _contiguous((1, 256, 4, 1088, 1920)), aten_reduction.NormPlan(4, 4, 1, (64, 128, 192))),
+    ((1, 512, 4, 1088, 1920), _contiguous((1, 512, 4, 1088, 1920)), None),  # eight pieces: more than kept
+    # batches and frames are split first where they are the slower dims: whole channels, pieces of outputs
+    ((3, 96, 4, 720, 1280), _contiguous((3, 96, 4, 720, 1280)), aten_reduction.NormPlan(4, 4, 1)),
+    ((1, 96, 4, 1088, 1920), _frame_major_strides((1, 96, 4, 1088, 1920)), aten_reduction.NormPlan(4, 4, 1)),
+], ids=str)
+def test_inputs_past_32_bit_indexing_take_atens_pieces(monkeypatch, shape, strides, expected):
+    monkeypatch.setattr(aten_reduction, "_device_limits", lambda index: (132, 2048))  # an H100 / H200
+    assert aten_reduction._max_offset(shape, strides, 4) > aten_reduction.INT32_MAX
+    assert aten_reduction.split_plan(shape, strides, 0, 4, 0) == expected
+
+
+def test_32_bit_pieces_are_halves_of_the_widest_dim_first_half_first():
+    dims = aten_reduction._iterator_dims((3, 96, 4, 720, 1280), _contiguous((3, 96, 4, 720, 1280)), 4)
+    assert [d.size for d in dims] == [96, 4 * 720 * 1280, 3]  # channels first, (t, h, w) coalesced, batch
+    pieces = aten_reduction.split_pieces(dims)
+    assert [ranges[2] for ranges in pieces] == [(0, 1), (1, 1), (2, 1)]  # 1 then 2 = 1 + 1 batches
+    assert all(ranges[:2] == ((0, 96), (0, 4 * 720 * 1280)) for ranges in pieces)
+    wide = aten_reduction._iterator_dims((1, 200, 4, 1088, 1920), _contiguous((1, 200, 4, 1088, 1920)), 4)
+    assert [ranges[0] for ranges in aten_reduction.split_pieces(wide)] == [(0, 50), (50, 50), (100, 50), (150, 50)]
+
+
 # ---- kernels under the interpreter --------------------------------------------------------------------
 @needs_interpreter
 @pytest.mark.parametrize("shape,split,ctas", [((1, 96, 2, 5, 7), 4, 1), ((2, 40, 1, 3, 5), 1, 1),
@@ -108,6 +154,44 @@ def test_channel_norm_kernel_follows_the_order(shape, split, ctas, layout):
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     x = _frame_major(x) if layout == "frame_major" else x
     assert torch.equal(triton_norm.channel_norm(x, split, ctas), emulated_channel_norm(x, split, ctas))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("shape,split,ctas,pieces", [((1, 96, 2, 5, 7), 1, 1, (48,)), ((1, 19, 2, 6, 9), 2, 1, (5, 11, 17)),
+                                                     ((2, 200, 1, 3, 5), 4, 10, (100,)), ((1, 64, 2, 6, 6), 4, 1, (32,))])
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+def test_channel_norm_kernel_adds_the_32_bit_pieces_in_order(shape, split, ctas, pieces, layout):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    x = _frame_major(x) if layout == "frame_major" else x
+    actual = triton_norm.channel_norm(x, split, ctas, pieces)
+    assert torch.equal(actual, emulated_channel_norm(x, split, ctas, pieces))
+    assert not torch.equal(actual, triton_norm.channel_norm(x, split, ctas))  # the pieces change the sums
+
+
+@needs_interpreter
+def test_fused_norms_add_the_32_bit_pieces():
+    """The whole-norm kernel and the one storing into the padded conv input take the pieces as the channel norm
+    does: the first equals ATen's epilogue on the emulated norm, the second its pad."""
+    g = torch.Generator().manual_seed(3)
+    x = (3 * torch.randn(1, 96, 2, 5, 7, generator=g)).to(torch.bfloat16)
+    gamma = (1 + 0.2 * torch.randn(96, 1, 1, 1, generator=g)).to(torch.bfloat16)
+    y = (x.float() / emulated_channel_norm(x, 1, 1, (48,)).clamp_min(1e-12)).to(torch.bfloat16) * 4.0 * gamma + 0.0
+    fused = triton_norm.rms_norm_fused(x, gamma, 4.0, 0.0, 1e-12, True, False, 1, pieces=(48,))
+    assert torch.equal(fused, y)
+    pad = [1, 1, 1, 1, 2, 0]
+    cache = torch.randn(1, 96, 2, 5, 7, generator=g).to(torch.bfloat16)
+    padded, next_cache = triton_norm.rms_norm_padded_channels_last(x, gamma, 4.0, 0.0, 1e-12, True, False, 1, cache,
+                                                                   pad, pieces=(48,))
+    expected = triton_pad.causal_pad_channels_last(fused, cache, pad)
+    assert torch.equal(padded, expected[0]) and torch.equal(next_cache, expected[1])
+
+
+@needs_interpreter
+def test_channel_norm_pieces_must_be_increasing_channel_boundaries():
+    x = torch.randn(1, 8, 1, 2, 2)
+    for pieces in ((4, 2), (0, 4), (8,), (1, 2, 3, 4)):
+        with pytest.raises(ValueError, match="norm pieces"):
+            triton_norm.channel_norm(x, 1, 1, pieces)
 
 
 @needs_interpreter
@@ -244,6 +328,26 @@ def test_channel_norm_is_atens_on_this_gpu(shape, layout):
     assert plan is not None
     assert torch.equal(triton_norm.channel_norm(x, plan.split, plan.ctas),
                        torch.linalg.vector_norm(x.float(), 2, [1], True))
+
+
+# inputs whose fp32 copy is 2 GiB or more: ATen reduces them in 32-bit pieces (Wan 2.1's last stage at 1088x1920,
+# two batches of it, four pieces of 64 channels)
+PIECES_NORM_SHAPES = [(1, 96, 4, 1088, 1920), (2, 96, 4, 1088, 1920), (1, 256, 4, 1088, 1920)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", PIECES_NORM_SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
+def test_norms_past_32_bit_indexing_are_atens_on_this_gpu(shape, layout):
+    x = 3 * torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    x = _frame_major(x) if layout == "frame_major" else x
+    plan = aten_reduction.plan(x, torch.float32)
+    assert plan is not None
+    assert torch.equal(triton_norm.channel_norm(x, plan.split, plan.ctas, plan.pieces),
+                       torch.linalg.vector_norm(x.float(), 2, [1], True))
+    gamma = (1 + 0.2 * torch.randn(shape[1], 1, 1, 1, device="cuda")).to(torch.bfloat16)
+    expected = wan_reference.rms_norm_reference(x, gamma, shape[1] ** 0.5, 0.0, 1e-12, True, "silu")
+    assert torch.equal(torch.ops.rewrite.rms_norm(x, gamma, shape[1] ** 0.5, 0.0, 1e-12, True, "silu"), expected)
 
 
 # Wan 2.2's 1024-channel norms (latent, 2x, 4x at 720p and 480p): ATen splits their channels across blocks

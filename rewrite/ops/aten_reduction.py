@@ -24,8 +24,14 @@ across `ctas` blocks (`ctas_per_output`, a global reduction):
   * the last block to finish (`global_reduce`) has thread y add P_y, P_{y + split}, P_{y + 2 split}, ... in
     that order to 0, then combines the split threads with the halving tree again.
 
-Across 32-bit index sub-iterations (inputs of 2 GiB and more) `plan` returns None and callers keep ATen's
-kernel.
+Inputs of 2 GiB and more: ATen cannot index them with 32 bits, so `gpu_reduce_kernel` runs the reduction as
+the sub-iterations of `TensorIterator::with_32bit_indexing`, which halves the dim of largest byte extent until
+each piece fits (`split_pieces` transcribes it). Pieces that split the outputs are independent reductions; a
+piece that splits the channels leaves its raw sum in the output and the next piece of those outputs adds its
+own sum to it (`ops.combine`), the square root taken after the last. Where every piece has the same plan and
+every output the same channel pieces, the plan carries the channel boundaries (`NormPlan.pieces`) and the
+kernel sums each piece in the plan's order and adds them left to right; otherwise `plan` returns None and
+callers keep ATen's kernel.
 
 The rules were read from PyTorch's `Reduce.cuh`; `tests/test_wan_fused_norm_conv.py` (gpu marker) checks the
 resulting norms with `torch.equal` against ATen on the running GPU for every shape class the Wan decoders
@@ -46,6 +52,8 @@ WARP = 32
 VT0 = 4  # accumulators per thread (gpu_reduce_kernel's default vt0, used by the norm kernels)
 MIN_SPLIT_VALUES = 16
 MAX_VALUES_PER_THREAD = 256
+INT32_MAX = 2**31 - 1
+MAX_PIECES = 4  # 32-bit pieces of one output the norm kernels add (an fp32 copy of up to 8 GiB over the channels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +64,12 @@ class NormPlan:
     split: int
     vec: int
     ctas: int = 1
+    pieces: tuple[int, ...] = ()  # inner channel boundaries of the 32-bit pieces (module docstring); () for one
+
+    def piece_ends(self, channels: int) -> tuple[int, ...]:
+        """The end channel of each of MAX_PIECES pieces, the unused ones ending at `channels` (kernel arguments)."""
+        ends = (*self.pieces, channels)
+        return ends + (channels,) * (MAX_PIECES - len(ends))
 
 
 def _last_pow2(n: int) -> int:
@@ -138,9 +152,6 @@ def plan(x: torch.Tensor, reduced_dtype: torch.dtype, reference_contiguous: bool
         return None
     shape = tuple(x.shape) if rows is None else (*x.shape[:-2], int(rows), x.shape[-1])
     element_size = torch.empty((), dtype=reduced_dtype).element_size()
-    numel = math.prod(shape)
-    if numel * element_size >= 2**31:  # TensorIterator would split into 32-bit sub-iterations
-        return None
     if reference_contiguous:
         strides, data_ptr = _contiguous_strides(shape), 0
     elif not _non_overlapping_dense(x):
@@ -148,6 +159,8 @@ def plan(x: torch.Tensor, reduced_dtype: torch.dtype, reference_contiguous: bool
     else:
         strides = tuple(x.stride()) if rows is None else dense_strides_in_order(shape, tuple(x.stride()))
         data_ptr = x.data_ptr() if reduced_dtype == x.dtype else 0
+    if _max_offset(shape, strides, element_size) > INT32_MAX or math.prod(shape) > INT32_MAX:
+        return split_plan(shape, strides, data_ptr, element_size, x.device.index or 0)
     return plan_of(shape, strides, data_ptr, element_size, x.device.index or 0)
 
 
@@ -162,6 +175,109 @@ def plan_of(shape: tuple[int, ...], strides: tuple[int, ...], data_ptr: int, ele
     num_outputs = math.prod(shape) // shape[1]
     split, ctas = split_for(num_outputs, shape[1], vec, *_device_limits(device_index))
     return NormPlan(split=split, vec=vec, ctas=ctas)
+
+
+def _max_offset(shape: tuple[int, ...], strides: tuple[int, ...], element_size: int) -> int:
+    """`can_use_32bit_indexing`'s bound for one operand: 1 + the largest byte offset."""
+    return 1 + sum((size - 1) * abs(stride) * element_size for size, stride in zip(shape, strides) if size)
+
+
+@dataclasses.dataclass(frozen=True)
+class _IterDim:
+    """One dim of the reduction's TensorIterator: size and byte strides of the output and the input."""
+
+    size: int
+    out_stride: int
+    in_stride: int
+
+
+def _iterator_dims(shape: tuple[int, ...], strides: tuple[int, ...], element_size: int) -> Optional[list[_IterDim]]:
+    """The dims of the TensorIterator of `linalg_vector_norm(x, 2, [1], keepdim=True)`, fastest first: the
+    reduced channel dim (output stride 0, moved to the front by `reorder_dimensions`), then the output dims in
+    the order of the output's (contiguous) strides, neighbours coalesced where both operands continue. None
+    where x's own order of the output dims differs from the output's (a layout this transcription does not
+    cover)."""
+    out_shape = (shape[0], 1, *shape[2:])
+    out_strides = _contiguous_strides(out_shape)
+    order = [d for d in reversed(range(len(shape))) if d != 1 and shape[d] != 1]
+    if [strides[d] for d in order] != sorted(strides[d] for d in order):
+        return None
+    dims = [_IterDim(shape[1], 0, strides[1] * element_size)]
+    merged: list[_IterDim] = []
+    for d in order:
+        dim = _IterDim(shape[d], out_strides[d] * 4, strides[d] * element_size)
+        last = merged[-1] if merged else None
+        if last and last.size * last.out_stride == dim.out_stride and last.size * last.in_stride == dim.in_stride:
+            merged[-1] = _IterDim(last.size * dim.size, last.out_stride, last.in_stride)
+        else:
+            merged.append(dim)
+    return dims + merged
+
+
+def split_pieces(dims: list[_IterDim]) -> list[tuple[tuple[int, int], ...]]:
+    """`SplitUntil32Bit` over the iterator `dims`: the (start, size) of every dim in each piece, in the order
+    ATen runs them. A piece that does not fit is halved along `get_dim_to_split`'s dim (largest byte extent of
+    any operand, the slowest dim on a tie), the first half (size // 2) first."""
+    def fits(ranges) -> bool:
+        numel = math.prod(size for _, size in ranges)
+        return numel <= INT32_MAX and all(
+            1 + sum((size - 1) * abs(getattr(d, stride)) for d, (_, size) in zip(dims, ranges)) <= INT32_MAX
+            for stride in ("out_stride", "in_stride"))
+
+    def dim_to_split(ranges) -> int:
+        best, chosen = -1, -1
+        for index in reversed(range(len(dims))):
+            size = ranges[index][1]
+            for stride in (dims[index].out_stride, dims[index].in_stride):
+                if size and (size - 1) * abs(stride) > best:
+                    best, chosen = (size - 1) * abs(stride), index
+        return chosen
+
+    pieces, stack = [], [tuple((0, d.size) for d in dims)]
+    while stack:
+        ranges = stack.pop()
+        if fits(ranges):
+            pieces.append(ranges)
+            continue
+        index = dim_to_split(ranges)
+        start, size = ranges[index]
+        first = ranges[:index] + ((start, size // 2),) + ranges[index + 1:]
+        second = ranges[:index] + ((start + size // 2, size - size // 2),) + ranges[index + 1:]
+        stack += [second, first]
+    return pieces
+
+
+def split_plan(shape: tuple[int, ...], strides: tuple[int, ...], data_ptr: int, element_size: int,
+               device_index: int) -> Optional[NormPlan]:
+    """The plan of a norm input ATen reduces in 32-bit pieces (module docstring), or None where the pieces do
+    not share one plan and one channel partition, or need more than MAX_PIECES pieces per output."""
+    dims = _iterator_dims(shape, strides, element_size)
+    if dims is None or len(dims) < 2:
+        return None
+    channels_by_outputs: dict[tuple, list[tuple[int, int]]] = {}
+    plans = set()
+    for ranges in split_pieces(dims):
+        (c_start, c_size), outputs = ranges[0], ranges[1:]
+        channels_by_outputs.setdefault(outputs, []).append((c_start, c_size))
+        if dims[1].in_stride >= dims[0].in_stride:
+            return None  # an inner reduction: another kernel and order
+        offset = sum(start * d.in_stride for d, (start, _) in zip(dims, ranges)) // element_size
+        vec = 4 if dims[1].in_stride == element_size else 1  # `get_output_vec_size`, as `output_vec_size`
+        for n in (data_ptr // element_size + offset, outputs[0][1],
+                  *(d.in_stride // element_size for d in (dims[0], *dims[2:]))):
+            while n % vec:
+                vec //= 2
+        num_outputs = math.prod(size for _, size in outputs)
+        split, ctas = split_for(num_outputs, c_size, vec, *_device_limits(device_index))
+        plans.add(NormPlan(split=split, vec=vec, ctas=ctas))
+    partitions = {tuple(channels) for channels in channels_by_outputs.values()}
+    if len(plans) != 1 or len(partitions) != 1:
+        return None
+    partition = partitions.pop()
+    if len(partition) > MAX_PIECES or [start for start, _ in partition] != sorted(start for start, _ in partition):
+        return None
+    plan = plans.pop()
+    return dataclasses.replace(plan, pieces=tuple(start for start, _ in partition[1:]))
 
 
 def dense_strides_in_order(shape: tuple[int, ...], like_strides: tuple[int, ...]) -> tuple[int, ...]:

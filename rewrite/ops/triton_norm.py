@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rewrite.ops import layout
+from rewrite.ops import aten_reduction, layout
 from rewrite.ops.dispatch import triton
 from rewrite.ops.layout import as5d, norm_threads, planes_contiguous, reference_layout, run_stride
 from rewrite.ops.triton_launch import BLOCK, launch, launch_flat, plane_grid
@@ -122,18 +122,19 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT: tl.constexpr, CTAS: tl.constexpr, CTAS_P2: tl.constexpr,
-                      BLOCK_P: tl.constexpr, UNROLL: tl.constexpr = 1, xb_ptr=None, HAS_XBIAS: tl.constexpr = False):
-        """fp32 L2 norm over the C channels of BLOCK_P pixels, summed in ATen's order (`aten_reduction`).
-        One block (CTAS == 1): accumulator row i * SPLIT + y holds thread y's accumulator i, over channels
-        4 SPLIT k + i SPLIT + y. CTAS blocks (padded to CTAS_P2 rows of threads): row (i * CTAS_P2 + g) * SPLIT
-        + y holds accumulator i of thread y of block g, over channels (4 k + i) SPLIT CTAS + g SPLIT + y; the
-        block partials are then added as `global_reduce` adds them."""
+    def _channel_sum(x_ptr, x_pix, pmask, LO, C, sx1, SPLIT: tl.constexpr, CTAS: tl.constexpr,
+                     CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr, UNROLL: tl.constexpr = 1, xb_ptr=None,
+                     HAS_XBIAS: tl.constexpr = False):
+        """fp32 sum of squares over channels LO .. C - 1 of BLOCK_P pixels, in ATen's order (`aten_reduction`),
+        channel LO counting as the first. One block (CTAS == 1): accumulator row i * SPLIT + y holds thread y's
+        accumulator i, over channels 4 SPLIT k + i SPLIT + y. CTAS blocks (padded to CTAS_P2 rows of threads):
+        row (i * CTAS_P2 + g) * SPLIT + y holds accumulator i of thread y of block g, over channels
+        (4 k + i) SPLIT CTAS + g SPLIT + y; the block partials are then added as `global_reduce` adds them."""
         if CTAS == 1:
             GROUP: tl.constexpr = 4 * SPLIT
             rows = tl.arange(0, GROUP)
             acc = tl.zeros([GROUP, BLOCK_P], dtype=tl.float32)
-            for c0 in range(0, C, GROUP * UNROLL):  # UNROLL loads in flight; the same adds in the same order
+            for c0 in range(LO, C, GROUP * UNROLL):  # UNROLL loads in flight; the same adds in the same order
                 for u in tl.static_range(UNROLL):
                     c = c0 + u * GROUP + rows
                     m = (c < C)[:, None] & pmask[None, :]
@@ -148,7 +149,7 @@ if triton is not None:
             block = (rows // SPLIT) % CTAS_P2
             first = (rows // THREADS) * (SPLIT * CTAS) + block * SPLIT + rows % SPLIT
             acc = tl.zeros([4 * THREADS, BLOCK_P], dtype=tl.float32)
-            for c0 in range(0, C, 4 * SPLIT * CTAS * UNROLL):
+            for c0 in range(LO, C, 4 * SPLIT * CTAS * UNROLL):
                 for u in tl.static_range(UNROLL):
                     c = c0 + u * (4 * SPLIT * CTAS) + first
                     m = ((block < CTAS) & (c < C))[:, None] & pmask[None, :]
@@ -164,6 +165,25 @@ if triton is not None:
                 p_g = tl.sum(tl.where(block_rows == g, partial, 0.0), axis=0)  # one non-zero term: exact
                 last = last + tl.where(thread_rows == g % SPLIT, p_g[None, :], 0.0)  # + 0.0 elsewhere: no change
             total = tl.reshape(_block_tree(tl.reshape(last, [1, SPLIT, BLOCK_P]), 1, SPLIT, BLOCK_P), [BLOCK_P])
+        return total
+
+    @triton.jit
+    def _channel_norm(x_ptr, x_pix, pmask, E1, E2, E3, E4, sx1, SPLIT: tl.constexpr, CTAS: tl.constexpr,
+                      CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr, UNROLL: tl.constexpr = 1, xb_ptr=None,
+                      HAS_XBIAS: tl.constexpr = False, PIECES: tl.constexpr = 1):
+        """fp32 L2 norm over the channels of BLOCK_P pixels in ATen's order: the sums of the PIECES channel
+        ranges [0, E1), [E1, E2), ... (ATen's 32-bit pieces, `NormPlan.pieces`; one range [0, E1) where the
+        input fits) added left to right, then the IEEE square root."""
+        total = _channel_sum(x_ptr, x_pix, pmask, 0, E1, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL, xb_ptr, HAS_XBIAS)
+        if PIECES > 1:
+            total += _channel_sum(x_ptr, x_pix, pmask, E1, E2, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL, xb_ptr,
+                                  HAS_XBIAS)
+        if PIECES > 2:
+            total += _channel_sum(x_ptr, x_pix, pmask, E2, E3, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL, xb_ptr,
+                                  HAS_XBIAS)
+        if PIECES > 3:
+            total += _channel_sum(x_ptr, x_pix, pmask, E3, E4, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL, xb_ptr,
+                                  HAS_XBIAS)
         return tl.sqrt_rn(total)
 
     @triton.jit
@@ -198,10 +218,10 @@ if triton is not None:
         return _norm_epilogue(x, norm, gamma_ptr, c, C, scale, bias, UPCAST, SILU), m
 
     @triton.jit
-    def _rms_norm_fused_kernel(x_ptr, gamma_ptr, out_ptr, C, T, HW, sx0, sx1, sx2, so0, so1, so2, scale, bias, eps,
-                               UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
+    def _rms_norm_fused_kernel(x_ptr, gamma_ptr, out_ptr, C, E1, E2, E3, E4, T, HW, sx0, sx1, sx2, so0, so1, so2,
+                               scale, bias, eps, UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
                                CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr,
-                               GROUP: tl.constexpr, UNROLL: tl.constexpr):
+                               GROUP: tl.constexpr, UNROLL: tl.constexpr, PIECES: tl.constexpr):
         """The whole Wan RMS norm for BLOCK_P pixels of one (b, t) plane (contiguous (h, w) planes, plane
         number along axis 0 as in `_rms_norm_plane_kernel`): the channel norm in ATen's order, then the
         epilogue of `_rms_norm_epilogue_kernel` (same arithmetic, element for element) over a second read,
@@ -209,7 +229,8 @@ if triton is not None:
         b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
         x_pix = b * sx0 + t * sx2 + hw
         o_pix = b * so0 + t * so2 + hw
-        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL)
+        norm = _channel_norm(x_ptr, x_pix, pmask, E1, E2, E3, E4, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL,
+                             PIECES=PIECES)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
         for c0 in range(0, C, GROUP):
             c = c0 + tl.arange(0, GROUP)
@@ -217,11 +238,12 @@ if triton is not None:
             tl.store(out_ptr + o_pix[None, :] + c[:, None].to(tl.int64) * so1, y, mask=m)
 
     @triton.jit
-    def _rms_norm_padded_kernel(x_ptr, xb_ptr, gamma_ptr, out_ptr, next_ptr, C, T, HW, W, sx0, sx1, sx2, sxp,
-                                TO, HO, WO, FT, PH, PW, SLOT0, scale, bias, eps,
+    def _rms_norm_padded_kernel(x_ptr, xb_ptr, gamma_ptr, out_ptr, next_ptr, C, E1, E2, E3, E4, T, HW, W,
+                                sx0, sx1, sx2, sxp, TO, HO, WO, FT, PH, PW, SLOT0, scale, bias, eps,
                                 UPCAST: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
                                 CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr,
-                                GROUP: tl.constexpr, UNROLL: tl.constexpr, HAS_XBIAS: tl.constexpr):
+                                GROUP: tl.constexpr, UNROLL: tl.constexpr, HAS_XBIAS: tl.constexpr,
+                                PIECES: tl.constexpr):
         """`_rms_norm_fused_kernel` storing its output straight into a causal conv's padded input, channels-last
         ([B, TO, HO, WO, C] in memory; frame t of x at padded frame FT + t, pixel (h, w) at (PH + h, PW + w)),
         and frames SLOT0 and SLOT0 + 1 of x also into the next cache ([B, 2, H, W, C] in memory). x's (h, w)
@@ -234,7 +256,8 @@ if triton is not None:
         o_pix = (((b * TO + FT + t) * HO + PH + h) * WO + PW + w) * C
         slot = t - SLOT0
         n_pix = (((b * 2 + slot) * (HW // W) + h) * W + w) * C
-        norm = _channel_norm(x_ptr, x_pix, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL, xb_ptr, HAS_XBIAS)
+        norm = _channel_norm(x_ptr, x_pix, pmask, E1, E2, E3, E4, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL, xb_ptr,
+                             HAS_XBIAS, PIECES)
         norm = tl.where(norm < eps, eps, norm)[None, :]  # clamp_min: NaN stays NaN
         for c0 in range(0, C, GROUP):
             c = c0 + tl.arange(0, GROUP)
@@ -245,11 +268,13 @@ if triton is not None:
                 tl.store(next_ptr + n_pix[None, :] + c[:, None], y, mask=m)
 
     @triton.jit
-    def _channel_norm_kernel(x_ptr, norm_ptr, C, T, HW, sx0, sx1, sx2, SPLIT: tl.constexpr, CTAS: tl.constexpr,
-                             CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr, UNROLL: tl.constexpr):
+    def _channel_norm_kernel(x_ptr, norm_ptr, E1, E2, E3, E4, T, HW, sx0, sx1, sx2, SPLIT: tl.constexpr,
+                             CTAS: tl.constexpr, CTAS_P2: tl.constexpr, BLOCK_P: tl.constexpr, UNROLL: tl.constexpr,
+                             PIECES: tl.constexpr):
         """The channel norm alone (contiguous [B, T, H, W] fp32 output), for tests against ATen's."""
         b, t, hw, pmask = _plane_pixels(T, HW, BLOCK_P)
-        norm = _channel_norm(x_ptr, b * sx0 + t * sx2 + hw, pmask, C, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P, UNROLL)
+        norm = _channel_norm(x_ptr, b * sx0 + t * sx2 + hw, pmask, E1, E2, E3, E4, sx1, SPLIT, CTAS, CTAS_P2, BLOCK_P,
+                             UNROLL, PIECES=PIECES)
         tl.store(norm_ptr + (b * T + t) * HW + hw, norm, mask=pmask)
 
     @triton.jit
@@ -278,36 +303,46 @@ def _pixels_block(threads: int, pixels: int, ctas: int = 1) -> int:
     return max(32, min(512, NORM_TILE // (4 * threads)))
 
 
-def _norm_constexprs(split: int, ctas: int, channels: int, pixels: int) -> dict:
+def _norm_constexprs(split: int, ctas: int, channels: int, pixels: int, pieces: tuple[int, ...] = ()) -> dict:
     """The fused norm kernels' compile-time tiling for one input."""
     threads = norm_threads(split, ctas)
     group = NORM_STORE_CHANNELS if channels % NORM_STORE_CHANNELS == 0 else 4 * split
     return dict(SPLIT=split, CTAS=ctas, CTAS_P2=triton.next_power_of_2(ctas), BLOCK_P=_pixels_block(threads, pixels, ctas),
-                GROUP=max(4 * split, group), UNROLL=NORM_UNROLL)
+                GROUP=max(4 * split, group), UNROLL=NORM_UNROLL, PIECES=len(pieces) + 1)
+
+
+def _piece_ends(pieces: tuple[int, ...], channels: int) -> tuple[int, int, int, int]:
+    """The kernels' E1..E4: where each of the channel pieces ends (`aten_reduction.NormPlan.piece_ends`)."""
+    if len(pieces) >= aten_reduction.MAX_PIECES or list(pieces) != sorted(set(pieces)) or not all(
+            0 < p < channels for p in pieces):
+        raise ValueError(f"norm pieces: expected at most {aten_reduction.MAX_PIECES - 1} increasing channel "
+                         f"boundaries inside 1..{channels - 1}, got {pieces!r}")
+    return aten_reduction.NormPlan(1, 1, 1, tuple(pieces)).piece_ends(channels)
 
 
 def _norm_warps(channels: int, pixels: int) -> int:
     return NORM_WARPS_WIDE if channels >= 256 and pixels >= 16 * 1024 else NORM_WARPS
 
 
-def channel_norm(x: Tensor, split: int, ctas: int = 1) -> Tensor:
+def channel_norm(x: Tensor, split: int, ctas: int = 1, pieces: tuple[int, ...] = ()) -> Tensor:
     """fp32 L2 norm over dim 1 in ATen's order for `split` threads in `ctas` blocks (see `aten_reduction`),
-    shape [B, 1, T, H, W]. x's (h, w) planes must be contiguous."""
+    over the channel `pieces` of a 32-bit split, shape [B, 1, T, H, W]. x's (h, w) planes must be contiguous."""
     x5 = as5d(x)
     b, c, t, h, w = x5.shape
     norm = torch.empty((b, 1, t, h, w), dtype=torch.float32, device=x.device)
-    constexprs = _norm_constexprs(split, ctas, c, h * w)
+    constexprs = _norm_constexprs(split, ctas, c, h * w, pieces)
     if norm.numel():
         constexprs.pop("GROUP")
         launch(_channel_norm_kernel, (b * t, triton.cdiv(h * w, constexprs["BLOCK_P"])),
-               x5, norm, c, t, h * w, *x5.stride()[:3], **constexprs)
+               x5, norm, *_piece_ends(pieces, c), t, h * w, *x5.stride()[:3], **constexprs)
     return norm.view([b, 1, *x.shape[2:]])
 
 
 def rms_norm_fused(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool, silu: bool,
-                   split: int, ctas: int = 1) -> Tensor:
+                   split: int, ctas: int = 1, pieces: tuple[int, ...] = ()) -> Tensor:
     """The whole Wan RMS norm (+ SiLU when `silu`) in one kernel whose channel sums follow ATen's order for
-    `split` threads in `ctas` blocks (`aten_reduction.plan`): reads x twice (the second time mostly from L2), writes the output once.
+    `split` threads in `ctas` blocks over the channel `pieces` of a 32-bit split (`aten_reduction.plan`):
+    reads x twice (the second time mostly from L2), writes the output once.
     x's (h, w) planes must be contiguous (contiguous and frame-major layouts)."""
     strides = reference_layout(("rms_norm", upcast, None),
                                lambda a, g: rms_norm_reference(a, g, 1.0, 0.0, 1e-12, upcast, None), x, gamma)
@@ -316,10 +351,11 @@ def rms_norm_fused(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: flo
     b, c, t, h, w = x5.shape
     if not planes_contiguous(x5, o5):
         raise ValueError("rms_norm_fused: x and the output need contiguous (h, w) planes")
-    constexprs = _norm_constexprs(split, ctas, c, h * w)
+    constexprs = _norm_constexprs(split, ctas, c, h * w, pieces)
     if out.numel():
         launch(_rms_norm_fused_kernel, (b * t, triton.cdiv(h * w, constexprs["BLOCK_P"])),
-               x5, gamma, o5, c, t, h * w, *x5.stride()[:3], *o5.stride()[:3], float(scale), float(bias), float(eps),
+               x5, gamma, o5, c, *_piece_ends(pieces, c), t, h * w, *x5.stride()[:3], *o5.stride()[:3],
+               float(scale), float(bias), float(eps),
                UPCAST=upcast, SILU=silu, **constexprs, num_warps=_norm_warps(c, h * w))
     return out
 
@@ -332,7 +368,7 @@ def rms_norm(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, up
     silu_here = act == "silu" and fused_silu
     plan = layout.norm_plan(x, upcast, rows=rows)
     if plan is not None:
-        out = rms_norm_fused(x, gamma, scale, bias, eps, upcast, silu_here, plan.split, plan.ctas)
+        out = rms_norm_fused(x, gamma, scale, bias, eps, upcast, silu_here, plan.split, plan.ctas, plan.pieces)
         return torch.nn.functional.silu(out) if act == "silu" and not fused_silu else out
     strides = reference_layout(("rms_norm", upcast, act),
                                lambda a, g: rms_norm_reference(a, g, 1.0, 0.0, 1e-12, upcast, act), x, gamma)
@@ -364,11 +400,12 @@ def silu(x: Tensor) -> Tensor:
 def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: float, eps: float, upcast: bool,
                                   silu: bool, split: int, cache: Tensor | None, pad: list[int],
                                   ctas: int = 1, x_bias: Tensor | None = None,
-                                  next_cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                                  next_cache: Tensor | None = None,
+                                  pieces: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
     """`causal_pad_channels_last(rms_norm(x [+ x_bias]), cache, pad)` without materializing the norm: the norm
     kernel stores into the padded buffer and the next cache, the pad kernel writes only the rest (cache frames,
     zero pad). x's (h, w) positions must be one strided run (contiguous planes, or channels-last); `split`,
-    `ctas` are `aten_reduction`'s plan for the layout whose summation order the norm must follow. `x_bias`: x
+    `ctas`, `pieces` are `aten_reduction`'s plan for the layout whose summation order the norm must follow. `x_bias`: x
     is a conv output whose bias was deferred; the norm's input is `x.add_(x_bias)` (ATen's rounding).
     `next_cache`: the buffer the next cache is written into (`triton_pad.causal_pad_rest_channels_last`)."""
     pixel_stride = run_stride(x)
@@ -381,9 +418,10 @@ def rms_norm_padded_channels_last(x: Tensor, gamma: Tensor, scale: float, bias: 
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
     _, _, frames_out, rows_out, columns_out = out.shape
-    constexprs = _norm_constexprs(split, ctas, c, h * w)
+    constexprs = _norm_constexprs(split, ctas, c, h * w, pieces)
     launch(_rms_norm_padded_kernel, (b * tx, triton.cdiv(h * w, constexprs["BLOCK_P"])),
-           x, x if x_bias is None else x_bias, gamma, out, next_cache, c, tx, h * w, w, *x.stride()[:3], pixel_stride,
+           x, x if x_bias is None else x_bias, gamma, out, next_cache, c, *_piece_ends(pieces, c), tx, h * w, w,
+           *x.stride()[:3], pixel_stride,
            frames_out, rows_out, columns_out, tl_ + tc, hl, wl, tx - 2, float(scale), float(bias), float(eps),
            UPCAST=upcast, SILU=silu, HAS_XBIAS=x_bias is not None, **constexprs, num_warps=_norm_warps(c, h * w))
     return out, next_cache

@@ -309,7 +309,7 @@ def norm_into_padded_input(x: Tensor, gamma: Tensor, scale: float, norm_bias: fl
     `next_cache` if given: `rewrite.ops.cache_into`)."""
     return triton_norm.rms_norm_padded_channels_last(x, gamma, scale, norm_bias, eps, upcast, act == "silu", plan.split,
                                                      cache if mode != "chunk0" else None, pad, plan.ctas, x_bias=x_bias,
-                                                     next_cache=next_cache)
+                                                     next_cache=next_cache, pieces=plan.pieces)
 
 
 @writes_next_caches({1: "cache"})
