@@ -191,6 +191,7 @@ def report(module: nn.Module) -> Report:
         last_reason=runner.fallbacks.last_reason,
         last_detail=runner.fallbacks.last_detail,
         cuda_graphs=runner.cuda_graph_counts(),
+        graph_memory=runner.graph_memory(),
         first_call=runner.timings.records(),
         disk_cache=runner.disk_cache_summary(),
         band_graphs=_band_graph_lines(runner),

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from rewrite.runtime.graph_memory import GraphMemoryReport
+
 logger = logging.getLogger("rewrite")
 
 
@@ -149,6 +151,9 @@ class Report:
     last_reason: str | None
     last_detail: str | None = None  # how the graphs served the last call (e.g. "CUDA graph, bucket 320")
     cuda_graphs: dict[str, int] = dataclasses.field(default_factory=dict)  # runner's CUDA graph counts
+    #: the CUDA-graph memory held, per size and in total (`rewrite.runtime.graph_memory.GraphMemoryReport`;
+    #: Wan), None where not accounted or nothing was captured
+    graph_memory: GraphMemoryReport | None = None
     #: what the captures cost so far, per graph and stage (the first call's breakdown, and each new shape's)
     first_call: list[Timing] = dataclasses.field(default_factory=list)
     disk_cache: str | None = None  # where the disk cache is and what it served, None when it is off
@@ -179,6 +184,8 @@ class Report:
             lines.append("  no graphs captured yet")
         if self.cuda_graphs:
             lines.append("  " + ", ".join(f"{k}: {v}" for k, v in self.cuda_graphs.items()))
+        if self.graph_memory is not None:
+            lines.extend("  " + line for line in self.graph_memory.lines())
         if self.first_call:
             lines.append(f"  first-call work: {self.first_call_seconds:.2f} s (self-checks and kernel launches are "
                          "parts of the warm-up)")

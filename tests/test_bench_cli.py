@@ -99,8 +99,8 @@ def cells(line: str) -> list[str]:
     return re.split(r"\s{2,}", line.strip())
 
 
-AUK_HEADER = ["clip s", "frames", "level", "first s", "rewrite.warmup s", "best ms", "speedup", "peak GiB", "equal",
-              "max abs", "SNR dB", "path"]
+AUK_HEADER = ["clip s", "frames", "level", "first s", "rewrite.warmup s", "best ms", "speedup", "peak GiB",
+              "graphs GiB", "equal", "max abs", "SNR dB", "path"]
 
 
 def test_auk_table(auk_run):
@@ -166,8 +166,9 @@ def test_wan_json_layout_and_table(wan_run):
     check_levels(summary["levels"], "psnr_db")
     lines = table.splitlines()
     assert lines[0].startswith("wan2.1 tiny 32x32x5 float32 on cpu")
-    assert cells(lines[1]) == ["level", "first s", "rewrite.warmup s", "best s", "speedup", "peak GiB", "equal",
-                               "max abs", "PSNR dB", "path"]
+    assert cells(lines[1]) == ["level", "first s", "rewrite.warmup s", "best s", "speedup", "peak GiB", "graphs GiB",
+                               "equal", "max abs", "PSNR dB", "path"]
+    assert [r["graphs_gib"] for r in summary["levels"]] == [None, None]  # no CUDA graphs on the CPU: "-"
     assert lines[3].split()[-4:] == ["True", "0", "inf", "graphs"]
     assert len(cells(lines[2])) == len(cells(lines[3])) == len(cells(lines[1]))
 

@@ -75,3 +75,25 @@ def test_a_decode_out_of_memory_on_the_graphs_frees_them_and_returns_the_referen
             torch.cuda.set_per_process_memory_fraction(1.0)
     assert torch.equal(actual, expected)
     assert any("out of GPU memory" in reason for reason in report(vae).fallbacks), report(vae)
+
+
+#: issue 37's bound: graph memory of 720p + 480p + 544x960 + one latent frame at most this times 720p's alone
+SHARED_BOUND = 1.3
+
+
+def test_graph_memory_of_several_sizes_is_about_that_of_the_largest():
+    """The sizes of one module share one pool and one cache block (`rewrite.runtime.graph_memory`): what the
+    module holds after decoding four sizes stays within 1.3x of what it holds after the largest alone, both as
+    the allocator counts it and as `report()` states it."""
+    vae = build_wan("wan2.1", "full").to("cuda", torch.bfloat16)
+    weights = _collect()
+    optimize(vae, "lossless")
+    held = []
+    with torch.no_grad():
+        for frames, height, width in ((2, 720, 1280), (2, 480, 832), (2, 544, 960), (1, 480, 832)):
+            vae.decode(_latents(vae, frames, height, width))
+            held.append(_collect() - weights)
+    memory = report(vae).graph_memory
+    assert report(vae).last_path == "graphs" and len(memory.sizes) == 3, memory.lines()
+    assert held[-1] <= SHARED_BOUND * held[0], (held, memory.lines())
+    assert abs(memory.total - held[-1]) <= 0.1 * held[-1], (held, memory.lines())  # the report's count is the allocator's

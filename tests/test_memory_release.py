@@ -35,7 +35,7 @@ def _wan_module(level: str):
     runner.graph_backend = FakeGraphs()
     with torch.no_grad():
         vae.decode(torch.randn(1, 4, 3, 4, 6, generator=torch.Generator().manual_seed(0)))
-    [steps] = [entry for _, entry in runner.cuda_graphs._entries.values()]
+    [steps] = runner.cuda_graphs.entries()
     held = [runner, vae.decoder, next(vae.parameters()), steps, steps.x, *steps.caches]
     held += [graph.graph_module for pair in runner.graphs.values.values() for graph in pair]
     return vae, [weakref.ref(obj) for obj in held]

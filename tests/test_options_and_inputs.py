@@ -47,7 +47,7 @@ def test_a_misspelt_wan_option_names_optimize_the_options_it_takes_and_the_close
     message = str(caught.value)
     assert message.startswith("optimize() got an unexpected option 'cachedir' (did you mean 'cache_dir'?)")
     assert "diffusers.AutoencoderKLWan (Wan 2.1)" in message
-    assert "at level 'lossless' it takes cache_dir, group, output" in message
+    assert "at level 'lossless' it takes cache_dir, graph_memory_budget, group, output" in message
 
 
 def test_a_misspelt_auk_option_lists_the_options_of_the_level_and_those_of_channels_last_only():
@@ -61,7 +61,7 @@ def test_a_misspelt_auk_option_lists_the_options_of_the_level_and_those_of_chann
     with pytest.raises(TypeError, match="at level 'channels_last' it takes cache_dir, compile_shapes, cudnn_benchmark, "
                                         "max_graphs, tile_frames$"):
         optimize(_micro_auk(), "channels_last", max_graph=4)
-    with pytest.raises(TypeError, match=r"it takes cache_dir, group, output \(none acts at level 'off'\)"):
+    with pytest.raises(TypeError, match=r"it takes cache_dir, graph_memory_budget, group, output \(none acts at level 'off'\)"):
         optimize(build_wan("wan2.1", "tiny"), "off", groups=None)
 
 

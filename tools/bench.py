@@ -56,6 +56,8 @@ class LevelResult:
     quality_db: float | None = None  # written as the adapter's `quality_key` (psnr_db, snr_db)
     path: str = ""
     speedup: float | None = None
+    #: CUDA-graph memory the module holds after the timed calls (`report().graph_memory`); None where not counted
+    graphs_gib: float | None = None
 
     def to_json(self, quality_key: str) -> dict:
         return {quality_key if k == "quality_db" else k: v for k, v in dataclasses.asdict(self).items()}
@@ -383,7 +385,10 @@ def bench_levels(bench, case: Case, args, device: torch.device, dtype: torch.dty
             times.append(seconds)
             progress.update()
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-        result = LevelResult(level, first, warmup_s, min(times), times, peak, path=_path_of(report(vae)))
+        summary = report(vae)
+        held = getattr(summary, "graph_memory", None)
+        result = LevelResult(level, first, warmup_s, min(times), times, peak, path=_path_of(summary),
+                             graphs_gib=None if held is None else held.total / 2**30)
         if reference is None:
             reference = out.clone()
         else:
@@ -438,12 +443,14 @@ def _triton_version() -> str | None:
 
 
 #: the level columns of the table, after the input's own (AuK: clip s, frames); see COLUMNS_HELP
-LEVEL_COLUMNS = ("level", "first s", "rewrite.warmup s", "{best}", "speedup", "peak GiB", "equal", "max abs",
-                 "{quality}", "path")
+LEVEL_COLUMNS = ("level", "first s", "rewrite.warmup s", "{best}", "speedup", "peak GiB", "graphs GiB", "equal",
+                 "max abs", "{quality}", "path")
 COLUMNS_HELP = ("Columns: 'first s' is the first decode after optimize (the capture included unless "
                 "rewrite.warmup did it); 'rewrite.warmup s' the time of rewrite.warmup right after optimize (not "
                 "the --warmup calls; '-' at level off); 'best' the best of the --repeat timed calls; 'peak GiB' "
-                "CUDA's peak memory (n/a on a CPU); 'equal', 'max abs' and PSNR/SNR compare with the first level.")
+                "CUDA's peak memory (n/a on a CPU); 'graphs GiB' the CUDA-graph memory the module holds after them "
+                "(report().graph_memory: pools, cache blocks; '-' where not counted); 'equal', 'max abs' and "
+                "PSNR/SNR compare with the first level.")
 #: said once under a table of a CPU run (a CPU decode runs the graphs eagerly: no CUDA graphs, no Triton)
 CPU_NOTE = "on a CPU, runs check exactness only: the speed-ups need CUDA"
 
@@ -459,6 +466,7 @@ def _level_cells(r: dict, bench) -> list[str]:
     quality = "-" if quality is None else ("inf" if math.isinf(quality) and quality > 0 else f"{quality:.1f}")
     return [r["level"], f"{r['first_call_s']:.3f}", "-" if r["warmup_s"] is None else f"{r['warmup_s']:.3f}",
             f"{r['best_s'] * bench.best_scale:.3f}", f"{r['speedup']:.2f}x", _number(r["peak_gib"], ".2f"),
+            "-" if r.get("graphs_gib") is None else f"{r['graphs_gib']:.2f}",
             "ref" if r["bit_identical"] is None else str(r["bit_identical"]),
             "-" if r["max_abs"] is None else f"{r['max_abs']:.3g}", quality, r["path"]]
 

@@ -84,7 +84,7 @@ _BUILDING = threading.local()  # .timing: the BuildTiming of the build under way
 
 
 @contextlib.contextmanager
-def _timed_build(key: Hashable) -> Iterator[BuildTiming]:
+def timed_build(key: Hashable) -> Iterator[BuildTiming]:
     """Times the block as the build of `key` (nested `StaticStep`s add their warm-up and capture seconds)."""
     timing, outer = BuildTiming(key), getattr(_BUILDING, "timing", None)
     checks, launches = selftest.thread_seconds(), compile_ahead.thread_launch_seconds()
@@ -119,7 +119,7 @@ def _capture_stream(device: torch.device) -> "torch.cuda.Stream":
     return stream
 
 
-def _finish_pending_replays() -> None:
+def finish_pending_replays() -> None:
     """Wait for every queued replay before graphs are dropped: their memory goes back to the allocator, which
     may hand it to work on another stream at once."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -179,15 +179,15 @@ class GraphCache:
         pointers = tuple(0 if w is None else w.data_ptr() for w in weights)
         entry = self._entries.get(key)
         if entry is not None and entry[0] != pointers:
-            _finish_pending_replays()
+            finish_pending_replays()
             del self._entries[key]
             entry = None
         if entry is None:
             if len(self._entries) >= self.max_entries:
-                _finish_pending_replays()
+                finish_pending_replays()
             while len(self._entries) >= self.max_entries:
                 self._entries.popitem(last=False)
-            with _timed_build(key) as timing:
+            with timed_build(key) as timing:
                 entry = (pointers, build())
             self._entries[key] = entry
             self.captures += 1
@@ -198,7 +198,7 @@ class GraphCache:
 
     def clear(self) -> None:
         if self._entries:
-            _finish_pending_replays()
+            finish_pending_replays()
         self._entries.clear()
 
     def __deepcopy__(self, memo: dict) -> "GraphCache":
@@ -227,6 +227,14 @@ class CudaGraphBackend:
     @staticmethod
     def capture(fn: Callable[..., Sequence[Tensor]], inputs: Sequence[Tensor], pool) -> StaticStep:
         return StaticStep(fn, inputs, pool=pool)
+
+    @staticmethod
+    def pool_bytes(pool) -> int:
+        """Bytes the allocator holds in the pool's segments (its private memory, free blocks included)."""
+        if pool is None or not torch.cuda.is_initialized():
+            return 0
+        return sum(segment["total_size"] for segment in torch.cuda.memory_snapshot()
+                   if tuple(segment.get("segment_pool_id", ())) == tuple(pool))
 
 
 class GraphPool:
@@ -260,7 +268,7 @@ class GraphPool:
                 self.retire()
             if self._pool is None:
                 self._pool = self.backend.new_pool()
-            with _timed_build(key) as timing:
+            with timed_build(key) as timing:
                 with static_buffer_mode():
                     static = inputs()
                 step = self.backend.capture(make_fn(), static, self._pool)
@@ -277,7 +285,7 @@ class GraphPool:
     def retire(self) -> None:
         """Drop every graph of this generation and its pool."""
         if self.steps or self._pool is not None:
-            _finish_pending_replays()
+            finish_pending_replays()
             self.generation += 1
         self.steps = {}
         self._pool = None

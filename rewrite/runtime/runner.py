@@ -232,6 +232,11 @@ class DecoderRunner:
         """For the report: how many CUDA graphs of which kind the runner holds."""
         return {}
 
+    def graph_memory(self):
+        """For the report: the CUDA-graph memory held per size (`rewrite.runtime.graph_memory.GraphMemoryReport`),
+        or None where the runner does not account for it or captured nothing."""
+        return None
+
     def graph_reports(self) -> list:
         raise NotImplementedError
 

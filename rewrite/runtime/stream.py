@@ -15,9 +15,10 @@ The pieces concatenated along dim 2 are `torch.equal` to `vae.decode(z).sample` 
 State and concurrency. A clip's state is its causal convs' caches (`ClipState`, one per batch slice), owned
 by the clip: a session or a stream holds the runner's lock per call (a push, a piece), never between
 calls, and nothing another call does changes it. On the CUDA-graph path the caches live between calls in
-the static cache buffers of the shape's shared `_WanCudaGraphs` (`ClipState.resident`, the steps' `holder`),
-and whoever uses those buffers next (a plain decode, another clip) first hands the paused clip a copy of
-them (`_WanCudaGraphs.release` -> `ClipState.save`); the clip copies them back in before its next step.
+the static cache buffers of the shape's `_WanCudaGraphs` (`ClipState.resident`; the buffers are views into one
+block shared by the module's sizes, whose occupant the clip is: `rewrite.runtime.graph_memory.CacheArena`),
+and whoever uses that block next (a plain decode, another clip, a capture) first hands the paused clip a copy
+of them (`_WanCudaGraphs.release` -> `ClipState.save`); the clip copies them back in before its next step.
 A clip alone on its shape copies nothing. Memory is the caches (plus one saved copy once another call took
 the buffers): no video is kept between calls.
 """
@@ -25,7 +26,6 @@ the buffers): no video is kept between calls.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Iterator
 
 import torch
@@ -55,7 +55,7 @@ class ClipState:
     def __init__(self, slots: int) -> None:
         self.frames = 0
         self.feat_map: list = [None] * slots
-        self.resident = None  # the _WanCudaGraphs whose static caches hold this state (its `holder` is us)
+        self.resident = None  # the _WanCudaGraphs whose static caches hold this state (its block's occupant is us)
         self._saved: list[Tensor] | None = None  # where `save` copies them (kept for the next time)
 
     def save(self, caches: list[Tensor]) -> None:
@@ -92,7 +92,7 @@ def _replay(steps, state: ClipState, x: Tensor) -> Tensor:
                 if current is not None:  # `mine` may have been made on another stream
                     mine.record_stream(current)
         y = steps.next(x)
-    steps.holder = weakref.ref(state)
+    steps.hold(state)
     state.resident = steps
     return y
 

@@ -31,9 +31,10 @@ from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import disk_cache, guards
 from rewrite.runtime.cache_writes import static_cache_formats, write_caches_in_place
 from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
-from rewrite.runtime.graphs import CudaGraphBackend, GraphCache, describe_key, static_buffer_mode
+from rewrite.runtime.graph_memory import CacheArena, GraphMemory, budget_option
+from rewrite.runtime.graphs import CudaGraphBackend, describe_key, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
-from rewrite.runtime.runner import OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
+from rewrite.runtime.runner import EVERY_LEVEL, OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
 
 logger = logging.getLogger("rewrite")
 
@@ -56,18 +57,32 @@ class WanRunner(DecoderRunner):
 
     model_name = "wan"
 
-    def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, cache_dir=None) -> None:
-        super().__init__(level, rewrite_graph, {"cache_dir": disk_cache.cache_dir_option(cache_dir)})
+    OPTIONS = {"cache_dir": EVERY_LEVEL, "graph_memory_budget": EVERY_LEVEL}
+
+    def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, cache_dir=None,
+                 graph_memory_budget=None) -> None:
+        super().__init__(level, rewrite_graph, {"cache_dir": disk_cache.cache_dir_option(cache_dir),
+                                                "graph_memory_budget": graph_memory_budget})
         self.z_dim = vae.config.z_dim
         self.temporal_factor = temporal_factor(vae.decoder)
-        # per (batch, latent h, w, dtype, device); each build's timing goes to the report
-        self.cuda_graphs = GraphCache(max_entries=4, on_build=self.cuda_graphs_built)
+        # per (batch, latent h, w, dtype, device), one pool and cache block per device; builds go to the report
+        self.cuda_graphs = GraphMemory(CudaGraphBackend(), budget_option(graph_memory_budget),
+                                       on_build=self.cuda_graphs_built)
         self._compiled_ahead: set[tuple] = set()  # CUDA-graph keys whose Triton kernels were compiled ahead
         self.use_cuda_graphs = True
-        self.graph_backend = CudaGraphBackend()  # captures the steps' CUDA graphs (tests: an eager stand-in)
         self.channels_last_weights = ChannelsLastWeights()  # shared by the CUDA graphs of every shape
         self._accepted: dict[tuple, guards.AcceptedState] = {}  # per (dtype, device): see `region_reason`
         self.vae = vae
+
+    @property
+    def graph_backend(self):
+        """What captures the steps' CUDA graphs (`CudaGraphBackend`; tests and profiles: an eager stand-in)."""
+        return self.cuda_graphs.backend
+
+    @graph_backend.setter
+    def graph_backend(self, backend) -> None:
+        self.cuda_graphs.clear()
+        self.cuda_graphs.backend = backend
 
     # ---- installation -------------------------------------------------------------------------------
     @classmethod
@@ -126,6 +141,9 @@ class WanRunner(DecoderRunner):
     def cuda_graph_counts(self) -> dict[str, int]:
         return {"CUDA graph shapes": len(self.cuda_graphs)} if self.cuda_graphs.captures else {}
 
+    def graph_memory(self):
+        return self.cuda_graphs.report() if self.cuda_graphs.captures or self.cuda_graphs.over_budget else None
+
     @torch.no_grad()  # captures for no-grad decodes, whatever the caller's grad mode
     def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, shapes=None,
                frames=None) -> WarmupResult:
@@ -135,6 +153,7 @@ class WanRunner(DecoderRunner):
         size's first capture, its Triton kernels are compiled in parallel (`rewrite.ops.compile_ahead`).
         Without `shapes` only the step graphs are captured (the result says so).
 
+        The sizes are captured largest first (they share one pool and cache block, `rewrite.runtime.graph_memory`).
         `frames`: the latent frame count(s) later decodes of those sizes will have (an int or a list). Nothing
         captured depends on it (one graph per step, CUDA graphs per batch and size); on CUDA the output video of
         the largest count is allocated once and given back to the caching allocator, so a later decode finds
@@ -158,7 +177,8 @@ class WanRunner(DecoderRunner):
                     "latent_width), ...]: the first size then also gets step graphs of its own, quicker to export)")
             logger.info("warmup: %s", note)
             return WarmupResult([], time.perf_counter() - start, note, breakdown=self.timings.records(mark))
-        for height, width in pairs:  # the decode compiles each size's kernels ahead (`cuda_steps`)
+        # largest first: later sizes are captured into the memory of the first (`rewrite.runtime.graph_memory`)
+        for height, width in sorted(pairs, key=lambda pair: -pair[0] * pair[1]):  # kernels compiled ahead in the decode
             z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
             sample = self.vae._decode(z).sample
             if self.fallbacks.last_path != "graphs":
@@ -307,9 +327,10 @@ class WanRunner(DecoderRunner):
         b, _, _, h, w = x.shape
         self._compile_kernels_ahead(b, h, w, x.dtype, x.device)  # a first decode of a size: compiles in parallel
         try:
-            return self.cuda_graphs.get((b, h, w, x.dtype, x.device), weights0 + weights,
-                                        lambda: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1],
-                                                               self.channels_last_weights, self.graph_backend))
+            return self.cuda_graphs.get(
+                (b, h, w, x.dtype, x.device), x.device, b * h * w * x.element_size(), weights0 + weights,
+                lambda pool, arena: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1],
+                                                   self.channels_last_weights, self.graph_backend, pool, arena))
         except torch.OutOfMemoryError:
             raise  # not a failed capture: the decode frees memory and tries again (`within_memory`)
         except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
@@ -374,31 +395,32 @@ class _WanCudaGraphs:
     ones: a T=1 stage's new cache holds its old last frame), so consecutive replays advance the decode exactly
     as the uncaptured loop does. The steady graph does it inside, each cache as soon as the old one is dead
     (`rewrite.runtime.cache_writes`: the new caches are not all alive at once, which set the peak memory);
-    chunk 0 copies at its end. Both graphs share one memory pool (they never overlap).
+    chunk 0 copies at its end. The graphs of every size of the module share one memory pool and their static
+    caches are views into one block (`rewrite.runtime.graph_memory`: they never run concurrently).
 
     The conv weights that channels-last ops read are passed as channels-last copies from `layout_store`
     (`rewrite.runtime.conv_weights`), refreshed from the live weights at the start of chunk 0, i.e. once per
     decode instead of once per op call in every step.
 
-    The static caches are shared by every call of the shape, so they hold one clip at a time: a plain decode
+    The static caches are shared by every call of every size, so they hold one clip at a time: a plain decode
     runs its whole clip in one hold of the runner's lock, but a streamed clip (`rewrite.runtime.stream`)
-    pauses between calls with its state left here. `holder` (a weak reference) names such a clip; whoever
-    uses the caches next calls `release()` first, which hands the clip a copy of them (`first` does it
-    itself: chunk 0 overwrites every cache).
+    pauses between calls with its state left here (`hold`: the cache block's occupant); whoever uses the
+    caches next calls `release()` first, which hands the clip a copy of them (`first` does it itself: chunk 0
+    overwrites every cache, and so does a capture).
     """
 
     def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor,
-                 layout_store: ChannelsLastWeights, backend=None):
-        backend = backend if backend is not None else CudaGraphBackend()
-        self.holder = None  # weakref to the streamed clip whose state the static caches hold, or None
+                 layout_store: ChannelsLastWeights, backend, pool, arena: CacheArena):
+        self.arena = arena  # the static caches are views into its block, shared with the module's other sizes
         weights0, pairs0 = layout_store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
         weights, pairs = layout_store.substitute(channels_last_weight_slots(steady.graph_module), weights)
         refresh_pairs = layout_store.distinct(pairs0 + pairs)
+        arena.release()  # the warm-up below writes the shared buffers' memory
         with static_buffer_mode():
             self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
             _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
             formats = static_cache_formats(steady.graph_module, steady.user_input_names)
-            self.caches = [c.clone(memory_format=f or torch.preserve_format) for c, f in zip(caches, formats)]
+            self.caches = arena.buffers(caches, formats)
             del _, caches  # not kept alive through the captures below (they would count twice in the peak)
 
         def first(x):
@@ -416,16 +438,23 @@ class _WanCudaGraphs:
                 caches[index].copy_(value)
             return [y]
 
-        pool = backend.new_pool()
         self._first = backend.capture(first, [self.x], pool)
         self._next = backend.capture(following, [self.x, *self.caches], pool)
 
     def release(self) -> None:
-        """Give the paused clip whose state the static caches hold (if any, and alive) its copy of them."""
-        holder = self.holder() if self.holder is not None else None
-        self.holder = None
-        if holder is not None:
-            holder.save(self.caches)
+        """Give the paused clip whose state the shared static caches hold (if any, and alive; its steps may be
+        another size's) its copy of them."""
+        self.arena.release()
+
+    def hold(self, state) -> None:
+        """`state`, a paused streamed clip, stays in these steps' static caches until someone else needs them."""
+        self.arena.hold(state, self)
+
+    def own_bytes(self) -> int:
+        """Bytes of the static buffers outside the shared cache block (the latent frame; caches that did not fit)."""
+        block = self.arena.block
+        shared = None if block is None else block.untyped_storage().data_ptr()
+        return self.x.nbytes + sum(c.nbytes for c in self.caches if c.untyped_storage().data_ptr() != shared)
 
     def first(self, x: torch.Tensor) -> torch.Tensor:
         self.release()
