@@ -153,3 +153,22 @@ def test_errors_other_than_out_of_memory_are_not_retried(monkeypatch):
     monkeypatch.setattr(wan_runtime._WanEagerSteps, "first", lambda self, x: (_ for _ in ()).throw(ValueError("bug")))
     with torch.no_grad(), pytest.raises(ValueError, match="bug"):
         optimized.decode(z)
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_streamed_wan_clip_out_of_memory_mid_clip_still_streams_the_reference_frames(monkeypatch, times):
+    """`decode_stream`: out of memory at the replay of a later latent frame frees the module's graphs (the clip's
+    caches, paused in them, are copied out first) and tries again, then the reference decoder continues from
+    the clip's caches; the pieces are still the whole decode."""
+    reference, optimized, z = _wan_pair()
+    with torch.no_grad():
+        expected = reference.decode(z).sample
+        pieces = optimized.decode_stream(z)
+        first = [next(pieces)]  # chunk 0 through the graphs: the clip is paused in the static caches
+        fake = OutOfMemory(FakeStep.replay, times)
+        monkeypatch.setattr(FakeStep, "replay", lambda self: fake(self))
+        streamed = torch.cat([frames for _, frames in first + list(pieces)], dim=2)
+    assert fake.raised == times and torch.equal(streamed, expected)
+    reasons = report(optimized).fallbacks
+    assert any(reason.startswith(RETRIED) for reason in reasons)
+    assert (OUT_OF_MEMORY_REASON in reasons) == (times == 2)

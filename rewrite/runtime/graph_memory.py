@@ -145,17 +145,18 @@ class CacheArena:
             views.append(view)
         return views
 
-    def hold(self, state, steps) -> None:
-        """`state` (a paused streamed clip) is in `steps`' views of the buffers."""
-        self.occupant = (weakref.ref(state), steps)
+    def hold(self, state, caches: list[Tensor]) -> None:
+        """`state` (a paused streamed clip) is in `caches`, one size's views of the buffers."""
+        self.occupant = (weakref.ref(state), caches)
 
     def release(self) -> None:
-        """Give the paused clip whose state the buffers hold (if any, and alive) its copy of them."""
-        occupant, self.occupant = self.occupant, None
-        if occupant is not None:
-            state = occupant[0]()
+        """Give the paused clip whose state the buffers hold (if any, and alive) its copy of them. The clip stays
+        the occupant until its copy is made (a copy that runs out of memory loses nothing)."""
+        if self.occupant is not None:
+            state = self.occupant[0]()
             if state is not None:
-                state.save(occupant[1].caches)
+                state.save(self.occupant[1])
+        self.occupant = None
 
 
 def _extent_bytes(t: Tensor) -> int:
@@ -252,7 +253,7 @@ class GraphMemory:
         """One size's graphs go (their memory stays in the pool for the next capture)."""
         finish_pending_replays()
         held = generation.held.pop(key)
-        if generation.arena.occupant is not None and generation.arena.occupant[1] is held.graphs:
+        if generation.arena.occupant is not None and generation.arena.occupant[1] is held.graphs.caches:
             generation.arena.release()
 
     def retire(self, device: torch.device, reason: str) -> None:
@@ -262,9 +263,10 @@ class GraphMemory:
         if generation is None:
             return
         finish_pending_replays()
-        generation.arena.release()
         if generation.held:
             self.retired[reason] += 1
+        generation.held.clear()  # the graphs go first: the paused clip's copy may need their memory
+        generation.arena.release()
 
     def clear(self) -> None:
         """Drop every generation; the budget verdicts go too (a new budget or new weights may fit)."""

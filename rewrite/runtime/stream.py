@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from rewrite.capture.wan import cache_slot_count, reference_forward
 from rewrite.runtime.graphs import static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
-from rewrite.runtime.runner import installed_runner
+from rewrite.runtime.runner import OUT_OF_MEMORY_REASON, installed_runner
 from rewrite.runtime.wan import (
     CHUNK1_FORM,
     WanRunner,
@@ -104,14 +104,17 @@ def decode_frame(runner: WanRunner, decoder: nn.Module, state: ClipState, x: Ten
     verdict for the call. The caller holds the runner's lock and the capture gate, and copies the output
     before the next step (on the CUDA-graph path it is the graph's own tensor)."""
     first = state.frames == 0
-    if reason is None:
+
+    def on_graphs() -> tuple[Tensor | None, str | None]:
         steps = runner.cuda_steps(decoder, x)
         if steps is not None and (first or state.resident is not None or steady_form(state.feat_map[: len(steps.caches)])):
-            y = _replay(steps, state, x)
-        else:
-            state.take_back()
-            done = run_graph_chunk(runner.graphs[runner.graph_key(x)], decoder, x, state.feat_map, first)
-            y, reason = (done[0], None) if done is not None else (None, CHUNK1_FORM)
+            return _replay(steps, state, x), None
+        state.take_back()
+        done = run_graph_chunk(runner.graphs[runner.graph_key(x)], decoder, x, state.feat_map, first)
+        return (done[0], None) if done is not None else (None, CHUNK1_FORM)
+
+    if reason is None:  # out of memory: the module's graphs freed and tried again, then the reference
+        y, reason = runner.within_memory(on_graphs) or (None, OUT_OF_MEMORY_REASON)
     if reason is not None:
         state.take_back()
         with runner.serving_reference():

@@ -448,7 +448,7 @@ class _WanCudaGraphs:
 
     def hold(self, state) -> None:
         """`state`, a paused streamed clip, stays in these steps' static caches until someone else needs them."""
-        self.arena.hold(state, self)
+        self.arena.hold(state, self.caches)
 
     def own_bytes(self) -> int:
         """Bytes of the static buffers outside the shared cache block (the latent frame; caches that did not fit)."""
