@@ -173,3 +173,19 @@ def test_a_bad_budget_is_refused_naming_what_is_expected(value, error):
     with pytest.raises(error, match="graph_memory_budget"):
         optimize(vae, "lossless", graph_memory_budget=value)
     assert installed_runner(vae) is None
+
+
+def test_auk_reports_the_memory_of_its_bucket_pool_per_shape():
+    from rewrite.models.auk import AuKConfig, AuKVAE
+
+    micro = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,
+                      resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3),))
+    torch.manual_seed(0)
+    backend = FakeGraphs()
+    vae = optimize(AuKVAE(micro).eval(), "channels_last", graph_backend=backend, compile_shapes=(64,))
+    with torch.no_grad():
+        vae.decode(torch.randn(1, 50, 8, generator=torch.Generator().manual_seed(0)))
+    held = report(vae).graph_memory
+    [size] = held.sizes
+    assert size.size == "bucket 1x64 float32 cpu" and size.pool_growth == 100 * 64 * 8 * 4 and size.own == 64 * 8 * 4
+    assert held.total == size.pool_growth + size.own and "CUDA graph memory" in str(report(vae))

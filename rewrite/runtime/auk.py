@@ -50,7 +50,8 @@ from rewrite.levels import level_enables
 from rewrite.ops import compile_ahead, triton_conv1d, valid_length
 from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import disk_cache, guards
-from rewrite.runtime.graphs import CudaGraphBackend, GraphPool, static_buffer_mode
+from rewrite.runtime.graph_memory import GraphMemoryReport, SizeMemory
+from rewrite.runtime.graphs import CudaGraphBackend, GraphPool, describe_key, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
 from rewrite.runtime.runner import EVERY_LEVEL, OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
 from rewrite.runtime.tiles import Window, plan_tiles
@@ -217,6 +218,18 @@ class AuKRunner(DecoderRunner):
 
     def graph_reports(self) -> list[GraphReport]:
         return [GraphReport.of(g) for g in self.graphs.values.values()]
+
+    def graph_memory(self):
+        """The bucket and exact-length pools: each captured shape's pool growth and latent buffer, the total."""
+        pools = (("bucket", self.bucket_graphs), ("exact", self.exact_graphs))
+        if not any(pool.captures for _, pool in pools):
+            return None
+        sizes = tuple(SizeMemory(f"{name} {describe_key(key)}", growth, 0, own)
+                      for name, pool in pools for key, (growth, own) in pool.memory.items())
+        pool_bytes = sum(pool.pool_bytes() for _, pool in pools)
+        retired = {"exact-length generation retired": self.exact_graphs.generation} if self.exact_graphs.generation else {}
+        return GraphMemoryReport(total=pool_bytes + sum(s.own for s in sizes), pools=pool_bytes, cache_blocks=0,
+                                 sizes=sizes, budget=None, retired=retired)
 
     def cuda_graph_counts(self) -> dict[str, int]:
         return {"bucket graphs": len(self.bucket_graphs), "exact-length graphs": len(self.exact_graphs),

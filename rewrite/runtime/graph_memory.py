@@ -100,8 +100,9 @@ class GraphMemoryReport:
                                                       f", budget {self.budget / gib:.2f} GiB"))
         lines = [head]
         for size in self.sizes:
-            lines.append(f"  {size.size}: pool +{size.pool_growth / gib:.2f} GiB at its capture, caches "
-                         f"{size.caches / gib:.2f} GiB (shared block), own {size.own / gib:.3f} GiB")
+            caches = f", caches {size.caches / gib:.2f} GiB (shared block)" if size.caches else ""
+            lines.append(f"  {size.size}: pool +{size.pool_growth / gib:.2f} GiB at its capture{caches}, own "
+                         f"{size.own / gib:.3f} GiB")
         lines += [f"  retired x{count}: {reason}" for reason, count in sorted(self.retired.items())]
         lines += [f"  over the budget, no CUDA graphs: {size}" for size in self.over_budget]
         return lines

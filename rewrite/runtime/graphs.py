@@ -257,6 +257,8 @@ class GraphPool:
         self._pool = None
         self.generation = 0
         self.captures = 0
+        #: per key of this generation: (bytes its capture added to the pool, bytes of its static inputs)
+        self.memory: dict[Hashable, tuple[int, int]] = {}
 
     def get(self, key: Hashable, make_fn: Callable[[], Callable[..., Sequence[Tensor]]],
             inputs: Callable[[], Sequence[Tensor]]):
@@ -268,11 +270,13 @@ class GraphPool:
                 self.retire()
             if self._pool is None:
                 self._pool = self.backend.new_pool()
+            before = self.pool_bytes()
             with timed_build(key) as timing:
                 with static_buffer_mode():
                     static = inputs()
                 step = self.backend.capture(make_fn(), static, self._pool)
             self.steps[key] = step
+            self.memory[key] = (self.pool_bytes() - before, sum(t.nbytes for t in static))
             self.captures += 1
             if self.on_build is not None:
                 self.on_build(timing)
@@ -288,7 +292,13 @@ class GraphPool:
             finish_pending_replays()
             self.generation += 1
         self.steps = {}
+        self.memory = {}
         self._pool = None
+
+    def pool_bytes(self) -> int:
+        """Bytes the allocator holds in this generation's pool (0 where the backend does not measure)."""
+        measure = getattr(self.backend, "pool_bytes", None)
+        return 0 if measure is None or self._pool is None else measure(self._pool)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.steps
