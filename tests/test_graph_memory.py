@@ -91,6 +91,18 @@ def test_moved_weights_recapture_only_their_size():
     assert again is not first and memory.get("b", CPU, 1, [], None) is other and backend.pools == 1
 
 
+def test_a_generation_left_empty_starts_afresh_for_the_next_size():
+    memory, backend, get = _memory()
+    weight = torch.zeros(2)
+    memory.get("small", CPU, 400, [weight], lambda pool, arena: _Graphs(pool, arena, backend, 400))
+    moved = [torch.zeros(2)]  # the only size's weights moved: it is dropped, its generation left empty
+    big = memory.get("small", CPU, 1000, moved, lambda pool, arena: _Graphs(pool, arena, backend, 1000))
+    block = memory._generations[CPU].arena.block
+    assert backend.pools == 2 and memory.report().retired == {}
+    assert big.caches[0].untyped_storage().data_ptr() == block.untyped_storage().data_ptr()
+    assert memory.held_bytes() == 10 * 1000 + 1024  # a block sized by it, not the old one plus its own buffers
+
+
 def test_cache_views_hold_the_example_values_and_a_size_that_does_not_fit_gets_its_own():
     arena = CacheArena()
     examples = [torch.arange(6.0).view(2, 3), torch.arange(8, dtype=torch.bfloat16).view(1, 2, 2, 2)]

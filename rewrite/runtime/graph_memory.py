@@ -215,7 +215,9 @@ class GraphMemory:
             return held.graphs
         if key in self.over_budget:
             return None
-        if generation is not None and generation.held and rank > max(h.rank for h in generation.held.values()):
+        if generation is not None and not generation.held:
+            self.retire(device, "empty")  # a fresh pool and block, sized by this size (nothing held is lost)
+        elif generation is not None and rank > max(h.rank for h in generation.held.values()):
             self.retire(device, "a larger size came: the sizes are captured again, largest first")
         generation = self._capture(key, device, rank, pointers, build)
         if self.budget is not None and self.held_bytes(device) > self.budget and len(generation.held) > 1:
