@@ -20,6 +20,7 @@ def test_lossless_meets_its_target_only_bit_identical_and_fast_enough(model, spe
     row = sweep_sizes.verdict(model, _summary(speedup, equal))
     assert row["meets_target"] is meets and row["target"] == sweep_sizes.TARGETS[model]
     assert row["lossless_speedup"] == speedup and row["off_peak_gib"] == 30.0
+    assert row["off_s_per_latent_frame"] == 10.0 / 21  # 81 frames: 21 latent frames
     line = sweep_sizes.summary_line(row)
     assert ("meets" if meets else "BELOW") in line and "channels_last n/a" in line
 

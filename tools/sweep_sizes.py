@@ -1,4 +1,4 @@
-"""Decode the sizes users run, per Wan model, at every level, and hold each against issue 37's targets.
+"""Decode the sizes and clip lengths users run, per Wan model, at every level, against issue 37's targets.
 
 For each model and size this runs what ``rewrite-bench --model M --size S --frames F --levels L`` runs (one
 random-init full-size decoder per model and size, seeded latents, best of ``--repeat`` calls, ratios against
@@ -8,6 +8,7 @@ that mean anything (on a CPU it checks exactness only, as ``rewrite-bench`` does
 
     python -m rewrite.tools.sweep_sizes --json docs/data/size_sweep.json
     python -m rewrite.tools.sweep_sizes --models wan2.1 --sizes 1088x1920,1920x1088 --frames 21
+    python -m rewrite.tools.sweep_sizes --sizes 480x832 --frames 81,161,241   # long clips: s per latent frame
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--models", default="wan2.1,wan2.2", help="comma-separated Wan models")
     parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated HxW output sizes")
-    parser.add_argument("--frames", type=int, default=81, help="output frames, 1 + 4k")
+    parser.add_argument("--frames", default="81", help="comma-separated output frame counts, 1 + 4k each (long clips: "
+                                                     "81,161,241 gives seconds per latent frame at 21, 41, 61)")
     parser.add_argument("--levels", default="off,lossless,channels_last", help="levels, off first")
     parser.add_argument("--repeat", type=int, default=2, help="timed calls per level (the best counts)")
     parser.add_argument("--config", default="full", choices=("full", "tiny"), help="model size")
@@ -46,7 +48,9 @@ def verdict(model: str, summary: dict) -> dict:
     row = {"model": model, "size": summary["size"], "frames": summary["frames"], "device": summary["device"],
            **{f"{level}_s": r["best_s"] for level, r in levels.items()},
            **{f"{level}_speedup": r["speedup"] for level, r in levels.items() if level != "off"},
-           **{f"{level}_peak_gib": r["peak_gib"] for level, r in levels.items()}}
+           **{f"{level}_peak_gib": r["peak_gib"] for level, r in levels.items()},
+           **{f"{level}_s_per_latent_frame": r["best_s"] / (1 + (summary["frames"] - 1) // 4)
+              for level, r in levels.items()}}
     if lossless is not None:
         row["target"] = TARGETS[model]
         row["meets_target"] = bool(lossless["bit_identical"]) and lossless["speedup"] >= TARGETS[model]
@@ -63,18 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None and not args.json.parent.is_dir():
         parser.error(f"--json {args.json}: directory {args.json.parent} does not exist")
     summaries, rows = [], []
-    for model in models:
-        for size in (s.strip() for s in args.sizes.split(",") if s.strip()):
-            argv_bench = ["--model", model, "--config", args.config, "--size", size, "--frames", str(args.frames),
-                          "--levels", args.levels, "--repeat", str(args.repeat), "--warmup", "0"]
-            if args.device is not None:
-                argv_bench += ["--device", args.device]
-            summary = bench.run(bench.parse_args(argv_bench))
-            print(bench.format_table(summary), flush=True)
-            summaries.append(summary)
-            rows.append(verdict(model, summary))
-            if args.json is not None:  # after every size: a run cut short keeps what it measured
-                args.json.write_text(json.dumps({"rows": rows, "summaries": summaries}, indent=1, default=str))
+    frame_counts = [f.strip() for f in args.frames.split(",") if f.strip()]
+    cases = [(model, size, frames) for model in models for size in (s.strip() for s in args.sizes.split(",") if s.strip())
+             for frames in frame_counts]
+    for model, size, frames in cases:  # one rewrite-bench run per case
+        argv_bench = ["--model", model, "--config", args.config, "--size", size, "--frames", frames,
+                      "--levels", args.levels, "--repeat", str(args.repeat), "--warmup", "0"]
+        if args.device is not None:
+            argv_bench += ["--device", args.device]
+        summary = bench.run(bench.parse_args(argv_bench))
+        print(bench.format_table(summary), flush=True)
+        summaries.append(summary)
+        rows.append(verdict(model, summary))
+        if args.json is not None:  # after every case: a run cut short keeps what it measured
+            args.json.write_text(json.dumps({"rows": rows, "summaries": summaries}, indent=1, default=str))
     for row in rows:
         print(summary_line(row))
     return 0
@@ -85,7 +91,7 @@ def summary_line(row: dict) -> str:
     ratios = "  ".join(f"{level} " + (f"{row[key]:.2f}x" if key in row else "n/a")
                        for level, key in (("lossless", "lossless_speedup"), ("channels_last", "channels_last_speedup")))
     mark = "" if "meets_target" not in row else ("meets" if row["meets_target"] else "BELOW") + f" {row['target']}x"
-    return f"{row['model']:<7} {row['size']:>10}  {ratios}  {mark}".rstrip()
+    return f"{row['model']:<7} {row['size']:>10}x{row['frames']:<4} {ratios}  {mark}".rstrip()
 
 
 if __name__ == "__main__":
