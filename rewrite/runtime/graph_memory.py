@@ -20,9 +20,10 @@ outside the pool). Kept apart per size, both add up over sizes (issue 37: five s
   the smaller sizes are captured again, into its memory, on their next decode. A process that meets sizes in
   growing order captures once more per new largest size; `warmup` captures its sizes largest first.
 * **Budget** (`budget` bytes, the `graph_memory_budget` option): after each capture, a generation holding more
-  than the budget keeps only the size just captured (captured again alone: the pool keeps what the others
+  than the budget keeps only the size just captured (captured again alone into a fresh pool; the others are
   freed); a size that alone holds more than the budget keeps no CUDA graphs and `get` returns None for it (the
-  caller runs its steps without CUDA graphs, which hold nothing between calls).
+  caller runs its steps without CUDA graphs, which hold nothing between calls). What a pool holds is its
+  graphs' whole working set, reserved (more than `memory_allocated()` shows: docs/design.md section 8.4).
 
 `report()` shows what each size's capture added to the pool, its caches, and the total held
 (`GraphMemoryReport`). The pool's bytes are read from the allocator's snapshot of the pool's segments
