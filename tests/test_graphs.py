@@ -6,16 +6,18 @@ import copy
 
 import torch
 
-from rewrite.runtime.graphs import GraphCache, GraphPool, static_buffer_mode
+from rewrite.runtime.graph_memory import GraphMemory
+from rewrite.runtime.graphs import GraphPool, static_buffer_mode
 from tests.graph_fakes import FakeGraphs, Uncopyable
 
 
 def test_deep_copies_of_graph_containers_are_empty():
-    weights = [torch.zeros(2)]
-    cache = GraphCache(max_entries=2)
-    cache.get("a", weights, Uncopyable)
-    twin = copy.deepcopy(cache)
-    assert len(cache) == 1 and len(twin) == 0 and twin.max_entries == 2
+    memory = GraphMemory(FakeGraphs(), budget=1 << 30, max_entries=2)
+    held = Uncopyable()
+    held.own_bytes = lambda: 0
+    memory.get("a", torch.device("cpu"), 1, [torch.zeros(2)], lambda pool, arena: held)
+    twin = copy.deepcopy(memory)
+    assert len(memory) == 1 and len(twin) == 0 and (twin.max_entries, twin.budget) == (2, 1 << 30)
 
     pool = GraphPool(FakeGraphs(cuda_like=True), max_entries=3)  # its steps refuse deepcopy
     pool.get("a", lambda: (lambda x: [x]), lambda: [torch.zeros(1)])

@@ -42,7 +42,7 @@ from typing import Callable, Hashable, Protocol, Sequence
 import torch
 from torch import Tensor
 
-from rewrite.runtime.graphs import BuildTiming, describe_key, finish_pending_replays, timed_build
+from rewrite.runtime.graphs import BuildTiming, describe_key, finish_pending_replays, measured_pool_bytes, timed_build
 
 logger = logging.getLogger("rewrite")
 
@@ -285,8 +285,7 @@ class GraphMemory:
                    for d, g in self._generations.items() if device is None or d == device)
 
     def _pool_bytes(self, generation: _Generation) -> int:
-        measure = getattr(self.backend, "pool_bytes", None)  # stand-in backends may not measure
-        return 0 if measure is None else measure(generation.pool)
+        return measured_pool_bytes(self.backend, generation.pool)
 
     def report(self) -> GraphMemoryReport:
         sizes = tuple(SizeMemory(describe_key(key), h.pool_growth, h.caches, h.graphs.own_bytes())

@@ -7,15 +7,14 @@ step itself writes the state it carries into its own static input buffers at the
 next replay: callers copy what they keep. Replays run exactly the kernels the eager call ran, on the same
 shapes, so results are bit-identical to the uncaptured graph modules.
 
-`GraphCache` keeps the step graphs of at most `max_entries` shapes (least recently used evicted, its
-memory returned), and drops an entry whose weights are no longer the tensors captured (e.g. after
-`load_state_dict(assign=True)` or `.to()`); in-place weight updates are seen by replays.
+Wan's graph sets per size, sharing one pool and one cache block per module, are kept by
+`rewrite.runtime.graph_memory.GraphMemory`.
 
 `GraphPool` keeps steps that share one private memory pool (captured by a backend such as
 `CudaGraphBackend`): never evicted one by one, only retired together. A deep copy of a pool is empty
 (CUDA graphs cannot be copied, and a pool is never shared by two owners).
 
-What a build costs: both containers time each build (`BuildTiming`: the whole build, the `StaticStep`
+What a build costs: the containers time each build (`BuildTiming`: the whole build, the `StaticStep`
 warm-ups and captures inside it, and of those the per-shape self-checks and the time inside Triton launches,
 read from the calling thread's counters in `rewrite.ops.selftest` and `rewrite.ops.compile_ahead`) and hand it
 to their owner's `on_build` callback (the runner reports it and persists new self-check verdicts).
@@ -23,7 +22,6 @@ to their owner's `on_build` callback (the runner reports it and persists new sel
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import dataclasses
@@ -165,54 +163,6 @@ class StaticStep:
         return self.outputs
 
 
-class GraphCache:
-    """Graph sets per key (e.g. (batch, height, width, dtype)), least recently used evicted first."""
-
-    def __init__(self, max_entries: int = 4, on_build: Callable[[BuildTiming], None] | None = None):
-        self.max_entries = max_entries
-        self.on_build = on_build  # called with the timing of every build (see the module docstring)
-        self._entries: collections.OrderedDict[Hashable, tuple[tuple[int, ...], object]] = collections.OrderedDict()
-        self.captures = 0
-
-    def get(self, key: Hashable, weights: Sequence[Tensor | None], build: Callable[[], object]):
-        """The entry for `key`, built (captured) when absent or when the weights moved."""
-        pointers = tuple(0 if w is None else w.data_ptr() for w in weights)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] != pointers:
-            finish_pending_replays()
-            del self._entries[key]
-            entry = None
-        if entry is None:
-            if len(self._entries) >= self.max_entries:
-                finish_pending_replays()
-            while len(self._entries) >= self.max_entries:
-                self._entries.popitem(last=False)
-            with timed_build(key) as timing:
-                entry = (pointers, build())
-            self._entries[key] = entry
-            self.captures += 1
-            if self.on_build is not None:
-                self.on_build(timing)
-        self._entries.move_to_end(key)
-        return entry[1]
-
-    def clear(self) -> None:
-        if self._entries:
-            finish_pending_replays()
-        self._entries.clear()
-
-    def __deepcopy__(self, memo: dict) -> "GraphCache":
-        """An empty cache: CUDA graphs cannot be copied, and a copied model captures its own (its callback is
-        the copy's: a bound method of a copied runner is bound to the copy)."""
-        return GraphCache(self.max_entries, copy.deepcopy(self.on_build, memo))
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._entries
-
-
 class CudaGraphBackend:
     """Captures `StaticStep`s into CUDA graph memory pools (the production backend of `GraphPool`)."""
 
@@ -235,6 +185,13 @@ class CudaGraphBackend:
             return 0
         return sum(segment["total_size"] for segment in torch.cuda.memory_snapshot()
                    if tuple(segment.get("segment_pool_id", ())) == tuple(pool))
+
+
+def measured_pool_bytes(backend, pool) -> int:
+    """What `backend` measures the pool to hold (`CudaGraphBackend.pool_bytes`); 0 for no pool, or a stand-in
+    backend that does not measure."""
+    measure = getattr(backend, "pool_bytes", None)
+    return 0 if measure is None or pool is None else measure(pool)
 
 
 class GraphPool:
@@ -297,8 +254,7 @@ class GraphPool:
 
     def pool_bytes(self) -> int:
         """Bytes the allocator holds in this generation's pool (0 where the backend does not measure)."""
-        measure = getattr(self.backend, "pool_bytes", None)
-        return 0 if measure is None or self._pool is None else measure(self._pool)
+        return measured_pool_bytes(self.backend, self._pool)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.steps
