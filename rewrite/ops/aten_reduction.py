@@ -252,15 +252,13 @@ def split_plan(shape: tuple[int, ...], strides: tuple[int, ...], data_ptr: int, 
     """The plan of a norm input ATen reduces in 32-bit pieces (module docstring), or None where the pieces do
     not share one plan and one channel partition, or need more than MAX_PIECES pieces per output."""
     dims = _iterator_dims(shape, strides, element_size)
-    if dims is None or len(dims) < 2:
-        return None
+    if dims is None or len(dims) < 2 or dims[1].in_stride >= dims[0].in_stride:
+        return None  # (the last: an inner reduction, another kernel and order)
     channels_by_outputs: dict[tuple, list[tuple[int, int]]] = {}
     plans = set()
     for ranges in split_pieces(dims):
         (c_start, c_size), outputs = ranges[0], ranges[1:]
         channels_by_outputs.setdefault(outputs, []).append((c_start, c_size))
-        if dims[1].in_stride >= dims[0].in_stride:
-            return None  # an inner reduction: another kernel and order
         offset = sum(start * d.in_stride for d, (start, _) in zip(dims, ranges)) // element_size
         vec = 4 if dims[1].in_stride == element_size else 1  # `get_output_vec_size`, as `output_vec_size`
         for n in (data_ptr // element_size + offset, outputs[0][1],
