@@ -66,11 +66,6 @@ class NormPlan:
     ctas: int = 1
     pieces: tuple[int, ...] = ()  # inner channel boundaries of the 32-bit pieces (module docstring); () for one
 
-    def piece_ends(self, channels: int) -> tuple[int, ...]:
-        """The end channel of each of MAX_PIECES pieces, the unused ones ending at `channels` (kernel arguments)."""
-        ends = (*self.pieces, channels)
-        return ends + (channels,) * (MAX_PIECES - len(ends))
-
 
 def _last_pow2(n: int) -> int:
     return max(1, 1 << (max(n, 1).bit_length() - 1))

@@ -312,12 +312,14 @@ def _norm_constexprs(split: int, ctas: int, channels: int, pixels: int, pieces: 
 
 
 def _piece_ends(pieces: tuple[int, ...], channels: int) -> tuple[int, int, int, int]:
-    """The kernels' E1..E4: where each of the channel pieces ends (`aten_reduction.NormPlan.piece_ends`)."""
+    """The kernels' E1..E4: where each of the channel pieces (`aten_reduction.NormPlan.pieces`) ends, the unused
+    ones at `channels`."""
     if len(pieces) >= aten_reduction.MAX_PIECES or list(pieces) != sorted(set(pieces)) or not all(
             0 < p < channels for p in pieces):
         raise ValueError(f"norm pieces: expected at most {aten_reduction.MAX_PIECES - 1} increasing channel "
                          f"boundaries inside 1..{channels - 1}, got {pieces!r}")
-    return aten_reduction.NormPlan(1, 1, 1, tuple(pieces)).piece_ends(channels)
+    ends = (*pieces, channels)
+    return ends + (channels,) * (aten_reduction.MAX_PIECES - len(ends))
 
 
 def _norm_warps(channels: int, pixels: int) -> int:
