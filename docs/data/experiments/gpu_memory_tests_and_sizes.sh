@@ -7,4 +7,4 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 nvidia-smi --query-gpu=name,power.limit --format=csv,noheader | tee $OUT/gpu.txt
 timeout 240 python3 -m pytest -q -p no:logging --tb=short --durations=8 tests/test_gpu_memory.py 2>&1 | tail -30 \
   | tee $OUT/tests_gpu.log
-timeout 150 python3 docs/data/experiments/s23_graph_memory_by_size.py lossless 2>&1 | tail -6 | tee $OUT/sizes.log
+timeout 150 python3 docs/data/experiments/graph_memory_by_size.py lossless 2>&1 | tail -6 | tee $OUT/sizes.log

@@ -6,7 +6,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
   && python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
 nvidia-smi --query-gpu=name,power.limit --format=csv,noheader | tee $OUT/gpu.txt
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee -a $OUT/gpu.txt
-timeout 200 python3 docs/data/experiments/s23_memory_probe.py lossless channels_last > $OUT/memory_probe.log 2>&1
+timeout 200 python3 docs/data/experiments/memory_after_delete_probe.py lossless channels_last > $OUT/memory_probe.log 2>&1
 tail -5 $OUT/memory_probe.log
 timeout 330 python3 -m pytest -q -p no:logging --tb=short --durations=5 -m gpu tests/test_alias_free_op.py \
   tests/test_gpu_auk.py tests/test_gpu_auk_runtime.py tests/test_auk_exact_kernels.py tests/test_stream.py \
