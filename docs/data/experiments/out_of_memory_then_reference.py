@@ -12,7 +12,9 @@ import torch
 
 from rewrite import optimize, report
 from rewrite.models.wan import build_wan
-from tests.test_gpu_memory import _latents, _reserved
+import sys
+sys.path.insert(0, ".")  # run from the repository root
+from tests.test_gpu_memory import _latents, _reserved  # noqa: E402
 
 vae = build_wan("wan2.1", "full").to("cuda", torch.bfloat16)
 weights = _reserved()
