@@ -63,7 +63,12 @@ def test_memory_comes_back_when_the_module_goes_or_is_set_off(level, ending):
 
 def test_a_decode_out_of_memory_on_the_graphs_frees_them_and_returns_the_reference_result():
     """Graphs of one size held, then a larger size under a memory cap that fits its decode only once the held
-    graphs are freed: the first attempt runs out, the retry (or the reference decode) completes it."""
+    graphs are freed: the first attempt runs out, the retry (or the reference decode) completes it.
+
+    The result is compared with the reference decode run after the episode, not before it: under the cap
+    PyTorch's cuDNN path skips conv plans whose workspace does not fit and keeps the plan it ran for that conv
+    for the rest of the process, so the reference itself computes other low bits afterwards (H100, torch 2.11:
+    `docs/data/experiments/out_of_memory_then_reference.py`)."""
     vae = build_wan("wan2.1", "full").to("cuda", torch.bfloat16)
     weights = _reserved()
     optimize(vae, "lossless")
@@ -73,7 +78,7 @@ def test_a_decode_out_of_memory_on_the_graphs_frees_them_and_returns_the_referen
         held = _reserved()  # the cap counts reserved memory, graph pools whole
         small_graphs = held - weights
         torch.cuda.reset_peak_memory_stats()
-        expected = vae._rewrite_runner._reference_decode(large).sample  # the small size's graphs stay held
+        vae._rewrite_runner._reference_decode(large)  # the small size's graphs stay held
         reference_peak = torch.cuda.max_memory_reserved() - held
         # the reference decode fits once the small graphs are freed; the larger size's capture (its eager
         # warm-up beside its pool: about twice the reference's working set) does not
@@ -83,6 +88,7 @@ def test_a_decode_out_of_memory_on_the_graphs_frees_them_and_returns_the_referen
             actual = vae.decode(large).sample
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0)
+        expected = vae._rewrite_runner._reference_decode(large).sample
     assert torch.equal(actual, expected)
     assert any("out of GPU memory" in reason for reason in report(vae).fallbacks), report(vae)
 
