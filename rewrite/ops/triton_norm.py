@@ -295,8 +295,8 @@ NORM_UNROLL = 2  # channel groups loaded per step of the first pass
 NORM_UNROLL_SPLIT1 = 4
 NORM_WARPS_WIDE = 8  # 256 channels and more over large planes
 NORM_STORE_CHANNELS = 64  # channels per step of the second pass where the channel count is a multiple
-#: most [channels, pixels] values of one second-pass step (the tile the fused norm normalizes and stores)
-NORM_STORE_TILE = 4096
+#: ... and at least this many where they divide the channel count (one 32-byte sector of a bf16 pixel)
+NORM_STORE_MIN_CHANNELS = 16
 
 
 def _pixels_block(threads: int, pixels: int, ctas: int = 1) -> int:
@@ -308,14 +308,15 @@ def _pixels_block(threads: int, pixels: int, ctas: int = 1) -> int:
     return max(32, min(512, NORM_TILE // (4 * threads)))
 
 
-def _store_channels(channels: int, split: int, block_p: int) -> int:
-    """Channels per step of the second pass (normalize and store; any grouping gives the same values): the
-    widest of 64, 32, 16 that divides the channel count and keeps the step within NORM_STORE_TILE values, else
-    the first pass's 4 `split`. At least 16 where it divides: a channels-last output stored 4 channels a
-    pixel at a time (8 bytes of every 32-byte sector, as split 1 gave at 1088x1920) ran 4-10x slower."""
-    for group in (NORM_STORE_CHANNELS, NORM_STORE_CHANNELS // 2, NORM_STORE_CHANNELS // 4):
-        if channels % group == 0 and (group * block_p <= NORM_STORE_TILE or group == NORM_STORE_CHANNELS // 4):
-            return max(4 * split, group)
+def _store_channels(channels: int, split: int) -> int:
+    """Channels per step of the second pass (normalize and store; any grouping gives the same values):
+    NORM_STORE_CHANNELS where the channel count is a multiple, else the first pass's 4 `split`, but at least
+    NORM_STORE_MIN_CHANNELS where that divides the count: a channels-last output stored 4 channels a pixel at a
+    time (8 bytes of every 32-byte sector, as split 1 gave at 1088x1920) ran several times slower."""
+    if channels % NORM_STORE_CHANNELS == 0:
+        return max(4 * split, NORM_STORE_CHANNELS)
+    if 4 * split < NORM_STORE_MIN_CHANNELS and channels % NORM_STORE_MIN_CHANNELS == 0:
+        return NORM_STORE_MIN_CHANNELS
     return 4 * split
 
 
@@ -324,7 +325,7 @@ def _norm_constexprs(split: int, ctas: int, channels: int, pixels: int, pieces: 
     threads = norm_threads(split, ctas)
     block_p = _pixels_block(threads, pixels, ctas)
     return dict(SPLIT=split, CTAS=ctas, CTAS_P2=triton.next_power_of_2(ctas), BLOCK_P=block_p,
-                GROUP=_store_channels(channels, split, block_p),
+                GROUP=_store_channels(channels, split),
                 UNROLL=NORM_UNROLL_SPLIT1 if split == 1 and ctas == 1 else NORM_UNROLL, PIECES=len(pieces) + 1)
 
 
