@@ -11,35 +11,35 @@ import importlib
 
 from rewrite.engine.pattern import Pattern
 
-# Module names (files in this package) whose PATTERNS the registry collects, in matching order.
+# Module names (files in this package's family folders) whose PATTERNS the registry collects, in matching order.
 PATTERN_MODULES: tuple[str, ...] = (
-    "rms_norm", "causal_conv_input", "conv_residual", "upsample_nearest", "temporal_interleave", "dup_up_add",
+    "wan.rms_norm", "wan.causal_conv_input", "wan.conv_residual", "wan.upsample_nearest", "wan.temporal_interleave", "wan.dup_up_add",
     # after the families they combine
-    "causal_conv3d", "upsample_conv2d",
+    "wan.causal_conv3d", "wan.upsample_conv2d",
     # after causal_conv3d, whose op it feeds
-    "rms_norm_causal_conv3d",
+    "wan.rms_norm_causal_conv3d",
     # after upsample_conv2d and dup_up_add, which it chains
-    "upsample_conv2d_dup_up_add",
+    "wan.upsample_conv2d_dup_up_add",
     # after upsample_conv2d_dup_up_add, which keeps the upsample convs it chains (channels_last only)
-    "upsample_conv2d_fast",
+    "wan.upsample_conv2d_fast",
     # after upsample_conv2d_dup_up_add, whose op it replaces (channels_last only)
-    "upsample_conv2d_dup_up_add_fast",
+    "wan.upsample_conv2d_dup_up_add_fast",
     # the middle block's attention (channels_last only)
-    "attention_fast",
+    "wan.attention_fast",
     # after rms_norm_causal_conv3d, the op its guard wants as the only kind of user
-    "pointwise_conv3d",
+    "wan.pointwise_conv3d",
     # after the two ops they chain (residual_bias first: norm_input_bias matches its result too)
-    "residual_bias", "norm_input_bias",
+    "wan.residual_bias", "wan.norm_input_bias",
     # after every family that builds or rewires rms_norm_causal_conv3d (channels_last only)
-    "rms_norm_causal_conv3d_fast",
+    "wan.rms_norm_causal_conv3d_fast",
     # after the fast op, whose chained pairs it fuses (channels_last only)
-    "rms_norm_causal_conv3d_pair_fast",
+    "wan.rms_norm_causal_conv3d_pair_fast",
     # AuK: auk_alias_free lists its channels_last [fused] pattern before the lossless [exact] one (same search)
-    "auk_alias_free", "auk_causal_conv1d", "auk_causal_conv_transpose1d", "auk_amp_average",
+    "auk.alias_free", "auk.causal_conv1d", "auk.causal_conv_transpose1d", "auk.amp_average",
     # after the two families it combines (channels_last only)
-    "auk_snake_conv",
+    "auk.snake_conv",
     # after snake_conv, whose fused ops it chains
-    "auk_deferred_bias",
+    "auk.deferred_bias",
 )
 
 

@@ -1,7 +1,7 @@
 """`optimize(module, level)` and `report(module)`: the library's entry points.
 
 `optimize` returns the module it was given, with its decode running through captured and rewritten graphs
-(see `rewrite.runtime.wan` and `rewrite.runtime.auk` for what is installed on the instance). Calling it again re-configures the same
+(see `rewrite.models.wan.runner` and `rewrite.models.auk.runner` for what is installed on the instance). Calling it again re-configures the same
 object; `level="off"` removes everything `optimize` installed, leaving the module as diffusers made it.
 """
 
@@ -29,8 +29,8 @@ def optimize(module: nn.Module, level: str = "lossless", *, group=None, output: 
 
     Returns the same object. Parameters stay the same tensor objects and `state_dict()` is unchanged.
     Wan only: `group=` a `torch.distributed` ProcessGroup or a 1-D DeviceMesh makes `module.decode(z)` a
-    collective of that group's ranks (`rewrite.distributed.decode_sharded`, `output=` "all" (default),
-    "rank0" or "band" as there; `rewrite.distributed.sharding`); a later call without `group=` (or at
+    collective of that group's ranks (`rewrite.models.wan.distributed.decode_sharded`, `output=` "all" (default),
+    "rank0" or "band" as there; `rewrite.models.wan.distributed.sharding`); a later call without `group=` (or at
     "off") makes it a local decode again.
     `options` go to the model's runner: for `AuKVAE`, `compile_shapes` (buckets in latent frames, default
     (160, 320, 640)), `tile_frames` (default the largest bucket), `max_graphs` (exact-length CUDA graphs
@@ -100,19 +100,19 @@ def _check_option_names(model: SupportedModel, runner_class: type, level: str, o
 
 
 def _sharding_for(module: nn.Module, family: str, level: str, group, output):
-    """`rewrite.distributed.sharding.sharding_for`; None, importing nothing, without `group=` or `output=`."""
+    """`rewrite.models.wan.distributed.sharding.sharding_for`; None, importing nothing, without `group=` or `output=`."""
     if group is None and output is None:
         return None
-    from rewrite.distributed.sharding import sharding_for
+    from rewrite.models.wan.distributed.sharding import sharding_for
 
     return sharding_for(module, family, level, group, output)
 
 
 def _set_sharding(module: nn.Module, sharding) -> None:
-    """`rewrite.distributed.sharding.set_sharding`, imported only where it has something to do (a sharding
+    """`rewrite.models.wan.distributed.sharding.set_sharding`, imported only where it has something to do (a sharding
     to install, or an instance `decode`, its `ENTRY_POINT`, that may be one to remove)."""
     if sharding is not None or "decode" in module.__dict__:
-        from rewrite.distributed.sharding import set_sharding
+        from rewrite.models.wan.distributed.sharding import set_sharding
 
         set_sharding(module, sharding)
 
@@ -167,9 +167,9 @@ def stream(module: nn.Module, *, height: int, width: int, batch: int = 1, dtype=
     """A streaming decode session of an optimized Wan VAE for latents [batch, z_dim, t, height, width]
     (latent sizes; `dtype`/`device` default to the parameters'): `session.push(z_chunk) -> frames`,
     `session.reset()`, `session.close()` or a `with` block. The pushes of a clip concatenated are
-    `torch.equal` to decoding the whole clip (`rewrite.runtime.stream.StreamSession` says where that is
+    `torch.equal` to decoding the whole clip (`rewrite.models.wan.stream.StreamSession` says where that is
     checked). Raises TypeError for a module that is not an optimized Wan VAE, ValueError for bad sizes."""
-    from rewrite.runtime.stream import StreamSession
+    from rewrite.models.wan.stream import StreamSession
 
     return StreamSession(module, batch=batch, height=height, width=width, dtype=dtype, device=device)
 
@@ -201,5 +201,5 @@ def report(module: nn.Module) -> Report:
 def _band_graph_lines(runner) -> list[str]:
     """The band graphs a sharded decode captured for this runner; none where no sharded decode ran in this
     process (its module is then not loaded, and `report` does not load it)."""
-    band_graphs = sys.modules.get("rewrite.distributed.band_graphs")
+    band_graphs = sys.modules.get("rewrite.models.wan.distributed.band_graphs")
     return [] if band_graphs is None else band_graphs.describe(runner)

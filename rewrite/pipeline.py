@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rewrite.capture.export import CapturedGraph
-from rewrite.passes.chain_block_norms import chain_block_norms
+from rewrite.models.wan.chain_block_norms import chain_block_norms
 from rewrite.passes.canonicalize import canonicalize
 from rewrite.passes.drop_clones import drop_redundant_clones
 from rewrite.passes.fuse_patterns import fuse_patterns

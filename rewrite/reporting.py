@@ -157,7 +157,7 @@ class Report:
     #: what the captures cost so far, per graph and stage (the first call's breakdown, and each new shape's)
     first_call: list[Timing] = dataclasses.field(default_factory=list)
     disk_cache: str | None = None  # where the disk cache is and what it served, None when it is off
-    #: the sharded decode's band graphs of this module, one line each (`rewrite.distributed.band_graphs.describe`)
+    #: the sharded decode's band graphs of this module, one line each (`rewrite.models.wan.distributed.band_graphs.describe`)
     band_graphs: list[str] = dataclasses.field(default_factory=list)
 
     @property

@@ -5,8 +5,8 @@ Each `SupportedModel` row says
 * how to recognise an instance cheaply: a class is looked up only in a module that is already imported (no
   instance of a class can exist before its module is loaded, and importing diffusers for another model
   would cost seconds: 12 s on the GPU machine's host);
-* which runner drives it, as an import path resolved on first use (`runner_class`), so that the table
-  imports no runtime;
+* which runner drives it: a function that imports the runner's module on first use (`runner_class`), so
+  that the table imports no runtime;
 * how a tool builds a seeded random-init model (`build`: nothing is downloaded) and captures its graphs
   (`capture`), and what the graphs are called and what their symbolic sizes are (`latent_dims`: the
   names of the dims of the graphs' first input).
@@ -97,7 +97,7 @@ class SupportedModel:
     family: str  # models driven by one runner share it ("wan", "auk")
     type_name: str  # the class users hold, as error messages name it
     label: str | None  # which of the models of that class ("Wan 2.1"), None when the class is the model
-    runner_path: str  # "package.module:Class", imported by `runner_class`
+    load_runner: Callable[[], type]  # imports and returns the runner class (`runner_class`)
     recognise: Callable[[nn.Module], bool]
     make: Callable[[str, int], nn.Module]  # (config, seed) -> fp32 random-init model, eval mode
     capture_graphs: Callable[..., list[CapturedGraph]]  # (module, dtype, device, **capture options)
@@ -107,9 +107,8 @@ class SupportedModel:
     meta_capture: bool = False  # captures from a model on the meta device (no weights allocated)
 
     def runner_class(self) -> type:
-        """The runner class (imported now)."""
-        module_name, class_name = self.runner_path.split(":")
-        return getattr(importlib.import_module(module_name), class_name)
+        """The runner class (its module imported now, not when the table is)."""
+        return self.load_runner()
 
     def build(self, config: str = "full", *, seed: int = 0, device: torch.device | str | None = None,
               dtype: torch.dtype | None = None) -> nn.Module:
@@ -146,34 +145,46 @@ def _wan_version(module: nn.Module) -> str:
     return "wan2.2" if getattr(module.config, "is_residual", False) else "wan2.1"
 
 
+def _wan_runner() -> type:
+    from rewrite.models.wan.runner import WanRunner
+
+    return WanRunner
+
+
 def _wan_row(version: str, label: str) -> SupportedModel:
     def make(config: str, seed: int) -> nn.Module:
-        from rewrite.models.wan import build_wan
+        from rewrite.models.wan.config import build_wan
 
         return build_wan(version, config, seed=seed)
 
     def capture(module: nn.Module, dtype: torch.dtype, device: torch.device) -> list[CapturedGraph]:
-        from rewrite.capture.wan import capture_wan_decoder
+        from rewrite.models.wan.capture import capture_wan_decoder
 
         return list(capture_wan_decoder(module.decoder, dtype, device))
 
     return SupportedModel(
         name=version, family="wan", type_name="diffusers.AutoencoderKLWan", label=label,
-        runner_path="rewrite.runtime.wan:WanRunner",
+        load_runner=_wan_runner,
         recognise=lambda module: _is_wan(module) and _wan_version(module) == version,
         make=make, capture_graphs=capture, graph_names=("chunk0", "steady"),
         latent_dims=("batch", "channels", "frames", "height", "width"))
 
 
+def _auk_runner() -> type:
+    from rewrite.models.auk.runner import AuKRunner
+
+    return AuKRunner
+
+
 def _make_auk(config: str, seed: int) -> nn.Module:
-    from rewrite.models.auk import AuKConfig, AuKVAE
+    from rewrite.models.auk.model import AuKConfig, AuKVAE
 
     return AuKVAE(AuKConfig() if config == "full" else AuKConfig.tiny()).eval()
 
 
 def _capture_auk(module: nn.Module, dtype: torch.dtype, device: torch.device,
                  activations_as_ops: bool = True) -> list[CapturedGraph]:
-    from rewrite.capture.auk import capture_auk_decode
+    from rewrite.models.auk.capture import capture_auk_decode
 
     return [capture_auk_decode(module, dtype, device, activations_as_ops=activations_as_ops)]
 
@@ -182,9 +193,9 @@ MODELS: tuple[SupportedModel, ...] = (
     _wan_row("wan2.1", "Wan 2.1"),
     _wan_row("wan2.2", "Wan 2.2"),
     SupportedModel(
-        name="auk", family="auk", type_name="rewrite.models.auk.AuKVAE", label=None,
-        runner_path="rewrite.runtime.auk:AuKRunner",
-        recognise=lambda module: _instance_of(module, "rewrite.models.auk", "AuKVAE"),
+        name="auk", family="auk", type_name="rewrite.models.auk.model.AuKVAE", label=None,
+        load_runner=_auk_runner,
+        recognise=lambda module: _instance_of(module, "rewrite.models.auk.model", "AuKVAE"),
         make=_make_auk, capture_graphs=_capture_auk, graph_names=("decode",),
         latent_dims=("batch", "frames", "channels"), capture_options=("activations_as_ops",), meta_capture=True),
 )

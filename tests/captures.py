@@ -30,8 +30,8 @@ def copy_graph(graph: CapturedGraph) -> CapturedGraph:
 def tiny_wan(version: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, list[CapturedGraph]]:
     """`build_wan(version, "tiny")` in `dtype` (shared: read it, do not change it) and copies of its decoder's
     chunk-0 and steady graphs with symbolic sizes, exported on the CPU once per process."""
-    from rewrite.capture.wan import capture_wan_decoder
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.capture import capture_wan_decoder
+    from rewrite.models.wan.config import build_wan
 
     key = (version, dtype)
     if key not in _EXPORTED:

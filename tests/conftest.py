@@ -13,7 +13,7 @@ if not torch.cuda.is_available():  # kernel tests run under Triton's interpreter
 import pytest  # noqa: E402
 
 from rewrite import optimize  # noqa: E402
-from rewrite.models.wan import build_wan  # noqa: E402
+from rewrite.models.wan.config import build_wan  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

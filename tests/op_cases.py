@@ -16,9 +16,14 @@ from typing import Optional
 
 import torch
 
-from rewrite.models.auk import AliasFreeSnakeBeta
-from rewrite.ops import aten_reduction, layout, selftest, triton_conv3d, wan_fast, wan_upsample_fast
-from rewrite.ops import attention_fast as _attention_ops  # noqa: F401  (registers rewrite::attention_fast)
+from rewrite.models.auk.model import AliasFreeSnakeBeta
+from rewrite.ops import selftest
+from rewrite.kernels.norm import aten_reduction
+from rewrite.kernels import layout
+from rewrite.kernels.conv3d import conv3d as triton_conv3d
+from rewrite.models.wan import ops_fast as wan_fast
+from rewrite.models.wan import upsample_fast as wan_upsample_fast
+from rewrite.models.wan import attention_fast as _attention_ops  # noqa: F401  (registers rewrite::attention_fast)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +111,7 @@ def _cases() -> dict[str, list[Case]]:
             weight=10)
         add("rms_norm_causal_conv3d", f"{tag}_channels_last_out", x, *norm, None, None, None, None, True, weight=10)
     add("causal_conv_input", "chunk0_x_channels_last", channels_last(rnd(1, c, 1, h, w)), None, pad, "chunk0")
-    # the band graphs' form (`rewrite.distributed.band_graphs`): x and cache carry halo rows, no row pad
+    # the band graphs' form (`rewrite.models.wan.distributed.band_graphs`): x and cache carry halo rows, no row pad
     band_pad = [1, 1, 0, 0, 2, 0]
     for mode, frames in (("steady_t1", 1), ("chunk0", 1)):
         x, cache = rnd(1, c, frames, h + 2, w), None if mode == "chunk0" else rnd(1, c, 2, h + 2, w)
@@ -257,10 +262,10 @@ class StandInNeighbour:
 
 
 def _band_cases(add, rnd) -> None:
-    """The band ops (`rewrite.distributed.band_ops`) on rank 0 of latent rows [(0, 3), (3, 5)]: bands at the
+    """The band ops (`rewrite.models.wan.distributed.band_ops`) on rank 0 of latent rows [(0, 3), (3, 5)]: bands at the
     latent resolution and at 2x, contiguous and frame-major."""
-    from rewrite.distributed.band_ops import BandContext
-    from rewrite.distributed.bands import BandRun
+    from rewrite.models.wan.distributed.band_ops import BandContext
+    from rewrite.models.wan.distributed.bands import BandRun
 
     ctx = BandContext([(0, 3), (3, 5)], 0)
     ctx.run = BandRun(StandInNeighbour(), ctx.rows)

@@ -32,10 +32,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rewrite.models.auk import AliasFreeSnakeBeta
-from rewrite.ops import alias_free, dispatch
-from rewrite.ops import auk as _auk_ops  # noqa: F401  (registers torch.ops.rewrite.causal_conv1d)
-from rewrite.ops.alias_free import (
+from rewrite.models.auk.model import AliasFreeSnakeBeta
+from rewrite.ops import dispatch
+from rewrite.models.auk import alias_free
+from rewrite.models.auk import ops as _auk_ops  # noqa: F401  (registers torch.ops.rewrite.causal_conv1d)
+from rewrite.models.auk.alias_free import (
     alias_free_snake,
     alias_free_snake_reference,
     choose_implementation,
@@ -300,7 +301,7 @@ def test_snake_causal_conv_equals_the_ops_it_fuses(with_bias, with_residual, wit
     (the deferred input bias read as ``x + x_bias`` rounded; with a residual, on CUDA the conv's bias and the
     residual added by one kernel with ATen's roundings, on the CPU, where oneDNN may fold the bias into the
     sum differently per instruction set, the conv keeping its bias: equal by construction on every CPU)."""
-    from rewrite.ops.alias_free import alias_free_snake_causal_conv1d_reference
+    from rewrite.models.auk.alias_free import alias_free_snake_causal_conv1d_reference
 
     module, x = make_case(3, 40, device=KERNEL_DEVICE)
     g = torch.Generator().manual_seed(7)
@@ -354,8 +355,8 @@ def test_snake_causal_conv_runs_the_triton_conv_where_chosen(with_residual, with
     (``|error| <= 2**-10 * (|w| * |act|)``: each TF32 operand carries a relative rounding error of at most
     2**-11, a product at most 2**-10; the fp32 sum's own error is far below), plus the activation's own bound
     (``FP32_MAX_ABS_EPS`` eps32 max|act|) passed through the conv (times the largest ``sum |w|`` of an output)."""
-    from rewrite.ops import triton_conv1d
-    from rewrite.ops.alias_free import alias_free_snake_causal_conv1d_reference
+    from rewrite.kernels.conv1d import conv1d as triton_conv1d
+    from rewrite.models.auk.alias_free import alias_free_snake_causal_conv1d_reference
 
     module, x = make_case(24, 60, device=KERNEL_DEVICE)
     g = torch.Generator().manual_seed(3)
@@ -381,7 +382,7 @@ def test_snake_causal_conv_runs_the_triton_conv_where_chosen(with_residual, with
 
 
 def test_rows_stride_accepts_row_cropping_views_only():
-    from rewrite.ops.alias_free import rows_stride
+    from rewrite.models.auk.alias_free import rows_stride
 
     full = torch.zeros(2, 3, 10)
     assert rows_stride(full) == 10 and rows_stride(full[..., :7]) == 10 and rows_stride(full[:1, :1, :4]) == 4
@@ -395,7 +396,7 @@ def test_rows_stride_accepts_row_cropping_views_only():
 def test_a_valid_frame_limit_skips_time_blocks_past_it_and_changes_nothing_before(channels_last):
     """Inside `valid_length.valid_frames`, time blocks whose first output lies at or past the limit return at
     once; block 0 still writes the zero margin and every output before the limit is the unlimited one."""
-    from rewrite.ops import valid_length
+    from rewrite.kernels import valid_length
 
     with torch.no_grad():
         module, x = make_case(8, 400, device=KERNEL_DEVICE)  # 400 positions of a 50-frame window: 8 per frame

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rewrite import optimize, report, warmup
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import build_wan
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import build_wan
 
 MICRO = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,
                   resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3),))

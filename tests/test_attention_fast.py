@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.ops import attention_fast, triton_attention
+from rewrite.models.wan import attention_fast
+from rewrite.kernels.attention import attention as triton_attention
 from rewrite.ops.dispatch import INTERPRETING
-from rewrite.ops.triton_attention import AttentionTile
+from rewrite.kernels.attention.attention import AttentionTile
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -88,10 +89,10 @@ def test_pattern_takes_the_attention_at_channels_last(monkeypatch):
     """A tiny Wan 2.1 captured on the CPU (standing in for a CUDA capture, as the other channels_last pattern
     tests): its one attention becomes `attention_fast` (its head dim admitted here); the family is declared
     for ``channels_last`` only (the engine's level gate is tested with the engine)."""
-    from rewrite.capture.wan import capture_wan_decoder
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.capture import capture_wan_decoder
+    from rewrite.models.wan.config import build_wan
     from rewrite.ops import dispatch
-    from rewrite.patterns import attention_fast as pattern
+    from rewrite.patterns.wan import attention_fast as pattern
     from rewrite.pipeline import rewrite_graph
 
     assert {p.level for p in pattern.PATTERNS} == {"channels_last"}

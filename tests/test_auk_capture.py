@@ -16,11 +16,11 @@ import torch
 import torch.fx as fx
 
 from rewrite import optimize, report
-from rewrite.capture.auk import capture_auk_decode
-from rewrite.models.auk import AuKConfig, AuKVAE
+from rewrite.models.auk.capture import capture_auk_decode
+from rewrite.models.auk.model import AuKConfig, AuKVAE
 from rewrite.passes.canonicalize import canonicalize
 from rewrite.pipeline import rewrite_graph
-from rewrite.runtime import auk as auk_runtime
+from rewrite.models.auk import runner as auk_runtime
 from tests.captures import copy_graph
 
 # Match counts per pattern (nonzero only) on the decode graph; the same for every channel width.

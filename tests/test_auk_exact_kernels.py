@@ -1,4 +1,4 @@
-"""rewrite::alias_free_snake_exact's Triton path (`rewrite.ops.triton_auk`): exactness and routing.
+"""rewrite::alias_free_snake_exact's Triton path (`rewrite.kernels.alias_free.exact`): exactness and routing.
 
 On CPU the kernels run under the Triton interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1`` without
 CUDA) with the backend forced to "triton". There the kernel's ``sin`` is numpy's float32 sine, which is not
@@ -34,9 +34,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.models.auk import AuKConfig, kaiser_sinc_taps
-from rewrite.ops import auk, dispatch, triton_auk
-from rewrite.ops.auk import (
+from rewrite.models.auk.model import AuKConfig, kaiser_sinc_taps
+from rewrite.ops import dispatch
+from rewrite.models.auk import ops as auk
+from rewrite.kernels.alias_free import exact as triton_auk
+from rewrite.models.auk.ops import (
     alias_free_snake_exact,
     alias_free_snake_exact_reference,
     choose_exact_implementation,

@@ -1,4 +1,4 @@
-"""AuK reference decoder (rewrite/models/auk.py): shapes, decode context, checkpoints.
+"""AuK reference decoder (rewrite/models/auk/model.py): shapes, decode context, checkpoints.
 
 CPU only and fast: the decode tests use `AuKConfig.tiny()` (default strides, kernels and dilations,
 channels 128 -> 2) in float64; the full-size model is only built on the meta device.
@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from rewrite.models.auk import (
+from rewrite.models.auk.model import (
     AliasFreeSnakeBeta,
     AuKConfig,
     AuKVAE,
@@ -90,7 +90,7 @@ def test_default_config_geometry():
 
 def test_from_dict_ignores_training_keys_and_makes_tuples(caplog):
     values = {"latent_dim": 64, "upsample_rates": [5, 4, 3, 2, 2, 2], "resblock_dilation_sizes": [[1, 3, 5]] * 3}
-    with caplog.at_level(logging.DEBUG, logger="rewrite.models.auk"):
+    with caplog.at_level(logging.DEBUG, logger="rewrite.models.auk.model"):
         config = AuKConfig.from_dict({**values, "lambda_adv": 1.0, "segment_size": 8192})
     assert config == AuKConfig()
     assert "lambda_adv" in caplog.text and "segment_size" in caplog.text
@@ -287,7 +287,7 @@ def test_unused_keys_are_reported(tmp_path, caplog):
     state = random_weight_normed_state()
     state["encoder.conv_pre.weight_v"] = torch.zeros(3, 1, 7)
     state["flow.proj.weight"] = torch.zeros(2, 2)
-    with caplog.at_level(logging.INFO, logger="rewrite.models.auk"):
+    with caplog.at_level(logging.INFO, logger="rewrite.models.auk.model"):
         model = load_checkpoint(write(tmp_path / "auk.safetensors", state))
     assert model.unused_keys == ("encoder.conv_pre.weight_v", "flow.proj.weight")
     assert "2 keys not used" in caplog.text and "encoder.*: 1" in caplog.text and "flow.*: 1" in caplog.text

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from rewrite import optimize, report, warmup
-from rewrite.capture.auk import reference_decode
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.runtime.auk import tile_batches
+from rewrite.models.auk.capture import reference_decode
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.auk.runner import tile_batches
 from rewrite.runtime.tiles import plan_tiles
 from tests.graph_fakes import FakeGraphs
 
@@ -337,7 +337,7 @@ def test_cudnn_benchmark_is_a_channels_last_option(micro_vae):
 
 
 def test_cudnn_benchmarking_restores_the_global_flag():
-    from rewrite.runtime.auk import cudnn_benchmarking
+    from rewrite.models.auk.runner import cudnn_benchmarking
 
     before = torch.backends.cudnn.benchmark
     with cudnn_benchmarking():

@@ -327,7 +327,7 @@ def test_bad_output_arguments_stop_before_the_run(make_argv, message, tmp_path, 
 
 
 def test_the_bench_names_the_sharded_decodes_capture_modes():
-    from rewrite.distributed.band_graphs import CUDA_GRAPH_MODES
+    from rewrite.models.wan.distributed.band_graphs import CUDA_GRAPH_MODES
 
     assert bench_distributed.CUDA_GRAPH_MODES == CUDA_GRAPH_MODES
 

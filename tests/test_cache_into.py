@@ -13,7 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewrite.ops import cache_into, triton_norm, triton_norm_fast, triton_pad, wan, wan_fast  # noqa: F401
+from rewrite.ops import cache_into  # noqa: F401
+from rewrite.kernels.norm import rms_norm as triton_norm  # noqa: F401
+from rewrite.kernels.norm import one_pass as triton_norm_fast  # noqa: F401
+from rewrite.kernels.pad import causal_pad as triton_pad  # noqa: F401
+from rewrite.models.wan import ops as wan  # noqa: F401
+from rewrite.models.wan import ops_fast as wan_fast  # noqa: F401
 from rewrite.ops.dispatch import INTERPRETING
 from tests import quick
 from tests.op_cases import CASES, channels_last, grid_group, kernel_gates_open

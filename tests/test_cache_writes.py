@@ -1,4 +1,4 @@
-"""`rewrite.runtime.cache_writes`: steady-step graphs that write their new caches early, exactly.
+"""`rewrite.models.wan.cache_writes`: steady-step graphs that write their new caches early, exactly.
 
 The tiny Wan decoders' steady graphs (captured and rewritten at `lossless` on the CPU) run before and after
 the transform on the same inputs: the output and the caches left in the buffers must be `torch.equal` to the
@@ -13,7 +13,7 @@ import torch.fx as fx
 
 from rewrite.ops import cache_into
 from rewrite.pipeline import rewrite_graph
-from rewrite.runtime.cache_writes import static_cache_formats, write_caches_in_place
+from rewrite.models.wan.cache_writes import static_cache_formats, write_caches_in_place
 from tests.captures import tiny_wan
 
 aten = torch.ops.aten
@@ -99,7 +99,7 @@ def test_a_copy_waits_for_readers_of_views_of_its_cache():
 def test_the_in_place_steady_step_is_built_once_per_graph():
     """`steady_in_place` (what the CUDA-graph capture and the compile-ahead pass both run) returns the same
     in-place step for the same steady graph, and a step whose graph copies every new cache into its input."""
-    from rewrite.runtime.wan import steady_in_place
+    from rewrite.models.wan.runner import steady_in_place
 
     _, (_, steady) = tiny_wan("wan2.1")
     step, late = steady_in_place(steady)

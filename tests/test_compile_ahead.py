@@ -116,7 +116,7 @@ def test_kernels_compiled_ahead_then_run_correctly():
     import torch
     import torch.nn.functional as F
 
-    from rewrite.ops import triton_conv1d
+    from rewrite.kernels.conv1d import conv1d as triton_conv1d
 
     if not compile_ahead.available():
         pytest.skip("this Triton has no AsyncCompileMode")

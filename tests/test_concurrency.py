@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.capture.auk import reference_decode
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import build_wan
+from rewrite.models.auk.capture import reference_decode
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import build_wan
 from rewrite.runtime.locks import CaptureGate, ModuleLock
 from tests.threads import run_threads
 

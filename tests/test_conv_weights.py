@@ -1,4 +1,4 @@
-"""`rewrite.runtime.conv_weights`: channels-last weight copies for the channels-last conv ops.
+"""`rewrite.models.wan.conv_weights`: channels-last weight copies for the channels-last conv ops.
 
 Structural: which weight placeholders of the tiny Wan graphs (captured and rewritten at `lossless` on the CPU)
 are substituted. Behavioural: copies are made once per weight, refreshed from in-place updates and dropped
@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from rewrite.pipeline import rewrite_graph
 from rewrite.ops import op_info
 from rewrite.ops.dispatch import INTERPRETING
-from rewrite.runtime.conv_weights import ChannelsLastWeights, channels_last_weight_slots
+from rewrite.models.wan.conv_weights import ChannelsLastWeights, channels_last_weight_slots
 from tests import quick
 from tests.captures import tiny_wan
 from tests.op_cases import CASES, grid_group, kernel_gates_open
@@ -138,7 +138,7 @@ class _CopiesOf(TorchDispatchMode):
 
 def _implementation(op: str):
     """The op's Python implementation, so that a dispatch mode sees the ATen calls inside it."""
-    from rewrite.ops import alias_free
+    from rewrite.models.auk import alias_free
 
     opdef = OPDEFS.get(f"rewrite::{op}")
     return opdef._init_fn if opdef is not None else {"alias_free_snake_causal_conv1d": alias_free._snake_conv_impl}[op]

@@ -418,7 +418,7 @@ def test_level_off_rewrites_nothing(capsys):
 def test_tensor_ops_are_what_report_counts_for_graphs_of_one_size_or_any(capsys):
     """The capture `optimize` makes for a first decode has one size (no shape arithmetic), the tool's has
     symbolic sizes (more nodes); rewritten, both count the tensor ops the text says for each graph."""
-    from rewrite.capture.wan import capture_wan_decoder
+    from rewrite.models.wan.capture import capture_wan_decoder
 
     report = run_json(capsys, "wan2.1")
     out = run_text(capsys, "wan2.1")

@@ -104,7 +104,7 @@ def test_a_run_the_graphs_did_not_serve_fails(monkeypatch, capfd):
     def failing_capture(*args, **kwargs):
         raise RuntimeError("no capture in this test")
 
-    monkeypatch.setattr("rewrite.runtime.wan.capture_wan_decoder", failing_capture)
+    monkeypatch.setattr("rewrite.models.wan.runner.capture_wan_decoder", failing_capture)
     assert demo.main(["--frames", "2", "--latent-size", "4x4"]) == 1
     lines = capfd.readouterr().out.splitlines()
     assert lines[1] == "FAIL: bit-identical to diffusers: True"

@@ -1,4 +1,5 @@
-"""The package layout's import directions: ops < engine, patterns < passes < API; runtime beside passes.
+"""The package layout's import directions (docs/design.md section 2): kernels < ops < model families < API;
+engine < passes < API; patterns < passes; runtime beside passes; no family imports another; no import cycles.
 
 Behavioural (what importing a layer loads, in a fresh interpreter: the test session has loaded everything)
 and structural (which modules name which in their imports, read from the source, function-level imports
@@ -16,7 +17,9 @@ import sys
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGE_DIRS = {"rewrite.patterns": ROOT / "patterns", "rewrite.passes": ROOT / "passes"}
+PACKAGE_DIRS = {"rewrite": ROOT / "rewrite", "rewrite.patterns": ROOT / "patterns", "rewrite.passes": ROOT / "passes",
+                "rewrite.tools": ROOT / "tools"}
+FAMILIES = ("wan", "auk")
 
 # For each module of the package, which other packages its import brought in first (cumulative: a module
 # imported later may find a package already loaded by an earlier one, so an empty union clears them all).
@@ -25,9 +28,9 @@ import importlib, json, pkgutil, sys
 package = importlib.import_module(sys.argv[1])
 forbidden = sys.argv[2].split(",")
 brought = {}
-for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+for info in sorted(pkgutil.walk_packages(package.__path__, package.__name__ + "."), key=lambda info: info.name):
     before = set(sys.modules)
-    importlib.import_module(f"{package.__name__}.{info.name}")
+    importlib.import_module(info.name)
     new = sorted(m for m in set(sys.modules) - before if any(m == f or m.startswith(f + ".") for f in forbidden))
     if new:
         brought[info.name] = new
@@ -40,6 +43,12 @@ def _brought_in(package: str, forbidden: tuple[str, ...]) -> dict[str, list[str]
                             text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_importing_any_kernel_module_loads_no_api_pass_engine_runtime_or_model():
+    forbidden = ("rewrite.api", "rewrite.pipeline", "rewrite.passes", "rewrite.patterns", "rewrite.engine",
+                 "rewrite.runtime", "rewrite.capture", "rewrite.models")
+    assert _brought_in("rewrite.kernels", forbidden) == {}
 
 
 def test_importing_any_op_module_loads_no_api_pass_engine_runtime_or_model():
@@ -72,18 +81,78 @@ def _imported_modules(path: pathlib.Path, package: str) -> set[str]:
     return names
 
 
-def test_a_pattern_imports_no_other_patterns_module_but_the_shared_guards():
-    patterns = {p.stem for p in PACKAGE_DIRS["rewrite.patterns"].glob("*.py")} - {"__init__"}
-    for name in patterns:
-        imported = _imported_modules(PACKAGE_DIRS["rewrite.patterns"] / f"{name}.py", "rewrite.patterns")
-        others = {m.split(".")[2] for m in imported if m.startswith("rewrite.patterns.")} & patterns - {"_guards"}
-        assert not others, (name, others)
+def _library_modules() -> dict[str, pathlib.Path]:
+    """Every module of the installed package by its import name (passes/, patterns/, tools/ under `rewrite`)."""
+    modules = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if package == "rewrite" and parts[0] in ("patterns", "passes", "tools"):
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def _runtime_imports(path: pathlib.Path, package: str) -> set[str]:
+    """`_imported_modules` without the imports under `if TYPE_CHECKING:` (type hints only)."""
+    tree = ast.parse(path.read_text())
+    hidden = {id(node) for branch in ast.walk(tree) if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(
+        branch.test) for node in ast.walk(branch)}
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in hidden:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_a_pattern_imports_no_other_patterns_module_but_the_shared_ones():
+    patterns = {name for name in _library_modules() if name.startswith("rewrite.patterns.")}
+    shared = {name for name in patterns if name.startswith("rewrite.patterns.common")}
+    for name, path in _library_modules().items():
+        if name in patterns and name not in shared and not path.name == "__init__.py":
+            others = _imported_modules(path, name.rsplit(".", 1)[0]) & patterns - shared - {name}
+            others = {m for m in others if m not in ("rewrite.patterns", *(f"rewrite.patterns.{f}" for f in FAMILIES))}
+            assert not others, (name, others)
+
+
+def test_a_model_family_imports_no_other_family():
+    """A family's code (`rewrite/models/<family>/`, `patterns/<family>/`) names no other family's modules."""
+    for name, path in _library_modules().items():
+        parts = name.split(".")
+        if len(parts) < 3 or parts[1] not in ("models", "patterns") or parts[2] not in FAMILIES:
+            continue
+        family = parts[2]
+        foreign = {m for m in _runtime_imports(path, name) if m.split(".")[1:2] in (["models"], ["patterns"])
+                   and len(m.split(".")) > 2 and m.split(".")[2] in FAMILIES and m.split(".")[2] != family}
+        assert not foreign, (name, foreign)
+
+
+def test_the_library_imports_without_cycles():
+    """Function-level imports count (a lazy import that closes a cycle is still a cycle); imports under `if
+    TYPE_CHECKING:` do not (they never run)."""
+    import networkx as nx
+
+    modules = _library_modules()
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for name, path in modules.items():
+        for imported in _runtime_imports(path, name):
+            if imported in modules and imported != name and not name.startswith(imported + "."):
+                graph.add_edge(name, imported)
+    assert list(nx.simple_cycles(graph)) == []
 
 
 def test_the_model_reads_the_alias_free_geometry_of_the_ops():
-    from rewrite.models import auk as model
-    from rewrite.ops import alias_free_geometry as geometry
-    from rewrite.ops.alias_free import alias_free_snake_reference
+    from rewrite.models.auk import model
+    from rewrite.kernels.alias_free import geometry
+    from rewrite.models.auk.alias_free import alias_free_snake_reference
 
     for name in ("FILTER_TAPS", "RESAMPLE_RATIO", "UP_PAD", "UP_CROP", "DOWN_PAD"):
         assert getattr(model, name) == getattr(geometry, name), name
@@ -98,19 +167,3 @@ def test_the_model_reads_the_alias_free_geometry_of_the_ops():
             y = module(x)
             assert y.shape == x.shape
             assert torch.equal(y, alias_free_snake_reference(x, module.act.alpha, module.act.beta, module.taps))
-
-
-def test_the_ops_modules_import_each_other_without_cycles():
-    """Function-level imports count: a lazy import that closes a cycle is still a cycle."""
-    import networkx as nx
-
-    ops_dir = ROOT / "rewrite" / "ops"
-    modules = {p.stem for p in ops_dir.glob("*.py")} - {"__init__"}
-    graph = nx.DiGraph()
-    graph.add_nodes_from(modules)
-    for name in modules:
-        for imported in _imported_modules(ops_dir / f"{name}.py", "rewrite.ops"):
-            parts = imported.split(".")
-            if parts[:2] == ["rewrite", "ops"] and len(parts) > 2 and parts[2] in modules and parts[2] != name:
-                graph.add_edge(name, parts[2])
-    assert list(nx.simple_cycles(graph)) == []

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.capture import auk as auk_capture
+from rewrite.models.auk import capture as auk_capture
 from rewrite.capture import graph_file
-from rewrite.capture import wan as wan_capture
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import build_wan
+from rewrite.models.wan import capture as wan_capture
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import build_wan
 from rewrite.ops import selftest
 from rewrite.pipeline import rewrite_graph
 from rewrite.runtime import disk_cache, guards

@@ -1,4 +1,4 @@
-"""`rewrite.distributed.decode_sharded` over gloo: 2 and 3 ranks spawned from pytest, tiny Wan 2.1 / 2.2.
+"""`rewrite.models.wan.distributed.decode_sharded` over gloo: 2 and 3 ranks spawned from pytest, tiny Wan 2.1 / 2.2.
 
 Each spawn runs many cases in its ranks (start-up, ~8 s a spawn on 2 cores, dominates) and each rank
 writes what it saw; one test per spawn asserts every case (so pytest-xdist never runs a spawn twice). The
@@ -22,8 +22,8 @@ SPAWN_LIMIT_S = 1200  # a hang guard: the two-rank cases take 90 s on an idle 2-
 
 # ---- in-process units ---------------------------------------------------------------------------------
 def test_split_rows_uneven_and_output_rows():
-    from rewrite.distributed import output_rows, split_rows
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.distributed import output_rows, split_rows
+    from rewrite.models.wan.config import build_wan
 
     assert split_rows(7, 3) == [(0, 3), (3, 5), (5, 7)]
     assert split_rows(4, 3) == [(0, 2), (2, 3), (3, 4)]
@@ -35,7 +35,7 @@ def test_split_rows_uneven_and_output_rows():
 def test_position_check_finds_cpu_silu_tails():
     import torch.nn.functional as F
 
-    from rewrite.distributed.bands import position_independent
+    from rewrite.models.wan.distributed.bands import position_independent
 
     ok, reason = position_independent(F.silu, torch.float16, torch.device("cpu"))
     assert ok, reason
@@ -45,7 +45,7 @@ def test_position_check_finds_cpu_silu_tails():
 
 
 def test_checksum_is_order_free_and_names_a_change():
-    from rewrite.distributed.decode import _checksum
+    from rewrite.models.wan.distributed.decode import _checksum
 
     t = torch.randn(1000)
     assert [int(v) for v in _checksum(t)] == [int(v) for v in _checksum(t.clone())]
@@ -61,11 +61,11 @@ def test_halo_first_decoder_and_halo_latent():
     and zero rows at the global edges."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 
-    from rewrite.distributed.band_convs import ConvForms
-    from rewrite.distributed.band_graphs import halo_first_decoder, halo_latent
-    from rewrite.distributed.band_ops import BandContext
-    from rewrite.distributed.bands import BandRun
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.distributed.band_convs import ConvForms
+    from rewrite.models.wan.distributed.band_graphs import halo_first_decoder, halo_latent
+    from rewrite.models.wan.distributed.band_ops import BandContext
+    from rewrite.models.wan.distributed.bands import BandRun
+    from rewrite.models.wan.config import build_wan
 
     decoder = build_wan("wan2.1", "tiny").decoder
     ctx = BandContext([(0, 3), (3, 5)], 1)
@@ -110,13 +110,13 @@ def test_band_conv_forms_record_check_and_gather():
     band form gives the whole conv's rows and names the call where it does not; and the gathered forms (every
     conv gathered) compute what the band forms do: on one rank, where the halo rows are the zero pad and the
     gather is the band, chunk 0 and two steady steps agree bit for bit, frames and caches (tiny Wan 2.1 bf16)."""
-    from rewrite.capture.wan import export_wan_steps
-    from rewrite.distributed.band_convs import (CAUSAL_HALO, CAUSAL_POINTWISE, RESAMPLE_HALO, ConvForms,
+    from rewrite.models.wan.capture import export_wan_steps
+    from rewrite.models.wan.distributed.band_convs import (CAUSAL_HALO, CAUSAL_POINTWISE, RESAMPLE_HALO, ConvForms,
                                                 check_call)
-    from rewrite.distributed.band_graphs import halo_first_decoder
-    from rewrite.distributed.band_ops import BandContext
-    from rewrite.distributed.bands import BandRun
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.distributed.band_graphs import halo_first_decoder
+    from rewrite.models.wan.distributed.band_ops import BandContext
+    from rewrite.models.wan.distributed.bands import BandRun
+    from rewrite.models.wan.config import build_wan
     from rewrite.pipeline import rewrite_graph
 
     bf16 = torch.bfloat16
@@ -181,8 +181,8 @@ def test_band_graph_store_captures_again_a_bounded_number_of_times():
     runner whose passes do nothing)."""
     from torch import nn
 
-    from rewrite.distributed.band_graphs import BandGraphStore
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.distributed.band_graphs import BandGraphStore
+    from rewrite.models.wan.config import build_wan
     from rewrite.runtime.runner import MAX_RECAPTURES
 
     class Passless:
@@ -214,12 +214,12 @@ def test_band_norms_take_the_whole_tensors_order(monkeypatch):
     the whole tensor's rows (`norm_rows`), and the plan for those rows is the whole tensor's, which differs
     from the band's own for Wan 2.2's 1024-channel norm at 720p on 2 ranks (10 blocks per output against 16;
     H200: 132 SMs, 2048 threads each)."""
-    from rewrite.distributed.band_convs import ConvForms
-    from rewrite.distributed.band_graphs import halo_first_decoder, whole_norm_orders
-    from rewrite.distributed.band_ops import BandContext
-    from rewrite.capture.wan import export_wan_steps
-    from rewrite.models.wan import build_wan
-    from rewrite.ops import aten_reduction
+    from rewrite.models.wan.distributed.band_convs import ConvForms
+    from rewrite.models.wan.distributed.band_graphs import halo_first_decoder, whole_norm_orders
+    from rewrite.models.wan.distributed.band_ops import BandContext
+    from rewrite.models.wan.capture import export_wan_steps
+    from rewrite.models.wan.config import build_wan
+    from rewrite.kernels.norm import aten_reduction
     from rewrite.pipeline import rewrite_graph
 
     monkeypatch.setattr(aten_reduction, "_device_limits", lambda index: (132, 2048))
@@ -246,14 +246,14 @@ def test_band_graph_segments_replay_what_the_graphs_compute():
     collectives talk to a stand-in of the other rank (fixed rows, the gather returns its input)."""
     import operator
 
-    from rewrite.capture.wan import export_wan_steps
-    from rewrite.distributed.band_convs import ConvForms
-    from rewrite.distributed.band_graphs import halo_first_decoder
-    from rewrite.distributed.band_ops import COLLECTIVES, BandContext
-    from rewrite.distributed.band_segments import (Collective, Compute, SegmentedBandSteps, run_split,
+    from rewrite.models.wan.capture import export_wan_steps
+    from rewrite.models.wan.distributed.band_convs import ConvForms
+    from rewrite.models.wan.distributed.band_graphs import halo_first_decoder
+    from rewrite.models.wan.distributed.band_ops import COLLECTIVES, BandContext
+    from rewrite.models.wan.distributed.band_segments import (Collective, Compute, SegmentedBandSteps, run_split,
                                                    split_at_collectives)
-    from rewrite.distributed.bands import BandRun
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.distributed.bands import BandRun
+    from rewrite.models.wan.config import build_wan
     from rewrite.pipeline import rewrite_graph
     from tests.op_cases import StandInNeighbour
 
@@ -301,14 +301,14 @@ def test_optimize_group_errors_copies_and_pickles_in_process():
     import pickle
 
     from rewrite import optimize
-    from rewrite.distributed.sharding import Sharding, installed_sharding, set_sharding
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.distributed.sharding import Sharding, installed_sharding, set_sharding
+    from rewrite.models.wan.config import build_wan
 
     vae = optimize(build_wan("wan2.1", "tiny"), "lossless")
     runner = vae.__dict__["_rewrite_runner"]
     with pytest.raises(TypeError, match="group= must be a torch.distributed ProcessGroup or a 1-D DeviceMesh"):
         optimize(vae, "channels_last", group="world")
-    from rewrite.distributed import decode_sharded
+    from rewrite.models.wan.distributed import decode_sharded
 
     with pytest.raises(ValueError, match="cuda_graphs must be one of segments, whole, off; got 'on'"):
         decode_sharded(vae, torch.zeros(1, 4, 1, 4, 4), cuda_graphs="on")
@@ -339,7 +339,7 @@ def _latents(vae, batch, frames, height, width, dtype, seed=0):
 
 
 def _vae(version, dtype):
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.config import build_wan
 
     return build_wan(version, "tiny").to(dtype)
 
@@ -348,7 +348,7 @@ def _decode_case(version, dtype, batch, frames, height, width, output="all", til
                  optimized=False):
     def case(rank, world):
         from rewrite import optimize
-        from rewrite.distributed import decode_sharded
+        from rewrite.models.wan.distributed import decode_sharded
 
         vae = _vae(version, dtype)
         reference = _vae(version, dtype)
@@ -407,7 +407,7 @@ class StandInSegments:
 def gloo_cuda_segments():
     """The production capture of the band graphs (`CudaSegments`) claiming it can capture on the CPU: for the
     refusal of cuda_graphs="whole" over gloo, which comes before any capture."""
-    from rewrite.distributed.band_segments import CudaSegments
+    from rewrite.models.wan.distributed.band_segments import CudaSegments
 
     class GlooCudaSegments(CudaSegments):
         can_capture = staticmethod(lambda device: True)
@@ -417,7 +417,7 @@ def gloo_cuda_segments():
 def _forced_conv_check(rank):
     """A conv check that fails chosen calls as a cuDNN kernel chosen from the band's shape would: on rank 0
     the calls of one residual block's conv1, on rank 1 every resampler's, so the ranks must take the union."""
-    from rewrite.distributed.band_convs import RESAMPLE_HALO, check_call
+    from rewrite.models.wan.distributed.band_convs import RESAMPLE_HALO, check_call
 
     def check(call, *args):
         if (call.module == "decoder.up_blocks.1.resnets.0.conv1") if rank == 0 else call.kind == RESAMPLE_HALO:
@@ -440,8 +440,8 @@ def _graph_case(version, batch, frames, height, width, refuse=False, segments=No
     convs run gathered, the same on every rank."""
     def case(rank, world):
         from rewrite import optimize, report
-        from rewrite.distributed import decode_sharded
-        from rewrite.distributed.band_graphs import store_of
+        from rewrite.models.wan.distributed import decode_sharded
+        from rewrite.models.wan.distributed.band_graphs import store_of
         from rewrite.runtime.runner import installed_runner
 
         bf16 = torch.bfloat16
@@ -496,7 +496,7 @@ def _one_frame_clips_case(rank, world):
     graphs alone (no eager op: chunk 0 is checked, no steady step to check), a 3-frame clip then checks its
     two steady steps. Each `torch.equal` to the single-process decode."""
     from rewrite import optimize
-    from rewrite.distributed import decode_sharded
+    from rewrite.models.wan.distributed import decode_sharded
 
     bf16 = torch.bfloat16
     vae, reference = optimize(_vae("wan2.1", bf16), "lossless"), _vae("wan2.1", bf16)
@@ -556,7 +556,7 @@ def _mesh_case(rank, world):
     """`group=` a 1-D DeviceMesh (its own process group: its own verdicts)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from rewrite.distributed import decode_sharded
+    from rewrite.models.wan.distributed import decode_sharded
 
     mesh = init_device_mesh("cpu", (world,))
     vae = _vae("wan2.1", torch.bfloat16)
@@ -571,7 +571,7 @@ def _mesh_case(rank, world):
 
 def _mismatch_case(what):
     def case(rank, world):
-        from rewrite.distributed import ShardMismatchError, decode_sharded
+        from rewrite.models.wan.distributed import ShardMismatchError, decode_sharded
 
         vae = _vae("wan2.1", torch.float32)
         z = _latents(vae, 1, 1, 4, 4, torch.float32)
@@ -607,7 +607,7 @@ def _failing_decode(rank, vae, z) -> dict:
     """`decode_sharded(vae, z, timeout=3)`: what it raised (type, message) and after how many seconds. The
     failing rank (1) outlives the others' 3 s waits (so they fail by the timeout, not by its exit); the others
     stay a moment: rank 0 hosts the store that the others read."""
-    from rewrite.distributed import PeerFailedError, decode_sharded
+    from rewrite.models.wan.distributed import PeerFailedError, decode_sharded
 
     start = time.monotonic()
     try:
@@ -625,7 +625,7 @@ def _failing_decode(rank, vae, z) -> dict:
 def _failure_case(rank, world):
     """Rank 1 raises in the middle of the decode (its third norm) and stays alive; the others must fail
     with its error within the per-wait timeout, not hang."""
-    from rewrite.distributed import bands
+    from rewrite.models.wan.distributed import bands
 
     vae = _vae("wan2.1", torch.float32)
     z = _latents(vae, 1, 2, 6, 4, torch.float32)
@@ -638,8 +638,8 @@ def _graph_failure_case(rank, world):
     """Rank 1 raises inside a band graph (its fourth halo exchange of a call the verified graphs serve alone)
     and stays alive; rank 0, waiting in that exchange, must fail with its error within the per-wait timeout."""
     from rewrite import optimize
-    from rewrite.distributed import decode_sharded
-    from rewrite.distributed.comm import Comm
+    from rewrite.models.wan.distributed import decode_sharded
+    from rewrite.models.wan.distributed.comm import Comm
 
     bf16 = torch.bfloat16
     vae = optimize(_vae("wan2.1", bf16), "lossless")
@@ -665,9 +665,9 @@ def _optimize_case(version, reference_level):
         from torch.distributed.device_mesh import DeviceMesh
 
         from rewrite import optimize, report
-        from rewrite.distributed import output_rows
-        from rewrite.distributed.sharding import installed_sharding
-        from rewrite.models.auk import AuKConfig, AuKVAE
+        from rewrite.models.wan.distributed import output_rows
+        from rewrite.models.wan.distributed.sharding import installed_sharding
+        from rewrite.models.auk.model import AuKConfig, AuKVAE
         from rewrite.reporting import FallbackLog
 
         f32, group = torch.float32, dist.group.WORLD
@@ -720,8 +720,8 @@ def _gpu_case(version, height, width, frames):
     was gathered, and whether the segments served."""
     def case(rank, world):
         from rewrite import optimize
-        from rewrite.distributed import decode_sharded
-        from rewrite.models.wan import build_wan
+        from rewrite.models.wan.distributed import decode_sharded
+        from rewrite.models.wan.config import build_wan
 
         torch.cuda.set_device(0)
         vae = build_wan(version, "full").to("cuda", torch.bfloat16).requires_grad_(False)

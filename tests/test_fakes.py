@@ -16,7 +16,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from rewrite.ops import alias_free, auk, wan, wan_fast  # noqa: F401  (define the ops)
+from rewrite.models.auk import alias_free  # noqa: F401  (define the ops)
+from rewrite.models.auk import ops as auk  # noqa: F401  (define the ops)
+from rewrite.models.wan import ops as wan  # noqa: F401  (define the ops)
+from rewrite.models.wan import ops_fast as wan_fast  # noqa: F401  (define the ops)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 from tests import quick
 from tests.op_cases import CASES, grid_group, kernel_gates_open
@@ -64,14 +67,14 @@ def test_the_fake_gives_the_kernel_paths_layouts(kernel_allowed_on_cpu, monkeypa
     assert _fake(op, case.args) == real
 
 
-# ---- the causal conv fakes' plain shortcut (`rewrite.ops.wan._plain_causal_layouts`) -----------------------
+# ---- the causal conv fakes' plain shortcut (`rewrite.models.wan.ops._plain_causal_layouts`) -----------------------
 CAUSAL_OPS = ("causal_conv_input", "causal_conv3d", "rms_norm_causal_conv3d", "rms_norm_causal_conv3d_fast",
               "rms_norm_causal_conv3d_pair_fast")
 
 
 def _exact_layouts(outputs) -> list[tuple]:
     """Every size, every stride (size-1 dims too) and the storage offset, as expressions, dtype and device."""
-    from rewrite.ops.layout import _expr
+    from rewrite.kernels.layout import _expr
 
     return [(tuple(map(_expr, t.shape)), tuple(map(_expr, t.stride())), _expr(t.storage_offset()), t.dtype, t.device)
             for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
@@ -136,9 +139,9 @@ def test_the_plain_shortcut_gives_exactly_the_general_fakes_layouts(monkeypatch,
 def test_the_plain_shortcut_serves_the_wan_graphs_symbolic_sizes_as_the_general_fakes_do(monkeypatch, device):
     """Every replacement value of tiny Wan 2.1's two graphs (symbolic batch, height and width) with the
     shortcut and without it: the same sizes and strides as expressions; the shortcut serves most causal convs."""
-    from rewrite.capture.wan import capture_wan_decoder
+    from rewrite.models.wan.capture import capture_wan_decoder
     from rewrite.engine import rewriter
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.config import build_wan
     from rewrite.pipeline import rewrite_graph
 
     compute, served, compared = rewriter.fake_value, [], []

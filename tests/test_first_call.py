@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rewrite import optimize, report, warmup
-from rewrite.capture import wan as wan_capture
-from rewrite.models.auk import AuKVAE
-from rewrite.models.wan import build_wan
+from rewrite.models.wan import capture as wan_capture
+from rewrite.models.auk.model import AuKVAE
+from rewrite.models.wan.config import build_wan
 from rewrite.ops import compile_ahead, run_context, selftest
 from rewrite.reporting import STAGES, TimingLog
 from rewrite.runtime import disk_cache

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from rewrite.models.auk import AliasFreeSnakeBeta, AuKVAE
-from rewrite.ops.alias_free import alias_free_snake
+from rewrite.models.auk.model import AliasFreeSnakeBeta, AuKVAE
+from rewrite.models.auk.alias_free import alias_free_snake
 
 pytestmark = pytest.mark.gpu
 

@@ -2,7 +2,7 @@
 
 Tolerances: ``channels_last`` pads clips to a bucket (the last samples see decoded pad frames instead of
 the activations' replicate padding at the clip end) and uses the fused alias-free activation (its own
-summation order, see `rewrite.ops.alias_free`): the issue's contract is SNR >= 70 dB against eager. Tiled
+summation order, see `rewrite.models.auk.alias_free`): the issue's contract is SNR >= 70 dB against eager. Tiled
 against whole at the same level differs only by rounding (the halo is the exact decode context), bounded
 by the issue at max-abs 1e-4 on the [-1, 1] waveform.
 """
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from rewrite import optimize, report, warmup
-from rewrite.capture.auk import reference_decode
-from rewrite.models.auk import AuKVAE
+from rewrite.models.auk.capture import reference_decode
+from rewrite.models.auk.model import AuKVAE
 
 pytestmark = pytest.mark.gpu
 
@@ -125,7 +125,7 @@ def test_in_place_weight_updates_after_capture_are_seen_by_the_packed_triton_con
 @torch.no_grad()
 def test_skipping_the_padded_tail_changes_no_kept_sample(vae):
     """At channels_last the bucket graphs' Triton kernels skip positions past the clip end plus the decode's
-    right context (`rewrite.ops.valid_length`): the kept samples must be torch.equal to the same graph run
+    right context (`rewrite.kernels.valid_length`): the kept samples must be torch.equal to the same graph run
     eagerly on the padded window, which computes the whole bucket. Replays of other content first leave
     different stale values in the skipped positions, so a margin too small would show."""
     optimized = optimize(copy.deepcopy(vae), "channels_last")

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import build_wan
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import build_wan
 from tests.threads import run_threads
 
 pytestmark = pytest.mark.gpu

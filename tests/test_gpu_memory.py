@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.models.wan import build_wan
+from rewrite.models.wan.config import build_wan
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.models.wan import build_wan
+from rewrite.models.wan.config import build_wan
 from tests.test_gpu_wan import _latents
 
 pytestmark = pytest.mark.gpu

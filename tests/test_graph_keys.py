@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from rewrite import optimize, report, warmup
-from rewrite.capture import wan as wan_capture
-from rewrite.models.wan import build_wan
+from rewrite.models.wan import capture as wan_capture
+from rewrite.models.wan.config import build_wan
 from rewrite.pipeline import rewrite_graph
-from rewrite.runtime.wan import WanRunner
+from rewrite.models.wan.runner import WanRunner
 from tests import quick
 
 
@@ -29,7 +29,7 @@ def captures(monkeypatch):
         sizes.append(size)
         return original(decoder, dtype, device, size)
 
-    monkeypatch.setattr("rewrite.runtime.wan.capture_wan_decoder", recorded)
+    monkeypatch.setattr("rewrite.models.wan.runner.capture_wan_decoder", recorded)
     return sizes
 
 

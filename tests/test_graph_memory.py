@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.models.wan import build_wan
+from rewrite.models.wan.config import build_wan
 from rewrite.runtime.graph_memory import CacheArena, GraphMemory
 from rewrite.runtime.runner import installed_runner
 from tests.graph_fakes import FakeGraphs
@@ -188,7 +188,7 @@ def test_a_bad_budget_is_refused_naming_what_is_expected(value, error):
 
 
 def test_auk_reports_the_memory_of_its_bucket_pool_per_shape():
-    from rewrite.models.auk import AuKConfig, AuKVAE
+    from rewrite.models.auk.model import AuKConfig, AuKVAE
 
     micro = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,
                       resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3),))

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewrite.capture.wan import capture_wan_decoder
-from rewrite.models.wan import build_wan
+from rewrite.models.wan.capture import capture_wan_decoder
+from rewrite.models.wan.config import build_wan
 from rewrite.pipeline import rewrite_graph
 
 pytestmark = pytest.mark.slow  # torch.compile of whole step graphs: ~10 s each on the CPU

@@ -84,7 +84,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import mangle_type
 from rewrite.ops import triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights
-from rewrite.ops.triton_conv3d import ConvTile
+from rewrite.kernels.conv3d.conv3d import ConvTile
 
 launches = []
 for module in (triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights):

@@ -1,4 +1,4 @@
-"""Every Triton launch in rewrite.ops goes through `rewrite.ops.triton_launch.launch`, which passes the compile
+"""Every Triton launch in rewrite.ops goes through `rewrite.kernels.launch.launch`, which passes the compile
 flags of the kernel's exactness class.
 
 Structural (read from the source: no other module subscripts a kernel with a grid or names a flag) and
@@ -13,7 +13,8 @@ import pathlib
 import pytest
 import torch
 
-from rewrite.ops import compile_ahead, triton_launch
+from rewrite.ops import compile_ahead
+from rewrite.kernels import launch as triton_launch
 from rewrite.ops.dispatch import INTERPRETING
 
 OPS = pathlib.Path(__file__).resolve().parents[1] / "rewrite" / "ops"
@@ -32,7 +33,7 @@ def test_no_module_but_the_launch_helper_launches_a_kernel_or_names_a_flag():
             where = f"{path.name}:{call.lineno}"
             if path.name != "compile_ahead.py":  # the one `kernel[grid](...)`, below the helper
                 assert not isinstance(call.func, ast.Subscript), f"{where}: kernel[grid](...) outside the helper"
-            if path.name != "triton_launch.py":
+            if path.name != "kernels/launch.py":
                 assert not FLAGS & {k.arg for k in call.keywords}, f"{where}: a compile flag outside the helper"
                 func = call.func
                 assert not (isinstance(func, ast.Attribute) and func.attr == "launch"
@@ -67,7 +68,9 @@ def launches(monkeypatch):
 def test_the_data_movement_kernels_now_get_the_exact_flags_too(launches):
     """The four launches that passed no flag before (the three causal pad kernels and the channels-last
     upsample): pure data movement, so the flags change nothing they compute."""
-    from rewrite.ops import triton_norm, triton_pad, triton_upsample
+    from rewrite.kernels.norm import rms_norm as triton_norm
+    from rewrite.kernels.pad import causal_pad as triton_pad
+    from rewrite.kernels.upsample import upsample as triton_upsample
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 8, 2, 3, 4, generator=g)

@@ -4,7 +4,7 @@ CUDA graphs cannot be captured on the CPU, so the runners get the eager stand-in
 (`tests.graph_fakes.FakeGraphs`): a "capture" keeps its function and static buffers as a real capture keeps
 its graph, its pool and its buffers. After the last reference to the module goes and `gc.collect()` runs,
 nothing of it may stay reachable: not the runner, not its graphs, not a static buffer, not a weight. A
-module-level structure holding any of them (as `rewrite.runtime.wan`'s cache of in-place steady steps once did,
+module-level structure holding any of them (as `rewrite.models.wan.runner`'s cache of in-place steady steps once did,
 through its values' weight bindings) keeps all of it, CUDA graphs and their pools included, for the life of the
 process.
 """
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from rewrite import optimize
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import build_wan
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import build_wan
 from rewrite.runtime.runner import installed_runner
 from tests.graph_fakes import FakeGraphs
 

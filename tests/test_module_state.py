@@ -11,9 +11,9 @@ import torch
 from torch.nn.utils.parametrizations import weight_norm
 
 from rewrite import optimize, report
-from rewrite.capture.auk import reference_decode
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import wan_config
+from rewrite.models.auk.capture import reference_decode
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import wan_config
 from rewrite.runtime.runner import MAX_RECAPTURES
 
 MICRO = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,

@@ -1,4 +1,4 @@
-"""The one-pass Wan RMS norm of level ``channels_last`` (`rewrite.ops.triton_norm_fast`) and its routing.
+"""The one-pass Wan RMS norm of level ``channels_last`` (`rewrite.kernels.norm.one_pass`) and its routing.
 
 Tolerance: the kernel computes in fp32 from the rounded input and rounds once, so each normalized value is
 within half an output ulp of its fp32 value, which is within a few 2^-23 relative of the exact value (the
@@ -14,7 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewrite.ops import triton_conv3d, triton_norm_fast, triton_pad, wan_fast, wan_reference
+from rewrite.kernels.conv3d import conv3d as triton_conv3d
+from rewrite.kernels.norm import one_pass as triton_norm_fast
+from rewrite.kernels.pad import causal_pad as triton_pad
+from rewrite.models.wan import ops_fast as wan_fast
+from rewrite.models.wan import reference as wan_reference
 from rewrite.ops.dispatch import INTERPRETING
 from tests.op_cases import frame_major
 from tests.ulps import ulp
@@ -141,7 +145,7 @@ def test_the_fast_op_runs_cudnns_conv_after_the_one_pass_norm_where_the_conv_is_
     """A conv `triton_conv3d.chosen` leaves to cuDNN, with a chosen channel count: the op's next cache is the
     one-pass kernel's, and its output the ``lossless`` op's conv and epilogue of that kernel's padded input,
     bit for bit."""
-    from rewrite.ops import wan as wan_ops
+    from rewrite.models.wan import ops as wan_ops
     from tests.op_cases import kernel_gates_open
 
     kernel_gates_open(monkeypatch)

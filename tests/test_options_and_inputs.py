@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import build_wan
-from rewrite.runtime.auk import AuKRunner
-from rewrite.runtime.wan import WanRunner
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import build_wan
+from rewrite.models.auk.runner import AuKRunner
+from rewrite.models.wan.runner import WanRunner
 
 MICRO = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,
                   resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3),))
@@ -54,7 +54,7 @@ def test_a_misspelt_auk_option_lists_the_options_of_the_level_and_those_of_chann
     with pytest.raises(TypeError) as caught:
         optimize(_micro_auk(), "lossless", tile_frame=64, colour="blue")
     message = str(caught.value)
-    assert ("unexpected options 'tile_frame' (did you mean 'tile_frames'?), 'colour' for rewrite.models.auk.AuKVAE"
+    assert ("unexpected options 'tile_frame' (did you mean 'tile_frames'?), 'colour' for rewrite.models.auk.model.AuKVAE"
             in message)
     assert ("at level 'lossless' it takes cache_dir, max_graphs; also compile_shapes, cudnn_benchmark, tile_frames, "
             "which act at level 'channels_last' only") in message

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.capture.auk import reference_decode
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import build_wan
-from rewrite.runtime import wan as wan_runtime
+from rewrite.models.auk.capture import reference_decode
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import build_wan
+from rewrite.models.wan import runner as wan_runtime
 from rewrite.runtime.runner import OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
 from tests import quick
 from tests.graph_fakes import FakeGraphs, FakeStep

@@ -1,4 +1,4 @@
-"""rewrite.ops.triton_conv1d.PackedWeightCache: packed conv weights kept between calls and re-packed when the
+"""rewrite.kernels.conv1d.conv1d.PackedWeightCache: packed conv weights kept between calls and re-packed when the
 weight's version counter says it changed. Runs the pack kernel under the Triton interpreter on CPU (tests/conftest.py
 sets TRITON_INTERPRET=1 without CUDA), on CUDA where there is one. Packing is a copy (plus TF32 rounding for fp32):
 results are compared with torch.equal against a fresh `pack_weight`."""
@@ -11,8 +11,10 @@ import gc
 import pytest
 import torch
 
-from rewrite.ops import alias_free, compile_ahead, run_context, triton_conv1d
-from rewrite.ops.triton_conv1d import PackedWeightCache, pack_weight, packed_weight, packed_weight_cache
+from rewrite.ops import compile_ahead, run_context
+from rewrite.models.auk import alias_free
+from rewrite.kernels.conv1d import conv1d as triton_conv1d
+from rewrite.kernels.conv1d.conv1d import PackedWeightCache, pack_weight, packed_weight, packed_weight_cache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or alias_free.INTERPRETING),

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rewrite import report
-from rewrite.capture.wan import capture_wan_decoder
+from rewrite.models.wan.capture import capture_wan_decoder
 from rewrite.engine.matcher import find_matches
-from rewrite.models.wan import build_wan
+from rewrite.models.wan.config import build_wan
 from rewrite.passes.canonicalize import canonicalize
 from rewrite.patterns import registry
 from rewrite.pipeline import rewrite_graph

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.capture.auk import reference_decode
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import build_wan
+from rewrite.models.auk.capture import reference_decode
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import build_wan
 from rewrite.runtime.runner import PendingRunner
 
 MICRO = AuKConfig(latent_dim=8, upsample_rates=(2, 2), upsample_kernel_sizes=(4, 4), upsample_initial_channel=16,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewrite.ops import selftest, wan as ops
+from rewrite.ops import selftest
+from rewrite.models.wan import ops
 
 pointwise = torch.ops.rewrite.pointwise_conv3d
 

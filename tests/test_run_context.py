@@ -12,7 +12,11 @@ import threading
 import pytest
 import torch
 
-from rewrite.ops import alias_free, compile_ahead, dispatch, layout, run_context, triton_conv1d, valid_length
+from rewrite.ops import compile_ahead, dispatch, run_context
+from rewrite.models.auk import alias_free
+from rewrite.kernels import layout
+from rewrite.kernels.conv1d import conv1d as triton_conv1d
+from rewrite.kernels import valid_length
 from rewrite.ops.run_context import RunContext
 
 
@@ -82,9 +86,9 @@ def test_the_module_switches_it_replaces_are_gone():
 
 @pytest.mark.skipif(not dispatch.INTERPRETING, reason="needs TRITON_INTERPRET=1")
 def test_the_triton_conv1d_setting_sends_the_fused_op_to_atens_conv(kernel_allowed_on_cpu, monkeypatch):
-    from rewrite.ops import auk as _auk_ops  # noqa: F401  (registers rewrite::causal_conv1d)
-    from rewrite.ops.alias_free_reference import alias_free_snake_causal_conv1d_reference
-    from rewrite.models.auk import AliasFreeSnakeBeta
+    from rewrite.models.auk import ops as _auk_ops  # noqa: F401  (registers rewrite::causal_conv1d)
+    from rewrite.models.auk.alias_free_reference import alias_free_snake_causal_conv1d_reference
+    from rewrite.models.auk.model import AliasFreeSnakeBeta
 
     calls, original = [], triton_conv1d.causal_conv1d
     monkeypatch.setattr(triton_conv1d, "causal_conv1d",

@@ -16,13 +16,13 @@ import torch
 
 import rewrite
 from rewrite import optimize, report
-from rewrite.models.auk import AuKConfig, AuKVAE
-from rewrite.models.wan import build_wan
+from rewrite.models.auk.model import AuKConfig, AuKVAE
+from rewrite.models.wan.config import build_wan
 from rewrite.reporting import FallbackLog
-from rewrite.runtime import stream as stream_module
+from rewrite.models.wan import stream as stream_module
 from rewrite.runtime.graphs import CudaGraphBackend
 from rewrite.runtime.runner import installed_runner
-from rewrite.runtime.stream import ClipState, StreamSession, frame_local_post_quant_conv
+from rewrite.models.wan.stream import ClipState, StreamSession, frame_local_post_quant_conv
 from tests import quick
 from tests.conftest import WanPair
 from tests.graph_fakes import FakeGraphs

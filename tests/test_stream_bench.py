@@ -43,7 +43,7 @@ def test_stream_bench_refuses_bad_arguments(argv, message, capsys):
 
 
 def test_a_session_the_post_quant_conv_check_refuses_is_reported_not_timed(monkeypatch, capsys):
-    from rewrite.runtime import stream
+    from rewrite.models.wan import stream
 
     monkeypatch.setattr(stream, "frame_local_post_quant_conv", lambda *args: False)
     result = stream_bench.measure(stream_bench.parse_args(

@@ -17,7 +17,7 @@ from torch import nn
 from rewrite import supported
 from rewrite.pipeline import rewrite_graph
 
-SUPPORTED = "diffusers.AutoencoderKLWan (Wan 2.1 / 2.2), rewrite.models.auk.AuKVAE"
+SUPPORTED = "diffusers.AutoencoderKLWan (Wan 2.1 / 2.2), rewrite.models.auk.model.AuKVAE"
 
 
 def test_names_and_rows():
@@ -43,7 +43,7 @@ def test_each_row_recognises_its_own_models(name, runner):
 
 
 def test_recognising_an_auk_model_does_not_import_diffusers():
-    code = ("import sys; from rewrite import supported; from rewrite.models.auk import AuKConfig, AuKVAE; "
+    code = ("import sys; from rewrite import supported; from rewrite.models.auk.model import AuKConfig, AuKVAE; "
             "supported.model_for(AuKVAE(AuKConfig.tiny())); print('diffusers' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

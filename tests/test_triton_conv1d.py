@@ -1,4 +1,4 @@
-"""rewrite.ops.triton_conv1d: the channels-last causal conv kernel, its weight packing and its dispatch rule.
+"""rewrite.kernels.conv1d.conv1d: the channels-last causal conv kernel, its weight packing and its dispatch rule.
 
 Runs the kernel under the Triton interpreter on CPU (tests/conftest.py sets TRITON_INTERPRET=1 without
 CUDA), on CUDA where there is one.
@@ -15,8 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.ops import alias_free, triton_conv1d
-from rewrite.ops.triton_conv1d import aten_is_faster, causal_conv1d, chosen, pack_weight, unsupported_reason
+from rewrite.models.auk import alias_free
+from rewrite.kernels.conv1d import conv1d as triton_conv1d
+from rewrite.kernels.conv1d.conv1d import aten_is_faster, causal_conv1d, chosen, pack_weight, unsupported_reason
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_kernel = pytest.mark.skipif(not (torch.cuda.is_available() or alias_free.INTERPRETING),
@@ -164,7 +165,7 @@ def test_launch_configs_cover_every_channel_count():
 def test_the_unspecialized_arguments_are_the_dilation_and_the_limit():
     import inspect
 
-    from rewrite.ops import triton_alias_free
+    from rewrite.kernels.alias_free import snake as triton_alias_free
 
     kernel = triton_conv1d._conv1d_kernel
     names = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
@@ -180,7 +181,7 @@ def test_the_unspecialized_arguments_are_the_dilation_and_the_limit():
 def test_a_valid_frame_limit_skips_tiles_past_it_and_changes_nothing_before(splits):
     """Inside `valid_length.valid_frames`, tiles starting at or past ``(frames + margin) * scale`` return at once
     (their outputs keep whatever the buffer held); every tile before is computed as without the limit."""
-    from rewrite.ops import valid_length
+    from rewrite.kernels import valid_length
 
     padded, weight, bias, residual = case(1, 24, 32, 7, 3, 160, residual=True)  # 160 positions: 8 per frame
     whole = run(padded, weight, bias, 3, residual, splits=splits)
@@ -197,7 +198,7 @@ def test_a_valid_frame_limit_skips_tiles_past_it_and_changes_nothing_before(spli
 
 
 def test_valid_frames_rejects_what_it_cannot_use():
-    from rewrite.ops import valid_length
+    from rewrite.kernels import valid_length
 
     with pytest.raises(ValueError, match="int32"):
         with valid_length.valid_frames(torch.zeros(1), 20, 2):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rewrite import LEVELS, optimize, report
-from rewrite.models.wan import build_wan
+from rewrite.models.wan.config import build_wan
 from tests.conftest import WanPair
 
 

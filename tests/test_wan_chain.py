@@ -16,9 +16,10 @@ import operator
 import pytest
 import torch
 
-from rewrite.ops import dispatch, wan_fast
-from rewrite.ops import wan as _wan_ops
-from rewrite.ops.wan_reference import causal_conv_input_reference, rms_norm_reference
+from rewrite.ops import dispatch
+from rewrite.models.wan import ops_fast as wan_fast
+from rewrite.models.wan import ops as _wan_ops
+from rewrite.models.wan.reference import causal_conv_input_reference, rms_norm_reference
 from tests.captures import tiny_wan
 from tests.op_cases import kernel_gates_open
 from tests.test_wan_fast import DEVICE, _pair_fused, _pair_inputs, needs_kernels

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rewrite import report
-from rewrite.runtime.wan import WanRunner
+from rewrite.models.wan.runner import WanRunner
 from tests import quick
 from tests.conftest import WanPair
 
@@ -72,7 +72,7 @@ def test_slicing(version):
 
 def test_state_dict_and_parameters_unchanged():
     from rewrite import optimize
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.config import build_wan
 
     vae = build_wan("wan2.1", "tiny")
     keys_before = list(vae.state_dict().keys())
@@ -88,7 +88,7 @@ def test_state_dict_and_parameters_unchanged():
 
 @pytest.mark.parametrize("assign", (False, True))
 def test_weight_reload_after_capture_takes_effect(assign):
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.config import build_wan
 
     pair = WanPair("wan2.1", torch.float32)
     z = pair.latents(1, 2)

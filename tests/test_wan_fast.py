@@ -15,10 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.ops import dispatch, layout, selftest, triton_conv3d, triton_norm_fast, wan_fast
-from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
+from rewrite.ops import dispatch, selftest
+from rewrite.kernels import layout
+from rewrite.kernels.conv3d import conv3d as triton_conv3d
+from rewrite.kernels.norm import one_pass as triton_norm_fast
+from rewrite.models.wan import ops_fast as wan_fast
+from rewrite.models.wan import ops as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
-from rewrite.ops.triton_conv3d import ConvTile
+from rewrite.kernels.conv3d.conv3d import ConvTile
 from tests import quick
 from tests.captures import tiny_wan
 from tests.op_cases import channels_last, frame_major, kernel_gates_open, norm_plan_on_cpu
@@ -354,7 +358,7 @@ def test_gpu_kernel_on_wan_shapes(c, t, h, w, dtype):
 
 def test_report_names_why_the_fast_conv_was_declined():
     from rewrite import optimize, report
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.config import build_wan
 
     vae = optimize(build_wan("wan2.1", "tiny").to(torch.bfloat16), level="channels_last")
     with torch.no_grad():
@@ -436,7 +440,7 @@ def _check_pair(args, pair):
     * the output is `conv3d_channels_last` (same kernel, same tile) of the padded input rebuilt from those
       values with the reference input assembly, bit for bit: the fused stores put every value where the
       second conv reads it."""
-    from rewrite.ops.wan_reference import causal_conv_input_reference
+    from rewrite.models.wan.reference import causal_conv_input_reference
 
     (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias,
      gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, res, rb) = args

@@ -1,7 +1,7 @@
 """The one-kernel RMS norm (ATen's summation order) and the channels-last causal conv3d of the Wan ops.
 
 CPU, Triton interpreter: the channel-norm kernel is `torch.equal` to a float64 emulation of the order that
-`rewrite.ops.aten_reduction` describes (fma chains per accumulator, then the fixed combination; each step
+`rewrite.kernels.norm.aten_reduction` describes (fma chains per accumulator, then the fixed combination; each step
 rounded to fp32: the interpreter's fma rounds once, the emulation rounds the exact float64 product-sum once,
 so both are the same fp32 value unless float64 itself rounded, which these inputs do not hit); the fused
 norm's epilogue then equals ATen's CPU epilogue ops applied to that norm (bit-exact without SiLU; with SiLU
@@ -18,11 +18,17 @@ import contextlib
 import pytest
 import torch
 
-from rewrite.ops import (aten_reduction, layout, triton_epilogue, triton_norm, triton_pad, triton_upsample,
-                         wan_reference, wan_upsample_fast)
-from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
+from rewrite.kernels.norm import aten_reduction
+from rewrite.kernels import layout
+from rewrite.kernels.epilogue import epilogue as triton_epilogue
+from rewrite.kernels.norm import rms_norm as triton_norm
+from rewrite.kernels.pad import causal_pad as triton_pad
+from rewrite.kernels.upsample import upsample as triton_upsample
+from rewrite.models.wan import reference as wan_reference
+from rewrite.models.wan import upsample_fast as wan_upsample_fast
+from rewrite.models.wan import ops as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
-from rewrite.ops.triton_launch import FlatBlock
+from rewrite.kernels.launch import FlatBlock
 from tests import quick
 
 CUDA = torch.cuda.is_available()

@@ -13,8 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewrite.ops import dispatch, triton_epilogue, triton_norm, wan_reference
-from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
+from rewrite.ops import dispatch
+from rewrite.kernels.epilogue import epilogue as triton_epilogue
+from rewrite.kernels.norm import rms_norm as triton_norm
+from rewrite.models.wan import reference as wan_reference
+from rewrite.models.wan import ops as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
 
 CUDA = torch.cuda.is_available()

@@ -13,10 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.ops import triton_conv3d, triton_epilogue, triton_phase_weights, wan_upsample_fast
-from rewrite.ops import wan as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
+from rewrite.kernels.conv3d import conv3d as triton_conv3d
+from rewrite.kernels.epilogue import epilogue as triton_epilogue
+from rewrite.kernels.conv3d import phase_weights as triton_phase_weights
+from rewrite.models.wan import upsample_fast as wan_upsample_fast
+from rewrite.models.wan import ops as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import INTERPRETING, use_backend
-from rewrite.ops.triton_conv3d import ConvTile
+from rewrite.kernels.conv3d.conv3d import ConvTile
 from tests.op_cases import frame_major
 from tests.ulps import within_one_ulp
 

@@ -157,7 +157,7 @@ class AuKBench:
 
     @staticmethod
     def config(name: str):
-        from rewrite.models.auk import AuKConfig
+        from rewrite.models.auk.model import AuKConfig
 
         return AuKConfig.tiny() if name == "tiny" else AuKConfig()
 

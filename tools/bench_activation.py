@@ -84,7 +84,7 @@ def _snr_db(reference, candidate) -> float:
 
 def _make_case(shape: ActivationShape, args, torch, dtype):
     """A seeded eager module (fp32) and an input of the shape, both on CUDA."""
-    from rewrite.models.auk import AliasFreeSnakeBeta
+    from rewrite.models.auk.model import AliasFreeSnakeBeta
 
     generator = torch.Generator(device="cuda").manual_seed(args.seed + shape.channels)
     module = AliasFreeSnakeBeta(shape.channels).cuda().eval()
@@ -99,7 +99,7 @@ def measure(shape: ActivationShape, args) -> ShapeResult:
     import torch
     from triton.testing import do_bench, do_bench_cudagraph
 
-    from rewrite.ops import alias_free
+    from rewrite.models.auk import alias_free
 
     dtype = getattr(torch, args.dtype)
     module32, x = _make_case(shape, args, torch, dtype)
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from rewrite.models.auk import AuKConfig
+    from rewrite.models.auk.model import AuKConfig
 
     if not torch.cuda.is_available():
         print("bench_activation: needs a CUDA device", file=sys.stderr)

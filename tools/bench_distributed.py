@@ -8,7 +8,7 @@ CUDA, gloo on the CPU, by default). Then:
    single-process bench does (`bench.bench_levels`: warm-up, first call, best of ``--repeat``), while the
    other ranks wait. The baseline is rank 0 alone, not every rank on its own device at once: the GPU
    measured has the host to itself, as a one-GPU user's has; the other GPUs sit idle in the wait;
-2. N GPUs: every rank calls `rewrite.distributed.decode_sharded(vae, z, output="rank0")` on the decoder
+2. N GPUs: every rank calls `rewrite.models.wan.distributed.decode_sharded(vae, z, output="rank0")` on the decoder
    optimized at ``lossless`` (the call ``vae.decode`` makes after ``optimize(vae, "lossless", group=...)``),
    each call timed on rank 0 from a barrier to the whole video on rank 0; the same warm-up and repeats;
 3. rank 0 checks the sharded video against its one-GPU ``lossless`` one (``torch.equal``, max-abs, PSNR),
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 BACKENDS = ("nccl", "gloo")
-#: `decode_sharded`'s cuda_graphs= (`rewrite.distributed.band_graphs.CUDA_GRAPH_MODES`, not imported here: the
+#: `decode_sharded`'s cuda_graphs= (`rewrite.models.wan.distributed.band_graphs.CUDA_GRAPH_MODES`, not imported here: the
 #: single-process bench loads no distributed code)
 CUDA_GRAPH_MODES = ("segments", "whole", "off")
 
@@ -154,7 +154,7 @@ def _sharded(adapter, z, args, device, bench) -> dict:
     warm-up and timed calls, each from a barrier to the video on rank 0 (rank 0's clock); the peak memory of
     every rank."""
     from rewrite import optimize
-    from rewrite.distributed import decode_sharded
+    from rewrite.models.wan.distributed import decode_sharded
 
     vae, cuda_graphs = adapter.vae, args.band_cuda_graphs or "segments"
     optimize(vae, "lossless")  # what a single-process fallback or the tiled mode of the sharded decode runs

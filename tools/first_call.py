@@ -47,7 +47,7 @@ def child(args) -> dict:
 
     import diffusers  # noqa: F401  (12 s on the GPU host: not part of the first call)
     from rewrite import optimize, report, warmup
-    from rewrite.models.wan import build_wan
+    from rewrite.models.wan.config import build_wan
     from rewrite.ops import selftest
     from rewrite.supported import _cast
 

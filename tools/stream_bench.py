@@ -16,7 +16,7 @@ post_quant_conv check, the caching allocator's blocks), then `--repeat` timed ro
             every push until its frames are returned (on the device: CUDA-synchronized)
 
 A session push raises where the per-frame post_quant_conv would differ from the whole clip's
-(`rewrite.runtime.stream.frame_local_post_quant_conv`); the tool then reports why and times the rest.
+(`rewrite.models.wan.stream.frame_local_post_quant_conv`); the tool then reports why and times the rest.
 Times are `time.perf_counter` around `torch.cuda.synchronize()` on CUDA (plain on CPU); the summary is the
 median over the rounds. Every round's stream and session pieces, concatenated along the frames, are checked
 `torch.equal` to that round's decode. Prints a table; `--json PATH` also writes the results.

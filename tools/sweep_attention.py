@@ -1,4 +1,4 @@
-"""Time the Triton flash-attention kernel (`rewrite.ops.triton_attention`) against `scaled_dot_product_attention`
+"""Time the Triton flash-attention kernel (`rewrite.kernels.attention.attention`) against `scaled_dot_product_attention`
 for Wan 2.1's middle-block attention (one head of dim 384; 720p and 480p latents), per tile.
 
 Each run reports ms (``triton.testing.do_bench_cudagraph``: median GPU time), TFLOP/s (4 * L * L * D) and the
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
     import triton.testing
 
-    from rewrite.ops import triton_attention
+    from rewrite.kernels.attention import attention as triton_attention
 
     if not torch.cuda.is_available():
         print("sweep_attention: needs CUDA", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Time the Triton conv3d (`rewrite.ops.triton_conv3d`) against cuDNN's channels-last conv per Wan conv shape.
+"""Time the Triton conv3d (`rewrite.kernels.conv3d.conv3d`) against cuDNN's channels-last conv per Wan conv shape.
 
 For each Wan 2.1 / 2.2 3x3x3 conv shape of a 720p steady step (docs/tuning.md section 1) and each candidate
 tile, run ``conv3d_channels_last`` on a padded channels-last input and cuDNN's conv of the same operands
@@ -51,7 +51,7 @@ UP_BLOCK_ENDS = {
 def _arrangements(width: int, pixels: int):
     """(rows, block_w) ways to hold `pixels` output pixels: `pixel_tile`'s choice first, then one row and two
     rows where they differ from it (rows of 64 pixels or more)."""
-    from rewrite.ops.triton_conv3d import pixel_tile
+    from rewrite.kernels.conv3d.conv3d import pixel_tile
 
     found = [pixel_tile(width, pixels)]
     for rows in (1, 2):
@@ -66,7 +66,7 @@ def candidate_tiles(in_channels: int, out_channels: int, width: int, warp_specia
     stages) family is tried in `_arrangements`' pixel layouts, and flat where those compute pixels past the row
     ends and a program fits in two rows (`tile_reason`). Warp-specialized tiles only on request: on the H200 with Triton
     3.6 the first one had not finished compiling after minutes (docs/tuning.md section 1)."""
-    from rewrite.ops.triton_conv3d import MIN_OUT_CHANNELS, ConvTile, launch_config, tile_reason, wasted_fraction
+    from rewrite.kernels.conv3d.conv3d import MIN_OUT_CHANNELS, ConvTile, launch_config, tile_reason, wasted_fraction
 
     k = 64 if in_channels % 64 == 0 else 32
     families = []  # (pixels, block_n, n_rest, warps, stages)
@@ -113,7 +113,8 @@ def main(argv=None) -> int:
     import torch
     import triton.testing
 
-    from rewrite.ops import compile_ahead, triton_conv3d
+    from rewrite.ops import compile_ahead
+    from rewrite.kernels.conv3d import conv3d as triton_conv3d
 
     if not torch.cuda.is_available():
         print("sweep_conv3d: needs CUDA", file=sys.stderr)
@@ -241,7 +242,9 @@ def _upsample_phases(triton, cin: int, cout: int, frames: int, h: int, w: int, d
     copy of the source, four 2x2 phase convs: docs/tuning.md section 1.11)."""
     import torch
 
-    from rewrite.ops import triton_conv3d, wan, wan_upsample_fast  # noqa: F401  (wan: registers the ops)
+    from rewrite.kernels.conv3d import conv3d as triton_conv3d  # noqa: F401  (wan: registers the ops)
+    from rewrite.models.wan import ops as wan  # noqa: F401  (wan: registers the ops)
+    from rewrite.models.wan import upsample_fast as wan_upsample_fast  # noqa: F401  (wan: registers the ops)
 
     x = torch.randn(frames, cin, h, w, device="cuda", dtype=dtype)
     weight = (torch.randn(cout, cin, 3, 3, device="cuda", dtype=dtype) / (9 * cin) ** 0.5)
@@ -262,7 +265,7 @@ def _upsample_phases(triton, cin: int, cout: int, frames: int, h: int, w: int, d
     print(f"  max-abs between them {err:.3g}", flush=True)
     timings["max_abs"] = err
     # the cuDNN phase conv (Wan 2.2's up-block ends' path) with its gathering bias epilogue, for comparison
-    from rewrite.ops import triton_epilogue
+    from rewrite.kernels.epilogue import epilogue as triton_epilogue
     strides = outputs["phases op"].unsqueeze(2).stride()
 
     def cudnn_phases():
@@ -307,7 +310,7 @@ def _up_block_end(triton, channels: int, frames: int, h: int, w: int, block_chan
     NCDHW memory and channels-last; and cuDNN's 3x3 conv of the upsampled frames against the phase conv."""
     import torch
 
-    from rewrite.ops import wan_upsample_fast
+    from rewrite.models.wan import upsample_fast as wan_upsample_fast
 
     cl = torch.channels_last
     source = torch.randn(1, channels, frames, h, w, device="cuda", dtype=dtype)
@@ -390,7 +393,10 @@ def _norm_epilogue(triton, triton_conv3d, padded, weight, bias, flops, tile) -> 
     output, then the lossless norm kernel adding the deferred bias)."""
     import torch
 
-    from rewrite.ops import layout, triton_norm, triton_norm_fast, triton_pad
+    from rewrite.kernels import layout
+    from rewrite.kernels.norm import rms_norm as triton_norm
+    from rewrite.kernels.norm import one_pass as triton_norm_fast
+    from rewrite.kernels.pad import causal_pad as triton_pad
 
     b, o, t, h, w = padded.shape[0], weight.shape[0], padded.shape[2] - 2, padded.shape[3] - 2, padded.shape[4] - 2
     cl = torch.channels_last_3d

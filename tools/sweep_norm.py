@@ -33,7 +33,9 @@ def main(argv=None) -> int:
     import torch
     import triton.testing
 
-    from rewrite.ops import aten_reduction, triton_norm, triton_norm_fast
+    from rewrite.kernels.norm import aten_reduction
+    from rewrite.kernels.norm import rms_norm as triton_norm
+    from rewrite.kernels.norm import one_pass as triton_norm_fast
 
     if not torch.cuda.is_available():
         print("sweep_norm: needs CUDA", file=sys.stderr)

@@ -3,7 +3,7 @@
 ATen views annotate their returns with alias info (``Tensor(a)``); custom ops of the ``rewrite`` namespace
 return fresh tensors. A call that is not an ``OpOverload`` (getitem, Python operators, anything else) is
 assumed to alias. Used by the passes (`rewrite.passes.drop_clones`) and by the runtime's early cache
-writes (`rewrite.runtime.cache_writes`); neither needs the other for it.
+writes (`rewrite.models.wan.cache_writes`); neither needs the other for it.
 """
 
 from __future__ import annotations

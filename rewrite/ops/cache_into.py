@@ -2,7 +2,7 @@
 
 A Wan step graph reads each causal conv's cache (the last two frames of its input in the previous chunk)
 and returns the next one; the runtime then copies the new cache into the static cache buffer that the next
-replay reads (`rewrite.runtime.cache_writes`): two frames read and written again per conv and step. The
+replay reads (`rewrite.models.wan.cache_writes`): two frames read and written again per conv and step. The
 ops declared here with `writes_next_caches` can skip that copy: called through `write_next_caches_into`
 with the old cache buffers, their kernel paths write the next cache into the buffer itself, after the pad
 kernel has read the old frames from it (`triton_pad.causal_pad_rest_channels_last`).

@@ -12,7 +12,7 @@ compiles a C launcher per kernel signature with the host C compiler on a kernel'
 of the first Wan 2.1 720p decode on an empty Triton cache, one after the other); built here, in parallel, it
 lands in Triton's cache and the first launch only loads it.
 
-Every kernel of `rewrite.ops` is launched through `launch` (by `rewrite.ops.triton_launch.launch`). The pass
+Every kernel of `rewrite.ops` is launched through `launch` (by `rewrite.kernels.launch.launch`). The pass
 is a setting of the run context (`rewrite.ops.run_context`), so it covers the launches of the thread that
 entered it only. Without Triton's ``AsyncCompileMode`` (older Triton), under the interpreter, or off CUDA,
 the context does nothing and says so (it yields False).

@@ -4,7 +4,7 @@
 channels-last memory, converting a contiguous one on every call (inside a CUDA graph: on every replay), while
 its reference path makes the weight contiguous again. A caller may therefore pass a channels-last copy of
 the weight in its place, the same values, and nothing is converted per call: the Wan runtime keeps such
-copies (`rewrite.runtime.conv_weights`) for every graph input that only such arguments read. Which ops
+copies (`rewrite.models.wan.conv_weights`) for every graph input that only such arguments read. Which ops
 qualify is a property of the op, so it is declared with the op (a `torch.library` tag cannot be defined
 outside PyTorch):
 

@@ -56,7 +56,7 @@ class RunContext:
     backend: str = "auto"
     fused_norm: bool = True
     triton_conv1d: bool = True
-    packed_weights: Optional[Any] = None  # a rewrite.ops.triton_conv1d.PackedWeightCache
+    packed_weights: Optional[Any] = None  # a rewrite.kernels.conv1d.conv1d.PackedWeightCache
     valid_frames: Optional[ValidFrames] = None
     compile_ahead: bool = False
 

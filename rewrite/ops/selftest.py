@@ -35,7 +35,8 @@ from typing import Callable
 
 import torch
 
-from rewrite.ops import run_context, triton_norm
+from rewrite.ops import run_context
+from rewrite.kernels.norm import rms_norm as triton_norm
 
 _RESULTS: dict[tuple[str, torch.dtype], bool] = {}
 _CONV_RESULTS: dict[tuple, bool] = {}

@@ -59,7 +59,7 @@ def run(padded, weight, out, block_w, block_k, stages, warps, a_regs):
 
 
 def main():
-    from rewrite.ops import triton_conv3d
+    from rewrite.kernels.conv3d import conv3d as triton_conv3d
     res = {}
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     for name, (t, h, w) in {"720p": (4, 720, 1280), "480p": (4, 480, 832)}.items():

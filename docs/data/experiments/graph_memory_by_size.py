@@ -9,7 +9,7 @@ import sys
 import torch
 
 from rewrite import optimize
-from rewrite.models.wan import build_wan
+from rewrite.models.wan.config import build_wan
 
 GIB = 2**30
 SIZES = [(720, 1280, 21), (480, 832, 21), (544, 960, 21), (480, 832, 1)]

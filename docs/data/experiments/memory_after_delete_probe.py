@@ -16,7 +16,7 @@ import weakref
 import torch
 
 from rewrite import optimize
-from rewrite.models.wan import build_wan
+from rewrite.models.wan.config import build_wan
 
 GIB = 2**30
 out_dir = os.environ.get("OUT", ".")

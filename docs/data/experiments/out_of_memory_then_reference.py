@@ -11,7 +11,7 @@ gives now.
 import torch
 
 from rewrite import optimize, report
-from rewrite.models.wan import build_wan
+from rewrite.models.wan.config import build_wan
 import sys
 sys.path.insert(0, ".")  # run from the repository root
 from tests.test_gpu_memory import _latents, _reserved  # noqa: E402

@@ -8,8 +8,9 @@ import sys
 import torch
 import triton.testing
 
-from rewrite.ops import compile_ahead, triton_conv3d
-from rewrite.ops.triton_conv3d import ConvTile
+from rewrite.ops import compile_ahead
+from rewrite.kernels.conv3d import conv3d as triton_conv3d
+from rewrite.kernels.conv3d.conv3d import ConvTile
 
 CASES = [  # (name, out channels, tile)
     ("96 = 64 + 32 (chosen)", 96, ConvTile(256, 64, 32, 8, 4, 32, 1)),

@@ -1,0 +1,66 @@
+"""The fused Wan norm + causal conv3d with our own Triton convolution (level ``channels_last``).
+
+Matches:  rewrite::rms_norm_causal_conv3d(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight,
+                                          bias, residual, x_bias, residual_bias, channels_last_out)
+          (after every family that builds or rewires that op: `rms_norm_causal_conv3d`, `residual_bias`,
+          `norm_input_bias`; cache, bias, residual and the deferred biases each present or absent)
+Replaces: rewrite::rms_norm_causal_conv3d_fast(the same arguments) (`rewrite.models.wan.ops_fast`)
+Exactness: tolerance. The conv is `rewrite.kernels.conv3d.conv3d`'s implicit GEMM: its fp32 sum runs in another
+          order than cuDNN's, and bias and residual are added before the one rounding (the README's
+          `channels_last` contract; measured in docs/results.md). Where the op's kernel path does not serve a
+          call, it runs the replaced `lossless` op.
+Level: channels_last.
+Guard: the graph runs on CUDA (or on CPU under the Triton interpreter, for tests), and `wan_fast.fast_reason`
+          accepts the conv: bf16/fp16 and either a shape the Triton conv tiles and `triton_conv3d.chosen`
+          measured faster than cuDNN's, or (cuDNN's conv kept) a channel count whose one-pass norm measured
+          faster than the exact one (the reason names what declined).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rewrite.engine.pattern import variants
+from rewrite.kernels import layout
+from rewrite.models.wan import ops_fast as wan_fast
+from rewrite.patterns.common.guards import triton_kernel_runs
+
+rewrite_ops = torch.ops.rewrite
+_ARGS = ("x", "gamma", "scale", "norm_bias", "eps", "upcast", "act", "cache", "pad", "mode", "weight", "bias",
+         "residual", "x_bias", "residual_bias", "channels_last_out")
+
+
+def _call(op, values):
+    out = op(*(values[name] for name in _ARGS))
+    return out[0], out[1]
+
+
+def search(x, gamma, cache, weight, bias, residual, x_bias, residual_bias, scale, norm_bias, eps, upcast, act, pad,
+           mode, channels_last_out):
+    return _call(rewrite_ops.rms_norm_causal_conv3d.default, locals())
+
+
+def replace(x, gamma, cache, weight, bias, residual, x_bias, residual_bias, scale, norm_bias, eps, upcast, act, pad,
+            mode, channels_last_out):
+    return _call(rewrite_ops.rms_norm_causal_conv3d_fast.default, locals())
+
+
+def guard(match) -> str | None:
+    x = match.inputs["x"].meta["val"]
+    weight = match.inputs["weight"].meta["val"]
+    reason = triton_kernel_runs(x.device, "the Triton conv")
+    if reason is not None:
+        return reason
+    cache = match.inputs.get("cache")
+    pad = list(match.scalars["pad"])
+    if x.dim() != 5 or len(pad) != 6 or min(pad) < 0:
+        return f"not a causal conv3d of a 5-D input: x {tuple(x.shape)}, pad {pad}"
+    in_shape = layout.padded_shape(x.shape, None if cache is None else cache.meta["val"], pad, match.scalars["mode"])
+    return wan_fast.fast_reason(in_shape, tuple(weight.shape), x.dtype)
+
+
+PATTERNS = variants(search, replace, guard, name="rms_norm_causal_conv3d_fast", exactness="tolerance",
+                    level="channels_last",
+                    scalars=("scale", "norm_bias", "eps", "upcast", "act", "pad", "mode", "channels_last_out"),
+                    optional=("residual_bias", "x_bias", "residual", "bias", "cache"),
+                    module_types=("WanResidualBlock", "WanCausalConv3d"))

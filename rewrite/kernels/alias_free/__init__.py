@@ -1,0 +1,1 @@
+"""rewrite/kernels/alias_free."""

@@ -1,0 +1,1 @@
+"""rewrite/kernels/conv1d."""

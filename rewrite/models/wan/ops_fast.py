@@ -1,0 +1,467 @@
+"""The Wan ops of level ``channels_last`` (exactness class ``tolerance``): the fused norm + causal conv3d with
+the convolution computed by our own Triton kernel (`rewrite.kernels.conv3d.conv3d`) instead of cuDNN's.
+
+`rms_norm_causal_conv3d_fast` takes the arguments of `rewrite::rms_norm_causal_conv3d` (`rewrite.models.wan.ops`)
+and returns outputs of the same shapes and layouts (its fake is that op's). Its kernel path: a norm kernel
+writes the padded channels-last conv input and the next cache (`triton_norm_fast`'s one-pass kernel for the
+channel counts where it measured faster, `one_pass_norm_chosen`; else the ``lossless`` op's kernel, exactly
+as that op does), then one Triton kernel convolves and adds bias, residual and the residual's deferred bias
+to the fp32 accumulator before the one rounding, storing straight into the output layout (no epilogue pass).
+Where `triton_conv3d.chosen` keeps cuDNN's conv but the one-pass norm is chosen for the channel count, the
+op runs that norm and then the ``lossless`` op's cuDNN conv and epilogue on its padded input. Everywhere the
+kernel path does not serve (a CPU tensor outside the interpreter tests, autograd, a shape or dtype
+`triton_conv3d.unsupported_reason` declines and the one-pass norm does not apply, ATen's summation order not
+reproduced for x where the exact norm kernel would run), the ``lossless`` op runs: the same answer as level
+``lossless``, never a wrong one.
+
+Tolerance (measured: docs/results.md, tests/test_wan_fast.py): the conv's fp32 sum runs in another order
+than cuDNN's and bias and residual are added before one rounding, so outputs differ from ``lossless`` by
+about one bf16/fp16 ulp per conv; the one-pass norm computes in fp32 and rounds once (ATen rounds after each
+op): about one ulp of its output; the full-decode contract is the README's (max-abs <= 6e-2, PSNR >= 45 dB
+against ``off``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from rewrite.ops import cache_into
+from rewrite.kernels import layout
+from rewrite.kernels.conv3d import conv3d as triton_conv3d
+from rewrite.kernels.norm import one_pass as triton_norm_fast
+from rewrite.kernels.pad import causal_pad as triton_pad
+from rewrite.models.wan import ops as _exact  # registers rewrite::rms_norm_causal_conv3d
+from rewrite.ops.cache_into import writes_next_caches
+from rewrite.ops.dispatch import use_kernel
+from rewrite.kernels.layout import conv_output_shape
+from rewrite.ops.op_info import reads_channels_last_weight
+
+__all__ = ["chain_reason", "conv_reason", "fast_reason", "one_pass_norm_chosen", "pair_reason",
+           "rms_norm_causal_conv3d_fast", "rms_norm_causal_conv3d_pair_fast", "rms_norm_causal_conv3d_pair_fast_chain"]
+
+rewrite_ops = torch.ops.rewrite
+CL = torch.channels_last_3d
+
+
+def conv_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
+    """None when the Triton conv serves this conv (its padded input's shape, the weight's, the dtype) and
+    `triton_conv3d.chosen` says it beats cuDNN's there; else why the ``lossless`` op runs it. Read by the
+    pattern's guard on the graph's shapes and by the op on its tensors."""
+    reason = triton_conv3d.unsupported_reason(in_shape, weight_shape, dtype)
+    if reason is not None:
+        return reason
+    out_channels, in_channels, *kernel = weight_shape
+    taps = kernel[0] * kernel[1] * kernel[2]
+    width = in_shape[4] - kernel[2] + 1
+    if not triton_conv3d.chosen(in_channels, out_channels, taps, width):
+        return f"cuDNN's conv measured faster for {in_channels} -> {out_channels} channels, {taps} taps, {width} wide"
+    return None
+
+
+def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+            residual: Optional[Tensor]) -> bool:
+    """The Triton conv serves this call: the shape conditions of the exact op's channels-last path (cuDNN's
+    exactness self-check aside) and `conv_reason`."""
+    in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
+    return in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype) is None
+
+
+def fast_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
+    """None when the fast op's kernel path serves this conv: the Triton conv (`conv_reason`) or, where cuDNN's
+    conv stays, the one-pass norm before it (a channel count in `_ONE_PASS_BEFORE_CUDNN_CHANNELS`, bf16/fp16);
+    else why the ``lossless`` op runs it. Read by the pattern's guard on the graph's shapes."""
+    reason = conv_reason(in_shape, weight_shape, dtype)
+    if reason is None or (dtype in triton_conv3d.SUPPORTED_DTYPES and in_shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
+                          and in_shape[1] <= triton_norm_fast.MAX_CHANNELS):
+        return None
+    return f"{reason}; the one-pass norm is not chosen for {in_shape[1]} channels"
+
+
+def one_pass_norm_chosen(x: Tensor) -> bool:
+    """Whether the conv's input norm runs `triton_norm_fast`'s one-pass kernel (its channel count measured
+    faster than the exact two-pass kernel, `_ONE_PASS_NORM_CHANNELS`, and the kernel serves x)."""
+    return x.shape[1] in _ONE_PASS_NORM_CHANNELS and triton_norm_fast.one_pass_reason(x) is None
+
+
+# Channel counts whose one-pass norm (into the padded conv input) measured faster on the H200 than the exact
+# two-pass kernel at every Wan shape swept (docs/tuning.md section 1.8: 0.76 against 1.13 ms for 96 x 4 x 720
+# x 1280, 0.47 against 0.73 for 256 x 4 x 360 x 640, 0.25 against 0.39 for 512 x 4 x 180 x 320). Not Wan 2.2's
+# 1024: faster alone (0.098 against 0.134 ms at 2 x 90 x 160, on 8 warps) but the 720p decode did not move (2.055
+# against 2.057 s) while its max-abs against `off` went 0.023 -> 0.034, PSNR 54.0 -> 51.2 dB (tuning.md 1.14).
+_ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 256, 384, 512})
+# Of those, the counts whose one-pass norm also runs before a conv cuDNN keeps (the op then runs the lossless
+# op's conv on its padded input): Wan 2.2's 256 and 512 (720p 1.78x against 1.73x without, 54.4 dB). Not Wan
+# 2.1's 96 (`conv_out`) and 192 / 384 (its 90x160 level, 480p's 416 and 208 wide levels): with them one-pass,
+# Wan 2.1 720p's max-abs against `off` went 0.044 -> 0.063, past the level's 6e-2, for about 9 ms of 1.55 s
+# (docs/results.md, session 17); their norms keep the exact kernel, the lossless op's numbers.
+_ONE_PASS_BEFORE_CUDNN_CHANNELS = frozenset({256, 512})
+
+
+def _triton_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor], out: Tensor,
+                 residual_bias: Optional[Tensor]) -> Tensor:
+    """The fast ops' conv of a padded channels-last input into `out`: `triton_conv3d.conv3d_channels_last`, or for
+    a narrow conv (Wan's 96 -> 3 head) its folded form where `triton_conv3d.folded_taps` measured it faster."""
+    weight = weight.contiguous(memory_format=CL)
+    out_channels, in_channels, *kernel = weight.shape
+    fold = triton_conv3d.folded_taps(in_channels, out_channels, math.prod(kernel))
+    if fold:
+        return triton_conv3d.conv3d_channels_last_folded(padded, weight, bias, residual, out, residual_bias, fold=fold)
+    return triton_conv3d.conv3d_channels_last(padded, weight, bias, residual, out, residual_bias)
+
+
+def _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias, into=None):
+    """(the conv's padded channels-last input, the next cache) from the norm (+ SiLU) of x: the one-pass
+    kernel where `one_pass_norm_chosen`, else the exact op's kernel where it reproduces ATen's order
+    (`fused_norm_plan`); None where neither serves (the caller runs the ``lossless`` op). `into`: a buffer
+    for the next cache (`cache_into.buffer_for` decides whether it is written there)."""
+    cache_read = cache if mode != "chunk0" else None
+    next_cache = cache_into.buffer_for(into, cache_read, x)
+    if one_pass_norm_chosen(x):
+        return triton_norm_fast.rms_norm_padded_one_pass(x, gamma, scale, norm_bias, eps, act == "silu", cache_read,
+                                                         pad, x_bias, next_cache)
+    plan = _exact.fused_norm_plan(x, upcast, act, x_bias)
+    if plan is None:
+        return None
+    return _exact.norm_into_padded_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, plan, x_bias,
+                                         next_cache)
+
+
+@writes_next_caches({1: "cache"})
+@reads_channels_last_weight("weight")
+@torch.library.custom_op("rewrite::rms_norm_causal_conv3d_fast", mutates_args=())
+def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
+                                act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str,
+                                weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                                x_bias: Optional[Tensor] = None, residual_bias: Optional[Tensor] = None,
+                                channels_last_out: bool = False) -> tuple[Tensor, Tensor]:
+    """`rewrite::rms_norm_causal_conv3d` with the Triton conv and its fused epilogue, or cuDNN's conv after the
+    one-pass norm (module docstring); its norm kernels write the next cache into a buffer `cache_into` gives."""
+    into = cache_into.taken().get(1)
+    args = (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias,
+            residual_bias, channels_last_out)
+    if channels_last_out and (bias is not None or residual is not None):
+        raise ValueError("rms_norm_causal_conv3d_fast: channels_last_out is for the raw conv output (no bias, no residual)")
+    tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
+    if not _exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_fast", tensors,
+                                     triton_conv3d.SUPPORTED_DTYPES):
+        return rewrite_ops.rms_norm_causal_conv3d.default(*args)
+    served = _serves(x, cache, pad, mode, weight, residual)
+    if (not served and one_pass_norm_chosen(x) and x.shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
+            and _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual) is not None):
+        # cuDNN's conv stays; its input comes from the one-pass norm
+        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias,
+                                               into)
+        if channels_last_out:  # cuDNN's output of channels-last operands is channels-last already
+            return _exact.channels_last_conv_raw(padded, weight).contiguous(memory_format=CL), next_cache
+        return _exact.channels_last_conv(padded, weight, bias, residual, residual_bias), next_cache
+    if served:
+        normalized = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias, into)
+        if normalized is not None:
+            padded, next_cache = normalized
+            shape = conv_output_shape(padded.shape, weight.shape)
+            if channels_last_out:
+                out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL)
+            else:
+                out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype,
+                                          device=x.device)
+            _triton_conv(padded, weight, bias, residual, out, residual_bias)
+            return out, next_cache
+    return rewrite_ops.rms_norm_causal_conv3d.default(*args)
+
+
+@rms_norm_causal_conv3d_fast.register_fake
+def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias=None,
+      residual_bias=None, channels_last_out=False):
+    return _exact._rms_norm_causal_conv3d_fake(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight,
+                                               bias, residual, x_bias, residual_bias, channels_last_out)
+
+
+# ---- two chained convs, the second's norm in the first's epilogue -------------------------------------------
+def pair_reason(first_out_channels: int, first_in_channels: int, second_in_shape, second_weight_shape,
+                dtype: torch.dtype, act: Optional[str]) -> Optional[str]:
+    """None when the first conv's kernel may normalize its output straight into the second conv's padded
+    input (one program holds all its output channels, `triton_conv3d.norm_epilogue_chosen` measured it
+    faster, the second conv is served too: `conv_reason`); else why the pair runs as two
+    `rms_norm_causal_conv3d_fast` ops."""
+    if act not in ("silu", None):
+        return f"activation {act!r} after the second norm (SiLU or none is fused)"
+    tile = triton_conv3d.norm_launch_config(first_in_channels, first_out_channels)
+    reason = triton_conv3d.norm_epilogue_reason(first_out_channels, tile)
+    if reason is None and not triton_conv3d.norm_epilogue_chosen(first_in_channels, first_out_channels):
+        reason = (f"the fused norm epilogue measured slower than the conv plus the norm kernel for "
+                  f"{first_in_channels} -> {first_out_channels} channels")
+    return reason if reason is not None else conv_reason(second_in_shape, second_weight_shape, dtype)
+
+
+def _pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight):
+    return (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, None, None, None, None, True)
+
+
+def _pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
+                      residual, bias, residual_bias):
+    return (y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, bias,
+            residual_bias, False)
+
+
+def _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2, weight2,
+                        residual, tensors, normalized=None):
+    """A tensor of the first conv's output shape (for the shape checks) where the pair op's kernel path serves
+    the call (the first op's fused-norm conditions, both convs served, `pair_reason`); else None: the two ops
+    run. `normalized`: the first conv's padded input made by the op before (then x's norm is not run)."""
+    if not (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_pair_fast", tensors,
+                                      triton_conv3d.SUPPORTED_DTYPES) and gamma2.numel() == weight.shape[0]):
+        return None
+    if normalized is not None:
+        in_shape = tuple(normalized.shape) if normalized.is_contiguous(memory_format=CL) else None
+    else:
+        in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, None)
+    if in_shape is None or conv_reason(in_shape, weight.shape, x.dtype) is not None:
+        return None
+    y_proxy = torch.empty((), dtype=x.dtype, device=x.device).expand(conv_output_shape(in_shape, weight.shape))
+    in_shape2 = _exact.channels_last_conv_input_shape(y_proxy, cache2, pad2, mode2, weight2, residual)
+    if in_shape2 is None or pair_reason(weight.shape[0], weight.shape[1], in_shape2, weight2.shape, x.dtype,
+                                        act2) is not None:
+        return None
+    if normalized is None and not one_pass_norm_chosen(x) and _exact.fused_norm_plan(x, upcast, act, None) is None:
+        return None
+    return y_proxy
+
+
+def _first_conv_into_second_input(padded: Tensor, y_proxy: Tensor, weight: Tensor, bias: Optional[Tensor],
+                                  gamma2: Tensor, scale2: float, norm_bias2: float, eps2: float,
+                                  act2: Optional[str], cache2: Optional[Tensor], pad2: list[int],
+                                  mode2: str, into2: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """The pair's kernel path up to its second conv: (the second conv's padded input, its next cache), the
+    first conv of `padded` normalized straight into them (`triton_conv3d.conv3d_channels_last_norm_padded`;
+    the pad kernel writes the cache frames and the zero pad). `y_proxy`: a tensor of the first conv's
+    output shape (`_pair_kernel_inputs`); `into2`: a buffer for the second next cache (`cache_into`)."""
+    cache2_read = cache2 if mode2 != "chunk0" else None
+    padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(
+        y_proxy, cache2_read, pad2, cache_into.buffer_for(into2, cache2_read, y_proxy))
+    triton_conv3d.conv3d_channels_last_norm_padded(
+        padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
+        padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+    return padded2, next_cache2
+
+
+@writes_next_caches({1: "cache", 2: "cache2"})
+@reads_channels_last_weight("weight", "weight2")
+@torch.library.custom_op("rewrite::rms_norm_causal_conv3d_pair_fast", mutates_args=())
+def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float,
+                                     upcast: bool, act: Optional[str], cache: Optional[Tensor], pad: list[int],
+                                     mode: str, weight: Tensor, bias: Optional[Tensor], gamma2: Tensor, scale2: float,
+                                     norm_bias2: float, eps2: float, upcast2: bool, act2: Optional[str],
+                                     cache2: Optional[Tensor], pad2: list[int], mode2: str, weight2: Tensor,
+                                     bias2: Optional[Tensor], residual: Optional[Tensor],
+                                     residual_bias: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """A residual block's two convs, (output, first next cache, second next cache) of::
+
+        y, next_cache = rms_norm_causal_conv3d_fast(x, gamma, ..., cache, pad, mode, weight, channels_last_out=True)
+        out, next_cache2 = rms_norm_causal_conv3d_fast(y, gamma2, ..., cache2, pad2, mode2, weight2, bias2,
+                                                       residual, x_bias=bias, residual_bias=residual_bias)
+
+    Kernel path: the first conv's program holds all its output channels, so its epilogue adds the bias,
+    rounds once, takes the second norm over the channels (+ SiLU) and stores the result straight into the
+    second conv's padded channels-last input and next cache (`triton_conv3d.conv3d_channels_last_norm_padded`;
+    the pad kernel writes the cache frames and the zero pad): y is never written or read back. Where the
+    kernel path does not serve (`pair_reason`, or the first op's conditions), the two ops above run.
+    Tolerance: the two fused ops' (their convs' sum order, one rounding of conv + bias), and the second norm
+    computed in fp32 from the first conv's rounded output with one rounding at the end (ATen rounds after
+    each op; `upcast2` is then moot). The kernel path writes the next caches into buffers `cache_into` gives."""
+    into = cache_into.taken()
+    first = _pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight)
+    if residual_bias is not None and residual is None:
+        raise ValueError("rms_norm_causal_conv3d_pair_fast: residual_bias without a residual")
+    tensors = tuple(t for t in (x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias)
+                    if t is not None)
+    served = _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2,
+                                 weight2, residual, tensors)
+    if served is not None:
+        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None,
+                                               into.get(1))
+        padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, gamma2, scale2, norm_bias2,
+                                                             eps2, act2, cache2, pad2, mode2, into.get(2))
+        del padded  # the first conv's input: free before the second conv's output is allocated
+        shape = conv_output_shape(padded2.shape, weight2.shape)
+        out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
+        _triton_conv(padded2, weight2, bias2, residual, out, residual_bias)
+        return out, next_cache, next_cache2
+    y, next_cache = rewrite_ops.rms_norm_causal_conv3d_fast.default(*first)
+    out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
+        *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
+                           residual, bias, residual_bias))
+    return out, next_cache, next_cache2
+
+
+@rms_norm_causal_conv3d_pair_fast.register_fake
+def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2, norm_bias2, eps2,
+      upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias):
+    y, next_cache = _exact._rms_norm_causal_conv3d_fake(
+        *_pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight))
+    out, next_cache2 = _exact._rms_norm_causal_conv3d_fake(
+        *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
+                           residual, bias, residual_bias))
+    return out, next_cache, next_cache2
+
+
+# ---- a residual block whose second conv also normalizes its output for the next block ----------------------
+# (in channels, out channels) of the second convs of residual blocks (bias, residual) whose fused norm epilogue
+# (the block output stored, and normalized into the next block's padded input) measured faster on the H200 than
+# the conv plus the one-pass norm kernel (docs/tuning.md 1.9): 96 -> 96 4.54 against 4.58 ms @ 4x720x1280,
+# 1.99 against 2.05-2.08 @ 4x480x832. 192 -> 192 measured slower (3.62-3.72 against 3.62-3.64 @ 4x360x640,
+# 1.93-1.94 against 1.89-1.91 @ 4x240x416): ptxas spills 256 bytes a thread at the 128-register cap.
+_RESIDUAL_NORM_EPILOGUE_FASTER: frozenset = frozenset({(96, 96)})
+
+
+def chain_reason(in_channels: int, out_channels: int, dtype: torch.dtype, act: Optional[str]) -> Optional[str]:
+    """None when a block's second conv (`in_channels` -> `out_channels`, with bias and residual) may store its
+    output and normalize it (+ `act`) into the next block's padded input in one epilogue (one program holds
+    every output channel, measured faster: `_RESIDUAL_NORM_EPILOGUE_FASTER`); else why not. Read by the
+    `chain_block_norms` pass on the graph's shapes and by the op on its tensors."""
+    if dtype not in triton_conv3d.SUPPORTED_DTYPES:
+        return f"dtype {dtype} (the Triton conv serves {triton_conv3d.SUPPORTED_DTYPES})"
+    if act not in ("silu", None):
+        return f"activation {act!r} after the next norm (SiLU or none is fused)"
+    tile = triton_conv3d.norm_launch_config(in_channels, out_channels)
+    reason = triton_conv3d.norm_epilogue_reason(out_channels, tile)
+    if reason is None and (in_channels, out_channels) not in _RESIDUAL_NORM_EPILOGUE_FASTER:
+        reason = (f"the residual conv's norm epilogue is not measured faster for {in_channels} -> {out_channels} "
+                  f"channels")
+    return reason
+
+
+def _absent(x: Tensor) -> Tensor:
+    """The placeholder of an output the call does not make (0 elements, x's dtype and device)."""
+    return x.new_empty((0,))
+
+
+def _next_input(y: Tensor, gamma: Tensor, scale: float, norm_bias: float, eps: float, upcast: bool,
+                act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str,
+                kernels: bool, into: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """(the next causal conv's padded channels-last input, its next cache, channels-last) from the norm (+ act)
+    of y: the kernels of `_normalized_input` where `kernels` and they serve (the next cache into `into`
+    where `cache_into.buffer_for` allows), else the reference ops."""
+    if kernels:
+        normalized = _normalized_input(y, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None, into)
+        if normalized is not None:
+            return normalized
+    from rewrite.models.wan.reference import causal_conv_input_reference, rms_norm_reference
+
+    v = rms_norm_reference(y, gamma, scale, norm_bias, eps, upcast, act)
+    padded, next_cache = causal_conv_input_reference(v, cache if mode != "chunk0" else None, pad, mode)
+    return padded.contiguous(memory_format=CL), next_cache.contiguous(memory_format=CL)
+
+
+def _chain_fake_next(out: Tensor, gamma3: Optional[Tensor], cache3: Optional[Tensor], pad3: list[int],
+                     mode3: str) -> tuple[Tensor, Tensor]:
+    if gamma3 is None:
+        return _absent(out), _absent(out)
+    b, c, _, h, w = out.shape
+    padded = layout.empty(layout.padded_shape(out.shape, cache3, pad3, mode3), out, CL)
+    return padded, layout.empty((b, c, 2, h, w), out, CL)
+
+
+@writes_next_caches({1: "cache", 2: "cache2", 4: "cache3"})
+@reads_channels_last_weight("weight", "weight2")
+@torch.library.custom_op("rewrite::rms_norm_causal_conv3d_pair_fast_chain", mutates_args=())
+def rms_norm_causal_conv3d_pair_fast_chain(
+        x: Tensor, normalized: Optional[Tensor], gamma: Tensor, scale: float, norm_bias: float, eps: float,
+        upcast: bool, act: Optional[str], cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+        bias: Optional[Tensor], gamma2: Tensor, scale2: float, norm_bias2: float, eps2: float, upcast2: bool,
+        act2: Optional[str], cache2: Optional[Tensor], pad2: list[int], mode2: str, weight2: Tensor,
+        bias2: Optional[Tensor], residual: Optional[Tensor], residual_bias: Optional[Tensor],
+        gamma3: Optional[Tensor], scale3: float, norm_bias3: float, eps3: float, upcast3: bool, act3: Optional[str],
+        cache3: Optional[Tensor], pad3: list[int], mode3: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """`rms_norm_causal_conv3d_pair_fast` linked to the blocks around it: (output, first next cache, second
+    next cache, next block's padded input, next block's next cache).
+
+    * `normalized` None: the first norm runs here on x (with `cache`), as in the pair op. Given: it is the first
+      conv's padded channels-last input, normalized from x by the op before (its fourth output; x is still
+      passed for the shapes and the fallback), and this op's first next cache is empty (the op before returned
+      it as its fifth output).
+    * `gamma3` given: the output y is also normalized, ``rms_norm(y, gamma3, scale3, norm_bias3, eps3)``
+      (+ `act3`), into the next causal conv's padded channels-last input (`cache3` frames, `pad3`, `mode3`) and
+      next cache: the fourth and fifth outputs. Kernel path: the second conv's epilogue stores y and the
+      normalized y in one pass (`triton_conv3d.conv3d_channels_last_norm_padded` with the residual;
+      `chain_reason`). None: the fourth and fifth outputs are empty.
+
+    Where a part's kernel path does not serve, it runs as the pair op (or the first conv by ATen on
+    `normalized`, then `rms_norm_causal_conv3d_fast`) and the next input by `_next_input`.
+    Tolerance: the pair op's, plus the next norm in fp32 from the rounded y with one rounding (the
+    ``channels_last`` contract); the same values as the unlinked ops up to those roundings. The kernel paths
+    write the next caches into buffers `cache_into` gives."""
+    into = cache_into.taken()
+    if residual_bias is not None and residual is None:
+        raise ValueError("rms_norm_causal_conv3d_pair_fast_chain: residual_bias without a residual")
+    tensors = tuple(t for t in (x, normalized, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual,
+                                residual_bias, gamma3, cache3) if t is not None)
+    served = _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2,
+                                 weight2, residual, tensors, normalized)
+    if served is None:
+        if normalized is None:
+            out, next_cache, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_pair_fast.default(
+                x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2,
+                norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias)
+        else:
+            y = _exact.channels_last_conv_raw(normalized, weight).contiguous(memory_format=CL)
+            out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
+                *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2,
+                                   bias2, residual, bias, residual_bias))
+            next_cache = _absent(x)
+        if gamma3 is None:
+            return out, next_cache, next_cache2, _absent(x), _absent(x)
+        kernels = _exact.fused_norm_applies(out, gamma3, act3, "rms_norm_causal_conv3d_pair_fast_chain", tensors,
+                                            triton_conv3d.SUPPORTED_DTYPES)
+        return (out, next_cache, next_cache2,
+                *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, kernels,
+                             into.get(4)))
+    if normalized is None:
+        padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None,
+                                               into.get(1))
+    else:
+        padded, next_cache = normalized, _absent(x)
+    padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, gamma2, scale2, norm_bias2,
+                                                         eps2, act2, cache2, pad2, mode2, into.get(2))
+    del padded
+    shape = conv_output_shape(padded2.shape, weight2.shape)
+    out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
+    weight2_cl = weight2.contiguous(memory_format=CL)
+    if gamma3 is None:
+        _triton_conv(padded2, weight2_cl, bias2, residual, out, residual_bias)
+        return out, next_cache, next_cache2, _absent(x), _absent(x)
+    cache3_read = cache3 if mode3 != "chunk0" else None
+    if (chain_reason(weight2.shape[1], weight2.shape[0], x.dtype, act3) is None and gamma3.numel() == shape[1]
+            and triton_conv3d.row_view_reason(out) is None
+            and (residual is None or triton_conv3d.row_view_reason(residual) is None)):
+        padded3, next_cache3 = triton_pad.causal_pad_rest_channels_last(
+            out, cache3_read, pad3, cache_into.buffer_for(into.get(4), cache3_read, out))
+        triton_conv3d.conv3d_channels_last_norm_padded(
+            padded2, weight2_cl, bias2, gamma3, scale3, norm_bias3, eps3, act3 == "silu", padded3, next_cache3, pad3,
+            0 if cache3_read is None else cache3_read.shape[2], residual=residual, residual_bias=residual_bias,
+            out=out)
+        return out, next_cache, next_cache2, padded3, next_cache3
+    _triton_conv(padded2, weight2_cl, bias2, residual, out, residual_bias)
+    del padded2
+    return (out, next_cache, next_cache2,
+            *_next_input(out, gamma3, scale3, norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3, True,
+                         into.get(4)))
+
+
+@rms_norm_causal_conv3d_pair_fast_chain.register_fake
+def _(x, normalized, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2,
+      norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias, gamma3, scale3,
+      norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3):
+    if normalized is None:
+        y, next_cache = _exact._rms_norm_causal_conv3d_fake(
+            *_pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight))
+    else:
+        y = layout.empty(conv_output_shape(normalized.shape, weight.shape), x, CL)
+        next_cache = _absent(x)
+    out, next_cache2 = _exact._rms_norm_causal_conv3d_fake(
+        *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
+                           residual, bias, residual_bias))
+    return (out, next_cache, next_cache2, *_chain_fake_next(out, gamma3, cache3, pad3, mode3))

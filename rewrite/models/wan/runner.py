@@ -1,0 +1,536 @@
+"""Decode driver for an optimized `AutoencoderKLWan`: the frame loop around the captured step graphs.
+
+`WanRunner.install(vae)` sets five instance attributes and nothing else (no parameter, buffer or submodule
+changes, so `state_dict()` is untouched):
+  * `vae._decode`: post_quant_conv, chunk 0 graph, steady graph per later frame written into a
+    preallocated video, unpatchify, clamp. Tiling and slicing stay diffusers' own code paths.
+  * `vae.decoder.forward`: serves diffusers' own callers of the decoder (e.g. `tiled_decode`) from the
+    same graphs, keeping the feat_cache list protocol; any call it cannot serve goes to the class forward.
+  * `vae.decode_stream`: the same decode yielding each latent frame's frames as they are decoded
+    (`rewrite.models.wan.stream`, which also holds `rewrite.stream` sessions);
+  * `vae._rewrite_runner` and `vae.decoder._rewrite_runner`: this runner.
+`WanRunner.uninstall(vae)` removes them. Every call first runs the guards of `rewrite.runtime.guards`;
+when one objects, the call runs diffusers' reference code and the reason is logged and reported. Calls
+of one module run one at a time, stream-ordered (`DecoderRunner.lock`); a decoder changed since its capture
+is captured again (`DecoderRunner.captured`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+from torch import nn
+
+from rewrite.capture.export import WeightLocations
+from rewrite.models.wan.capture import capture_wan_decoder, reference_forward
+from rewrite.ops import compile_ahead
+from rewrite.reporting import GraphReport, WarmupResult
+from rewrite.runtime import disk_cache, guards
+from rewrite.models.wan.cache_writes import static_cache_formats, write_caches_in_place
+from rewrite.models.wan.conv_weights import ChannelsLastWeights, channels_last_weight_slots
+from rewrite.runtime.graph_memory import CacheArena, GraphMemory, budget_option
+from rewrite.runtime.graphs import CudaGraphBackend, describe_key, static_buffer_mode
+from rewrite.runtime.locks import CAPTURE_GATE
+from rewrite.runtime.runner import EVERY_LEVEL, OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
+from rewrite.models.wan.frames import (  # noqa: F401  (the stream module and tests read them here too)
+    CHUNK1_FORM, decodes_tiled, finish_video, run_graph_chunk, steady_form, store_frames, temporal_factor)
+
+logger = logging.getLogger("rewrite")
+
+
+class WanRunner(DecoderRunner):
+    """Captured graphs of one Wan VAE and the code that runs them.
+
+    Graph keys (`graph_key`): the first `STATIC_SIZES` latent sizes decoded in a dtype and device get graphs
+    exported for that size alone, ``(dtype, device, (batch, height, width))``, which export in about a third of
+    the time of symbolic ones (the largest part of a first call); the next size gets graphs with the batch and
+    sizes symbolic, ``(dtype, device, None)``, which then serve every size without graphs of its own. Same
+    ops, same kernels: only the export's shape arithmetic differs.
+    """
+
+    #: latent sizes per dtype and device that get graphs of their own before the symbolic ones serve the rest
+    STATIC_SIZES = 4
+
+    model_name = "wan"
+    #: `rewrite.models.wan.stream` serves this runner's modules (read there without importing this module)
+    decodes_streams = True
+
+    OPTIONS = {"cache_dir": EVERY_LEVEL, "graph_memory_budget": EVERY_LEVEL}
+
+    def __init__(self, vae: nn.Module, level: str, rewrite_graph, *, cache_dir=None,
+                 graph_memory_budget=None) -> None:
+        super().__init__(level, rewrite_graph, {"cache_dir": disk_cache.cache_dir_option(cache_dir),
+                                                "graph_memory_budget": graph_memory_budget})
+        self.z_dim = vae.config.z_dim
+        self.temporal_factor = temporal_factor(vae.decoder)
+        # per (batch, latent h, w, dtype, device), one pool and cache block per device; builds go to the report
+        self.cuda_graphs = GraphMemory(CudaGraphBackend(), budget_option(graph_memory_budget),
+                                       on_build=self.cuda_graphs_built)
+        self._compiled_ahead: set[tuple] = set()  # CUDA-graph keys whose Triton kernels were compiled ahead
+        self.use_cuda_graphs = True
+        self.channels_last_weights = ChannelsLastWeights()  # shared by the CUDA graphs of every shape
+        self._accepted: dict[tuple, guards.AcceptedState] = {}  # per (dtype, device): see `region_reason`
+        self.vae = vae
+
+    @property
+    def graph_backend(self):
+        """What captures the steps' CUDA graphs (`CudaGraphBackend`; tests and profiles: an eager stand-in)."""
+        return self.cuda_graphs.backend
+
+    @graph_backend.setter
+    def graph_backend(self, backend) -> None:
+        self.cuda_graphs.clear()
+        self.cuda_graphs.backend = backend
+
+    # ---- installation -------------------------------------------------------------------------------
+    @classmethod
+    def entry_points(cls, vae: nn.Module):
+        from rewrite.models.wan.stream import decode_stream  # built on this module
+
+        return [(vae, "_decode", _optimized_decode), (vae, "decode_stream", decode_stream),
+                (vae.decoder, "forward", _routed_decoder_forward)]
+
+    def install(self, vae: nn.Module) -> None:
+        self.vae = vae
+        super().install(vae)
+        self._installed_forward = vae.decoder.__dict__["forward"]
+
+    def _reference_decode(self, z: torch.Tensor, return_dict: bool = True):
+        """diffusers' own `_decode` (its decoder calls reach the class forward directly, counted once)."""
+        with self.serving_reference():
+            return type(self.vae)._decode(self.vae, z, return_dict=return_dict)
+
+    # ---- capture ------------------------------------------------------------------------------------
+    def graph_key(self, x: torch.Tensor, *, symbolic: bool = False) -> tuple:
+        """The key of the graphs that serve decoder input `x` (class docstring): its size's own where those
+        exist (or failed), else the symbolic ones where those exist, else the size's own while its dtype and
+        device have fewer than `STATIC_SIZES`, else the symbolic ones. `symbolic`: the symbolic key regardless."""
+        static, shared = (x.dtype, x.device, (x.shape[0], x.shape[3], x.shape[4])), (x.dtype, x.device, None)
+        if symbolic:
+            return shared
+        for key in (static, shared):
+            if key in self.graphs.values or key in self.graphs.errors:
+                return key
+        sizes = sum(key[:2] == static[:2] and key[2] is not None for key in {*self.graphs.values, *self.graphs.errors})
+        return static if sizes < self.STATIC_SIZES else shared
+
+    def graphs_for(self, decoder: nn.Module, key: tuple, listing=None):
+        """The (chunk0, steady) graphs of `key` (`graph_key`), captured and rewritten on first use and again
+        after the decoder changed (`DecoderRunner.captured`); None when the capture failed."""
+        dtype, device, size = key
+
+        def capture():  # exported and rewritten, or read back from the disk cache
+            return self.capture_graphs(lambda: capture_wan_decoder(decoder, dtype, device, size), key=key,
+                                       model=self.vae, root=decoder, names=("chunk0", "steady"), dtype=dtype,
+                                       device=device, size=size)
+
+        listing = list(decoder.named_modules(prefix="decoder")) if listing is None else listing
+        what = f"{dtype} on {device}" + ("" if size is None else f" at latent size {describe_key(size)}")
+        return self.captured(key, listing, capture, what)
+
+    def forget_graphs(self, key) -> None:
+        self.cuda_graphs.clear()
+        self._accepted.pop(key, None)
+
+    def graph_reports(self) -> list[GraphReport]:
+        return [dataclasses.replace(GraphReport.of(g), sizes="any" if key[2] is None else describe_key(key[2]))
+                for key, pair in self.graphs.values.items() for g in pair]
+
+    def cuda_graph_counts(self) -> dict[str, int]:
+        return {"CUDA graph shapes": len(self.cuda_graphs)} if self.cuda_graphs.captures else {}
+
+    def graph_memory(self):
+        return self.cuda_graphs.report() if self.cuda_graphs.captures or self.cuda_graphs.over_budget else None
+
+    @torch.no_grad()  # captures for no-grad decodes, whatever the caller's grad mode
+    def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, shapes=None,
+               frames=None) -> WarmupResult:
+        """Capture what the first decodes of these sizes would: the step graphs for `dtype`/`device` and, on CUDA,
+        the chunk-0/steady CUDA graphs of each latent size in `shapes`, a list of `(latent_height, latent_width)`
+        pairs, by decoding a two-frame zero latent of that size (chunk 0 and one steady step). On CUDA, before a
+        size's first capture, its Triton kernels are compiled in parallel (`rewrite.ops.compile_ahead`).
+        Without `shapes` only the step graphs are captured (the result says so).
+
+        The sizes are captured largest first (they share one pool and cache block, `rewrite.runtime.graph_memory`).
+        `frames`: the latent frame count(s) later decodes of those sizes will have (an int or a list). Nothing
+        captured depends on it (one graph per step, CUDA graphs per batch and size); on CUDA the output video of
+        the largest count is allocated once and given back to the caching allocator, so a later decode finds
+        that memory reserved. Returns the shapes, seconds and the breakdown of what the captures cost."""
+        pairs = _latent_sizes(shapes)
+        counts = _latent_frame_counts(frames)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"warmup: batch must be a positive int, got {batch!r}")
+        if counts and not pairs:
+            raise ValueError("warmup: frames= needs shapes=[(latent_height, latent_width), ...]: the CUDA graphs and "
+                             "the output video are per latent size")
+        start, mark = time.perf_counter(), len(self.timings)
+        if not pairs:
+            x = torch.zeros(batch, self.z_dim, 1, 1, 1, device=device, dtype=dtype)
+            with self.lock.holding(device), CAPTURE_GATE.running():
+                reason = self.region_reason(self.vae.decoder, x, symbolic=True)
+            if reason is not None:
+                raise RuntimeError(f"warmup: the graphs cannot serve {dtype} on {device}: {reason}")
+            note = ("no shapes given: the step graphs with symbolic sizes are captured (they serve every size); "
+                    "the CUDA graphs of a latent size are captured by its first decode (pass shapes=[(latent_height, "
+                    "latent_width), ...]: the first size then also gets step graphs of its own, quicker to export)")
+            logger.info("warmup: %s", note)
+            return WarmupResult([], time.perf_counter() - start, note, breakdown=self.timings.records(mark))
+        # largest first: later sizes are captured into the memory of the first (`rewrite.runtime.graph_memory`)
+        for height, width in sorted(pairs, key=lambda pair: -pair[0] * pair[1]):  # kernels compiled ahead in the decode
+            z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
+            sample = self.vae._decode(z).sample
+            if self.fallbacks.last_path != "graphs":
+                raise RuntimeError(f"warmup: the graphs cannot serve {tuple(z.shape)} {dtype} on {device}: "
+                                   f"{self.fallbacks.last_reason}")
+            if counts and device.type == "cuda":
+                self._reserve_video(sample, max(counts))
+        return WarmupResult([(batch, h, w) for h, w in pairs], time.perf_counter() - start,
+                            breakdown=self.timings.records(mark))
+
+    def _compile_kernels_ahead(self, batch: int, height: int, width: int, dtype: torch.dtype,
+                               device: torch.device) -> None:
+        """Before the first CUDA-graph capture of a size (`cuda_steps`): one chunk-0 and one steady step of the graphs in which
+        every Triton launch only submits its compile to a thread pool (`rewrite.ops.compile_ahead`), so the
+        kernels compile in parallel instead of one by one in the capture's warm-up. Nothing is computed (the
+        outputs are dropped), nothing is changed: a variant it missed is compiled by the warm-up as before."""
+        key = (batch, height, width, dtype, device)
+        if device.type != "cuda" or not compile_ahead.available() or key in self._compiled_ahead or key in self.cuda_graphs:
+            return
+        x = torch.zeros(batch, self.z_dim, 1, height, width, device=device, dtype=dtype)
+        decoder = self.vae.decoder
+        with self.lock.holding(device), CAPTURE_GATE.running():
+            if self.region_reason(decoder, x) is not None:
+                return  # the decode that follows says why
+            self._compiled_ahead.add(key)
+            chunk0, steady = self.graphs[self.graph_key(x)]
+            start = time.perf_counter()
+            try:
+                with compile_ahead.compile_ahead() as active:
+                    if active:  # the steady step as captured: its new caches are not all alive at once
+                        _, *caches = chunk0(chunk0.weights(decoder), x)
+                        del _
+                        steady_in_place(steady)[0](steady.weights(decoder), x, *caches)
+            except Exception as error:  # noqa: BLE001 - only a speed-up: the capture compiles what is missing
+                logger.warning("compiling the Triton kernels ahead failed (%s: %s); they compile during the "
+                               "capture", type(error).__name__, error)
+            self.timings.add("CUDA graphs " + describe_key(key), "compile ahead", time.perf_counter() - start)
+
+    def release_device_memory(self) -> None:
+        """The CUDA graphs of every size (their pools and static latent and cache buffers) and the channels-last
+        weight copies go; the FX graphs stay."""
+        self.cuda_graphs.clear()
+        self.channels_last_weights = ChannelsLastWeights()
+
+    def _reserve_video(self, sample: torch.Tensor, frames: int) -> None:
+        """Allocate and free the output of a `frames`-latent-frame decode of `sample`'s size (the video and, with
+        a patch size, its unpatchified copy, alive together), so the caching allocator holds those blocks."""
+        per_frame = sample.numel() // sample.shape[2]
+        count = 2 if self.vae.config.patch_size is not None else 1
+        blocks = [torch.empty(per_frame * (1 + (frames - 1) * self.temporal_factor), dtype=sample.dtype,
+                              device=sample.device) for _ in range(count)]
+        del blocks
+
+    # ---- decode-time routing ------------------------------------------------------------------------
+    def decode_reason(self, vae: nn.Module, z: torch.Tensor) -> str | None:
+        """Why `vae._decode(z)` cannot run through the graphs, or None. Checked on the latents, before
+        ``post_quant_conv`` runs (it runs once, on whichever path serves the call)."""
+        reason = (guards.autograd_reason(vae, z) or guards.autocast_reason(z.device)
+                  or self.region_reason(vae.decoder, z))
+        if reason is None:
+            reason = guards.uniform_parameters_reason(vae.post_quant_conv, z)
+        return reason
+
+    def region_reason(self, decoder: nn.Module, x: torch.Tensor, *, symbolic: bool = False) -> str | None:
+        """Why decoder input `x` cannot run through the graphs of `graph_key(x)`, or None (captures on first
+        use; `symbolic`: the symbolic graphs). A call whose full checks passed leaves a `guards.AcceptedState`:
+        the next call of that key only re-checks cheaply that nothing those checks look at has changed."""
+        key = self.graph_key(x, symbolic=symbolic)
+        accepted = self._accepted.get(key)
+        if accepted is not None and accepted.holds(decoder) and self._call_reason(decoder, x) is None:
+            return None
+        self._accepted.pop(key, None)
+        listing = list(decoder.named_modules(prefix="decoder"))
+        reason = (
+            guards.hook_reason(decoder, "decoder", allowed_forward=self._installed_forward, modules=listing)
+            or guards.training_reason(listing)
+            or guards.tensor_attribute_reason(listing)
+            or guards.uniform_parameters_reason(decoder, x)
+            or self._call_reason(decoder, x)
+        )
+        if reason is not None:
+            return reason
+        graphs = self.graphs_for(decoder, key, listing)
+        if graphs is None:
+            return self.graphs.errors[key]
+        try:
+            for graph in graphs:
+                graph.weights(decoder)
+        except AttributeError as error:  # e.g. a parametrization, or a parameter replaced by a plain tensor
+            return f"a graph weight is no longer a parameter or buffer of that name: {error}"
+        locations = [graph.weight_locations(decoder) for graph in graphs]
+        if all(part is not None for part in locations):
+            self._accepted[key] = guards.AcceptedState(decoder, listing, WeightLocations.joined(locations))
+        return None
+
+    @staticmethod
+    def _call_reason(decoder: nn.Module, x: torch.Tensor) -> str | None:
+        """The checks of the call's own context (grad mode, autocast, a capture in progress, cuDNN switched off)."""
+        return (guards.autograd_reason(decoder, x) or guards.autocast_reason(x.device)
+                or guards.capture_in_progress_reason(x.device) or guards.cudnn_reason(x.device))
+
+    def check_latents(self, z: torch.Tensor) -> None:
+        """A ValueError for latents diffusers' decode cannot take: not [batch, z_dim, frames, height, width],
+        empty, or of another dtype than the VAE's (`guards.refused_input_dtype`)."""
+        if not isinstance(z, torch.Tensor) or z.dim() != 5 or z.shape[1] != self.z_dim:
+            got = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+            raise ValueError(
+                f"Wan latents must be [batch, {self.z_dim}, frames, height, width] (z_dim={self.z_dim}); got {got}"
+            )
+        if min(z.shape[0], z.shape[2], z.shape[3], z.shape[4]) < 1:
+            raise ValueError(f"Wan latents must have at least one batch item, frame, row and column; got {tuple(z.shape)}")
+        # diffusers' decode raises for latents of another dtype than post_quant_conv's weights (its first op):
+        # a clear error here, before any guard logs a fallback (where a hook or autocast may cast them, the
+        # guards send the call to diffusers' code instead)
+        expected = guards.refused_input_dtype(self.vae.post_quant_conv, z)
+        if expected is not None:
+            raise ValueError(f"Wan latents must be {expected}, the dtype of the VAE's weights (diffusers' decode feeds "
+                             f"them to post_quant_conv, which takes no other); got {z.dtype} (cast them: "
+                             f"z.to({expected}))")
+
+    def decode_frames(self, decoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """All latent frames of `x` (after post_quant_conv) through the graphs, into one preallocated video.
+
+        On CUDA the steps replay CUDA graphs per (batch, h, w, dtype); elsewhere, or once a capture has
+        failed, the graph modules run eagerly with the caches passed from step to step. The caller holds
+        `lock` (the CUDA graphs' static buffers are this module's).
+        """
+        steps = self.cuda_steps(decoder, x)
+        if steps is None:
+            chunk0, steady = self.graphs[self.graph_key(x)]
+            steps = _WanEagerSteps(chunk0, steady, chunk0.weights(decoder), steady.weights(decoder))
+        frames = x.shape[2]
+        video = store_frames(None, steps.first(x[:, :, 0:1]), 0, frames, self.temporal_factor)
+        for i in range(1, frames):
+            store_frames(video, steps.next(x[:, :, i : i + 1]), i, frames, self.temporal_factor)
+        return video
+
+    def cuda_steps(self, decoder: nn.Module, x: torch.Tensor) -> _WanCudaGraphs | None:
+        """The CUDA-graph steps of `x`'s (batch, h, w, dtype, device), shared by every call of that shape and
+        captured on first use; None where the graphs run eagerly (not CUDA, or a capture failed before).
+        The caller holds `lock`; a step's static caches hold one clip at a time (`_WanCudaGraphs.holder`)."""
+        if not (self.use_cuda_graphs and self.graph_backend.can_capture(x.device)):
+            return None
+        chunk0, steady = self.graphs[self.graph_key(x)]
+        weights0, weights = chunk0.weights(decoder), steady.weights(decoder)
+        b, _, _, h, w = x.shape
+        self._compile_kernels_ahead(b, h, w, x.dtype, x.device)  # a first decode of a size: compiles in parallel
+        try:
+            return self.cuda_graphs.get(
+                (b, h, w, x.dtype, x.device), x.device, b * h * w * x.element_size(), weights0 + weights,
+                lambda pool, arena: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1],
+                                                   self.channels_last_weights, self.graph_backend, pool, arena))
+        except torch.OutOfMemoryError:
+            raise  # not a failed capture: the decode frees memory and tries again (`within_memory`)
+        except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
+            self.use_cuda_graphs = False
+            self.cuda_graphs.clear()
+            self.fallbacks.note(f"CUDA graph capture failed, running the graphs eagerly: {type(error).__name__}: {error}")
+            return None
+
+
+def _latent_sizes(shapes) -> list[tuple[int, int]]:
+    """`warmup`'s `shapes` as (height, width) pairs of positive ints; a clear error for anything else."""
+    expected = "shapes must be a list of (latent_height, latent_width) pairs of positive ints, e.g. [(60, 104)]"
+    if shapes is None:
+        return []
+    if isinstance(shapes, (str, bytes)) or not isinstance(shapes, (list, tuple)):
+        raise TypeError(f"warmup: {expected}; got {shapes!r}")
+    if len(shapes) == 2 and all(isinstance(v, int) for v in shapes):
+        raise TypeError(f"warmup: {expected}; got the flat pair {tuple(shapes)!r} (did you mean [{tuple(shapes)!r}]?)")
+    pairs = []
+    for pair in shapes:
+        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair)):
+            raise ValueError(f"warmup: {expected}; got the entry {pair!r}")
+        pairs.append((int(pair[0]), int(pair[1])))
+    return pairs
+
+
+def _latent_frame_counts(frames) -> list[int]:
+    """`warmup`'s `frames`: None, a positive int or a list of them (latent frames); a clear error for anything else."""
+    expected = "frames must be a positive latent frame count or a list of them, e.g. 21 or [21, 31]"
+    if frames is None:
+        return []
+    values = [frames] if isinstance(frames, int) and not isinstance(frames, bool) else frames
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"warmup: {expected}; got {frames!r}")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"warmup: {expected}; got the entry {value!r}")
+    return list(values)
+
+
+class _WanEagerSteps:
+    """The chunk-0 and steady graph modules run eagerly, the caches handed from one step to the next."""
+
+    def __init__(self, chunk0, steady, weights0, weights):
+        self.chunk0, self.steady, self.weights0, self.weights = chunk0, steady, weights0, weights
+        self.caches: list[torch.Tensor] = []
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        y, *self.caches = self.chunk0(self.weights0, x)
+        return y
+
+    def next(self, x: torch.Tensor) -> torch.Tensor:
+        y, *self.caches = self.steady(self.weights, x, *self.caches)
+        return y
+
+
+class _WanCudaGraphs:
+    """The chunk-0 and steady graphs of one shape, over a static latent buffer and static caches.
+
+    Each captured step copies its new caches into the static cache buffers (after every read of the old
+    ones: a T=1 stage's new cache holds its old last frame), so consecutive replays advance the decode exactly
+    as the uncaptured loop does. The steady graph does it inside, each cache as soon as the old one is dead
+    (`rewrite.models.wan.cache_writes`: the new caches are not all alive at once, which set the peak memory);
+    chunk 0 copies at its end. The graphs of every size of the module share one memory pool and their static
+    caches are views into one block (`rewrite.runtime.graph_memory`: they never run concurrently).
+
+    The conv weights that channels-last ops read are passed as channels-last copies from `layout_store`
+    (`rewrite.models.wan.conv_weights`), refreshed from the live weights at the start of chunk 0, i.e. once per
+    decode instead of once per op call in every step.
+
+    The static caches are shared by every call of every size, so they hold one clip at a time: a plain decode
+    runs its whole clip in one hold of the runner's lock, but a streamed clip (`rewrite.models.wan.stream`)
+    pauses between calls with its state left here (`hold`: the cache block's occupant); whoever uses the
+    caches next calls `release()` first, which hands the clip a copy of them (`first` does it itself: chunk 0
+    overwrites every cache, and so does a capture).
+    """
+
+    def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor,
+                 layout_store: ChannelsLastWeights, backend, pool, arena: CacheArena):
+        self.arena = arena  # the static caches are views into its block, shared with the module's other sizes
+        weights0, pairs0 = layout_store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
+        weights, pairs = layout_store.substitute(channels_last_weight_slots(steady.graph_module), weights)
+        refresh_pairs = layout_store.distinct(pairs0 + pairs)
+        arena.release()  # the warm-up below writes the shared buffers' memory
+        with static_buffer_mode():
+            self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
+            _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
+            formats = static_cache_formats(steady.graph_module, steady.user_input_names)
+            self.caches = arena.buffers(caches, formats)
+            del _, caches  # not kept alive through the captures below (they would count twice in the peak)
+
+        def first(x):
+            layout_store.refresh(refresh_pairs)
+            y, *new = chunk0(weights0, x)
+            for static, value in zip(self.caches, new):
+                static.copy_(value)
+            return [y]
+
+        step_in_place, late = steady_in_place(steady)
+
+        def following(x, *caches):
+            y, *new = step_in_place(weights, x, *caches)  # writes the other caches itself
+            for index, value in zip(late, new):
+                caches[index].copy_(value)
+            return [y]
+
+        self._first = backend.capture(first, [self.x], pool)
+        self._next = backend.capture(following, [self.x, *self.caches], pool)
+
+    def release(self) -> None:
+        """Give the paused clip whose state the shared static caches hold (if any, and alive; its steps may be
+        another size's) its copy of them."""
+        self.arena.release()
+
+    def hold(self, state) -> None:
+        """`state`, a paused streamed clip, stays in these steps' static caches until someone else needs them."""
+        self.arena.hold(state, self.caches)
+
+    def own_bytes(self) -> int:
+        """Bytes of the static buffers outside the shared cache block (the latent frame; caches that did not fit)."""
+        block = self.arena.block
+        shared = None if block is None else block.untyped_storage().data_ptr()
+        return self.x.nbytes + sum(c.nbytes for c in self.caches if c.untyped_storage().data_ptr() != shared)
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        self.release()
+        self.x.copy_(x)
+        return self._first.replay()[0]
+
+    def next(self, x: torch.Tensor) -> torch.Tensor:
+        self.x.copy_(x)
+        return self._next.replay()[0]
+
+
+def steady_in_place(steady):
+    """`steady` with its new caches written into its cache inputs early (`write_caches_in_place`), and the
+    indices of the caches it still returns; built once per steady graph and kept on it (`CapturedGraph.derived`:
+    the capture and the compile-ahead pass run the same step, so the pass's peak memory is the capture's)."""
+    built = steady.derived.get("in_place")
+    if built is None:
+        module, late = write_caches_in_place(steady.graph_module, steady.user_input_names)
+        in_place = dataclasses.replace(steady, graph_module=module, derived={}, _binding=None)
+        built = steady.derived["in_place"] = (in_place, late)
+    return built
+
+
+@torch.compiler.disable  # torch.compile on top runs this as it is: the graphs are already compiled
+def _optimized_decode(vae: nn.Module, z: torch.Tensor, return_dict: bool = True):
+    """Replacement for `AutoencoderKLWan._decode` (bound to the instance by `WanRunner.install`)."""
+    from diffusers.models.autoencoders.vae import DecoderOutput
+
+    runner: WanRunner = installed_runner(vae)
+    runner.check_latents(z)
+    if decodes_tiled(vae, z.shape[3], z.shape[4]):  # its decoder calls come back through the graphs
+        tiled = runner.within_memory(lambda: vae.tiled_decode(z, return_dict=return_dict))
+        if tiled is None:
+            runner.fallbacks.took_reference(OUT_OF_MEMORY_REASON)
+            return runner._reference_decode(z, return_dict=return_dict)
+        return tiled
+
+    def serve() -> tuple[torch.Tensor | None, str | None]:
+        """(video, None) through the graphs, or (None, why not); the guards may capture graphs, so they run
+        inside `within_memory` too."""
+        reason = runner.decode_reason(vae, z)
+        if reason is not None:
+            return None, reason
+        return runner.decode_frames(vae.decoder, vae.post_quant_conv(z)), None
+
+    with runner.lock.holding(z.device), CAPTURE_GATE.running():
+        video, reason = runner.within_memory(serve) or (None, OUT_OF_MEMORY_REASON)
+        if video is None:
+            runner.fallbacks.took_reference(reason)
+            return runner._reference_decode(z, return_dict=return_dict)
+        runner.fallbacks.took_graphs()
+    video = finish_video(vae, video)
+    vae.clear_cache()  # the reference leaves an empty cache behind; keep that observable state the same
+    return DecoderOutput(sample=video) if return_dict else (video,)
+
+
+@torch.compiler.disable
+def _routed_decoder_forward(decoder: nn.Module, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006
+    """Instance forward of the decoder: one chunk through the graphs, keeping diffusers' cache protocol.
+
+    Serves calls with a feat_cache list whose slots are all empty (chunk 0) or all steady-form tensors
+    (2 frames each); anything else (uncached calls, a cache the reference filled) runs the class forward.
+    Inside the runner's own reference decode it runs the class forward directly, uncounted.
+    """
+    runner: WanRunner = installed_runner(decoder)
+    if feat_cache is None or runner.in_reference:
+        return reference_forward(decoder, x, feat_cache, feat_idx, first_chunk)
+    with runner.lock.holding(x.device), CAPTURE_GATE.running():
+        reason = runner.region_reason(decoder, x)
+        done = None if reason else run_graph_chunk(runner.graphs[runner.graph_key(x)], decoder, x, feat_cache, first_chunk)
+        if done is None:
+            runner.fallbacks.took_reference(reason or CHUNK1_FORM)
+            with runner.serving_reference():
+                return reference_forward(decoder, x, feat_cache, feat_idx, first_chunk)
+        y, slots = done
+        feat_idx[0] += slots
+        runner.fallbacks.took_graphs()
+    return y
