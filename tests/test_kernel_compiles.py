@@ -20,7 +20,7 @@ COMPILE_ALIAS_FREE = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from rewrite.ops import triton_alias_free
+from rewrite.kernels.alias_free import snake as triton_alias_free
 
 pointers = ("x_ptr", "x_bias_ptr", "alpha_ptr", "beta_ptr", "taps_ptr", "out_ptr")
 ints = ("rows", "channels", "T", "t_blocks", "x_row_stride", "out_row_stride", "out_offset", "limit_ptr", "limit_scale",
@@ -42,7 +42,7 @@ COMPILE_CONV = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from rewrite.ops import triton_conv1d
+from rewrite.kernels.conv1d import conv1d as triton_conv1d
 
 pointers = ("x_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr")
 ints = ("C", "O", "T", "dilation", "c_blocks", "ksize", "splits", "split_iters", "x_batch_stride", "w_out_stride",
@@ -83,7 +83,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import mangle_type
-from rewrite.ops import triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights
+from rewrite.kernels.attention import attention as triton_attention
+from rewrite.kernels.conv3d import conv3d as triton_conv3d
+from rewrite.kernels.conv3d import phase_weights as triton_phase_weights
+from rewrite.kernels.norm import one_pass as triton_norm_fast
+from rewrite.kernels.pad import causal_pad as triton_pad
 from rewrite.kernels.conv3d.conv3d import ConvTile
 
 launches = []
