@@ -46,7 +46,8 @@ def optimize(module: nn.Module, level: str = "lossless", *, group=None, output: 
     model = model_for(module)
     runner_class = model.runner_class()
     _check_option_names(model, runner_class, level, options)  # before anything is built or installed
-    sharding = _sharding_for(module, model.family, level, group, output)
+    shards = getattr(runner_class, "shards", True)  # False: Qwen-Image's (a Wan-family runner that does not shard)
+    sharding = _sharding_for(module, model.family if shards else model.name, level, group, output)
     # Built first: a bad option value raises before anything installed is touched (at "off" too: an option
     # misspelt there would be one misspelt at the other levels).
     runner = runner_class(module, LEVELS[-1] if level == "off" else level, rewrite_graph, **options)
@@ -69,7 +70,7 @@ def accepted_options(model: SupportedModel, runner_class: type) -> dict[str, tup
     acts. The runner's `OPTIONS` (its test hooks, `HIDDEN_OPTIONS`, are accepted but not listed) and, for
     Wan, `group` and `output`."""
     options = dict(runner_class.OPTIONS)
-    if model.family == "wan":
+    if model.family == "wan" and getattr(runner_class, "shards", True):  # Qwen-Image's runner: shards = False
         options.update(_SHARDING_OPTIONS)
     return options
 

@@ -42,7 +42,7 @@ import torch.fx as fx
 
 from rewrite.capture.export import CapturedGraph
 from rewrite.engine.export_graph import describe_value, graph_to_networkx, to_dot
-from rewrite.engine.matcher import Match, MatchResult, NearMiss, describe_target, module_stack
+from rewrite.engine.matcher import Match, MatchResult, NearMiss, describe_target, module_stack, module_type_names
 from rewrite.engine.pattern import Pattern
 from rewrite.levels import level_enables
 from rewrite.passes.manager import PassContext
@@ -163,8 +163,7 @@ def name_sizes(text: str, names: Mapping[str, str]) -> str:
 
 
 def _graph_module_types(graph: fx.Graph) -> frozenset[str]:
-    return frozenset(name for node in graph.nodes for _, qual in module_stack(node)
-                     for name in (qual, qual.rsplit(".", 1)[-1]))
+    return frozenset(name for node in graph.nodes for _, qual in module_stack(node) for name in module_type_names(qual))
 
 
 # --------------------------------------------------------------------------------------------- recording

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -189,6 +188,24 @@ def _capture_auk(module: nn.Module, dtype: torch.dtype, device: torch.device,
     return [capture_auk_decode(module, dtype, device, activations_as_ops=activations_as_ops)]
 
 
+def _qwenimage_runner() -> type:
+    from rewrite.models.qwenimage.runner import QwenImageRunner
+
+    return QwenImageRunner
+
+
+def _make_qwenimage(config: str, seed: int) -> nn.Module:
+    from rewrite.models.qwenimage.config import build_qwenimage
+
+    return build_qwenimage(config, seed=seed)
+
+
+def _capture_qwenimage(module: nn.Module, dtype: torch.dtype, device: torch.device) -> list[CapturedGraph]:
+    from rewrite.models.qwenimage.runner import capture_qwenimage
+
+    return capture_qwenimage(module, dtype, device)
+
+
 MODELS: tuple[SupportedModel, ...] = (
     _wan_row("wan2.1", "Wan 2.1"),
     _wan_row("wan2.2", "Wan 2.2"),
@@ -198,6 +215,13 @@ MODELS: tuple[SupportedModel, ...] = (
         recognise=lambda module: _instance_of(module, "rewrite.models.auk.model", "AuKVAE"),
         make=_make_auk, capture_graphs=_capture_auk, graph_names=("decode",),
         latent_dims=("batch", "frames", "channels"), capture_options=("activations_as_ops",), meta_capture=True),
+    SupportedModel(
+        name="qwenimage", family="wan", type_name="diffusers.AutoencoderKLQwenImage", label=None,
+        load_runner=_qwenimage_runner,
+        recognise=lambda module: _instance_of(module, "diffusers.models.autoencoders.autoencoder_kl_qwenimage",
+                                              "AutoencoderKLQwenImage"),
+        make=_make_qwenimage, capture_graphs=_capture_qwenimage,
+        graph_names=("chunk0", "steady"), latent_dims=("batch", "channels", "frames", "height", "width")),
 )
 
 

@@ -17,13 +17,14 @@ from torch import nn
 from rewrite import supported
 from rewrite.pipeline import rewrite_graph
 
-SUPPORTED = "diffusers.AutoencoderKLWan (Wan 2.1 / 2.2), rewrite.models.auk.model.AuKVAE"
+SUPPORTED = ("diffusers.AutoencoderKLWan (Wan 2.1 / 2.2), rewrite.models.auk.model.AuKVAE, "
+             "diffusers.AutoencoderKLQwenImage")
 
 
 def test_names_and_rows():
-    assert supported.names() == ("wan2.1", "wan2.2", "auk")
+    assert supported.names() == ("wan2.1", "wan2.2", "auk", "qwenimage")
     assert supported.get("auk").family == "auk" and supported.get("wan2.2").family == "wan"
-    with pytest.raises(ValueError, match="unknown model 'sd3'; supported: wan2.1, wan2.2, auk"):
+    with pytest.raises(ValueError, match="unknown model 'sd3'; supported: wan2.1, wan2.2, auk, qwenimage"):
         supported.get("sd3")
 
 
@@ -34,7 +35,8 @@ def test_an_unsupported_module_is_a_type_error_naming_the_supported_models():
     assert str(error.value) == f"optimize() supports {SUPPORTED}; got torch.nn.modules.linear.Linear"
 
 
-@pytest.mark.parametrize("name, runner", [("wan2.1", "WanRunner"), ("wan2.2", "WanRunner"), ("auk", "AuKRunner")])
+@pytest.mark.parametrize("name, runner", [("wan2.1", "WanRunner"), ("wan2.2", "WanRunner"), ("auk", "AuKRunner"),
+                                                 ("qwenimage", "QwenImageRunner")])
 def test_each_row_recognises_its_own_models(name, runner):
     module = supported.get(name).build("tiny")
     assert supported.model_for(module).name == name
@@ -50,7 +52,7 @@ def test_recognising_an_auk_model_does_not_import_diffusers():
     assert result.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("name", ["wan2.1", "auk"])
+@pytest.mark.parametrize("name", ["wan2.1", "auk", "qwenimage"])
 def test_runners_satisfy_the_runner_protocol(name):
     row = supported.get(name)
     module = row.build("tiny")

@@ -58,6 +58,18 @@ def _module_type_name(module_type: Any) -> str:
     return module_type if isinstance(module_type, str) else f"{module_type.__module__}.{module_type.__qualname__}"
 
 
+#: class name -> the name patterns' ``module_types`` know it by, for a model family whose classes are another's under
+#: other names (filled by that family when it loads, e.g. ``rewrite.models.qwenimage.runner``)
+MODULE_TYPE_ALIASES: dict[str, str] = {}
+
+
+def module_type_names(qual: str) -> tuple[str, ...]:
+    """The names a class qualname answers to in ``module_types``: itself, its last component, that one's alias."""
+    short = qual.rsplit(".", 1)[-1]
+    alias = MODULE_TYPE_ALIASES.get(short)
+    return (qual, short) if alias is None else (qual, short, alias)
+
+
 def module_stack(node: fx.Node) -> list[tuple[str, str]]:
     """``(module path, class qualname)`` from the root module to the innermost, from ``nn_module_stack``."""
     return [(path, _module_type_name(cls)) for path, cls in (node.meta.get("nn_module_stack") or {}).values()]
@@ -96,13 +108,12 @@ class Match:
     def cross_check(self) -> bool:
         """Whether a matched node came from a module of a class named in ``pattern.module_types``.
 
-        True when the pattern names no module types. Class names compare by qualname or its last component.
+        True when the pattern names no module types. Class names compare by qualname, its last component or that one's alias (`module_type_names`).
         """
         expected = set(self.pattern.module_types)
         if not expected:
             return True
-        seen = {name for node in self.graph_nodes for _, qual in module_stack(node)
-                for name in (qual, qual.rsplit(".", 1)[-1])}
+        seen = {name for node in self.graph_nodes for _, qual in module_stack(node) for name in module_type_names(qual)}
         return bool(expected & seen)
 
     def __repr__(self) -> str:

@@ -1,4 +1,5 @@
-"""Capture the diffusers Wan 2.1 / 2.2 decoder (`AutoencoderKLWan.decoder`) as two step graphs.
+"""Capture the diffusers Wan 2.1 / 2.2 decoder (`AutoencoderKLWan.decoder`) as two step graphs (and the decoders
+of families made of the same blocks under other class names, `DECODER_FAMILIES`).
 
 The unmodified diffusers decoder keeps its temporal cache in a Python list mutated in place (slots hold
 None, a tensor, or the string "Rep"), so it cannot be traced as a whole. It is wrapped instead as two step
@@ -18,6 +19,9 @@ The convolutions therefore see bit-identical inputs. 1x1x1 shortcut convs take n
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch import nn
 
@@ -29,28 +33,52 @@ DYNAMIC_DIMS = (0, 3, 4)
 EXAMPLE_BATCH, EXAMPLE_HEIGHT, EXAMPLE_WIDTH = 2, 3, 5
 
 
-def _decoder_class():
-    from diffusers.models.autoencoders.autoencoder_kl_wan import WanDecoder3d
+#: the diffusers modules whose decoders these step functions drive, each with its classes' name prefix; a family
+#: whose decoder is Wan's blocks under other class names adds its own (`add_decoder_family`)
+DECODER_FAMILIES = {"diffusers.models.autoencoders.autoencoder_kl_wan": "Wan"}
 
-    return WanDecoder3d
+
+def add_decoder_family(module_name: str, prefix: str) -> None:
+    """Let these step functions drive the decoder defined in `module_name`, whose classes are Wan's with `prefix`
+    for "Wan" (`{prefix}Decoder3d`, `{prefix}Resample`, `{prefix}CausalConv3d`, ...)."""
+    DECODER_FAMILIES[module_name] = prefix
+
+
+def family_class(decoder: nn.Module, role: str) -> type:
+    """The diffusers class `role` ("Decoder3d", "Resample", "CausalConv3d") of `decoder`'s family, read from the
+    module that defines the decoder's class (or the first base class of `DECODER_FAMILIES`)."""
+    import sys
+
+    for cls in type(decoder).__mro__:
+        prefix = DECODER_FAMILIES.get(cls.__module__)
+        if prefix is not None and cls.__name__ == f"{prefix}Decoder3d":
+            return getattr(sys.modules[cls.__module__], f"{prefix}{role}")
+    raise TypeError(f"not a Wan-family decoder: {type(decoder).__qualname__}")
 
 
 def _temporal_upsamplers(decoder: nn.Module) -> list[nn.Module]:
-    from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
-
-    return [m for m in decoder.modules() if isinstance(m, WanResample) and m.mode == "upsample3d"]
+    resample = family_class(decoder, "Resample")
+    return [m for m in decoder.modules() if isinstance(m, resample) and m.mode == "upsample3d"]
 
 
 def reference_forward(decoder: nn.Module, x: torch.Tensor, feat_cache=None, feat_idx=None, first_chunk=False):
-    """The class's own forward (bypasses any instance-level `forward` that `optimize` installs)."""
-    return _decoder_class().forward(decoder, x, feat_cache=feat_cache, feat_idx=feat_idx or [0], first_chunk=first_chunk)
+    """The class's own forward (bypasses any instance-level `forward` that `optimize` installs). Qwen-Image's
+    decoder takes no `first_chunk` (it has no residual up blocks, the only blocks that read it)."""
+    forward = family_class(decoder, "Decoder3d").forward
+    if _takes_first_chunk(forward):
+        return forward(decoder, x, feat_cache=feat_cache, feat_idx=feat_idx or [0], first_chunk=first_chunk)
+    return forward(decoder, x, feat_cache=feat_cache, feat_idx=feat_idx or [0])
+
+
+@functools.cache
+def _takes_first_chunk(forward) -> bool:
+    return "first_chunk" in inspect.signature(forward).parameters
 
 
 def cache_slot_count(decoder: nn.Module) -> int:
     """Upper bound for the slots the decoder uses: one per causal conv (the real count comes from capture)."""
-    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
-
-    return sum(isinstance(m, WanCausalConv3d) for m in decoder.modules())
+    causal_conv = family_class(decoder, "CausalConv3d")
+    return sum(isinstance(m, causal_conv) for m in decoder.modules())
 
 
 class WanChunk0Step(nn.Module):

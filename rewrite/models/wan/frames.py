@@ -28,9 +28,9 @@ def store_frames(video: torch.Tensor | None, y: torch.Tensor, i: int, frames: in
 
 def finish_video(vae: nn.Module, video: torch.Tensor) -> torch.Tensor:
     """The decoder's output as `_decode` returns it: unpatchified (Wan 2.2), clamped to [-1, 1] in place."""
-    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+    if getattr(vae.config, "patch_size", None) is not None:  # a config without the key (Qwen-Image's): none
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
-    if vae.config.patch_size is not None:
         video = unpatchify(video, patch_size=vae.config.patch_size)
     return video.clamp_(min=-1.0, max=1.0)
 

@@ -228,7 +228,7 @@ class WanRunner(DecoderRunner):
         """Allocate and free the output of a `frames`-latent-frame decode of `sample`'s size (the video and, with
         a patch size, its unpatchified copy, alive together), so the caching allocator holds those blocks."""
         per_frame = sample.numel() // sample.shape[2]
-        count = 2 if self.vae.config.patch_size is not None else 1
+        count = 2 if getattr(self.vae.config, "patch_size", None) is not None else 1  # Qwen-Image: no patch_size
         blocks = [torch.empty(per_frame * (1 + (frames - 1) * self.temporal_factor), dtype=sample.dtype,
                               device=sample.device) for _ in range(count)]
         del blocks

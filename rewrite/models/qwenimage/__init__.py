@@ -1,0 +1,3 @@
+"""Qwen-Image's VAE (diffusers `AutoencoderKLQwenImage`): Wan 2.1's blocks under other class names, served by the
+Wan family's capture, patterns, kernels and runner (`config.py` says how its classes map, `runner.py` how it
+runs)."""
