@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rewrite import optimize, report
-from rewrite.models.qwenimage import build_qwenimage, latent_shape
+from rewrite.models.qwenimage.config import build_qwenimage, latent_shape
 
 MAX_ABS = 6e-2
 MIN_PSNR_DB = 45.0
@@ -110,7 +110,7 @@ def test_bad_latents_raise_a_value_error():
 
 
 def test_a_sharded_decode_is_refused_before_anything_is_installed(monkeypatch):
-    from rewrite.distributed import sharding
+    from rewrite.models.wan.distributed import sharding
 
     monkeypatch.setattr(sharding, "_group_error", lambda group: None)  # any group: the model is what is refused
     vae = build_qwenimage("tiny")

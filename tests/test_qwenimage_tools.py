@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rewrite import optimize, report, supported
-from rewrite.models.qwenimage import build_qwenimage
+from rewrite.models.qwenimage.config import build_qwenimage
 from rewrite.tools import debug, demo
 
 
