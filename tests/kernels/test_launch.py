@@ -16,7 +16,7 @@ import torch
 from rewrite.ops import compile_ahead, triton_launch
 from rewrite.ops.dispatch import INTERPRETING
 
-OPS = pathlib.Path(__file__).resolve().parents[1] / "rewrite" / "ops"
+OPS = pathlib.Path(__file__).resolve().parents[2] / "rewrite" / "ops"
 FLAGS = {"enable_fp_fusion", "enable_reflect_ftz"}
 needs_interpreter = pytest.mark.skipif(not INTERPRETING or torch.cuda.is_available(),
                                        reason="CPU tensors under TRITON_INTERPRET=1")

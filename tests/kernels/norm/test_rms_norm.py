@@ -220,7 +220,7 @@ def test_fused_norm_epilogue_matches_aten_ops_on_that_norm(dtype, act, layout):
     assert actual.stride() == expected.stride()
     if act is None:
         assert torch.equal(actual, expected)
-    else:  # numpy's exp under the interpreter: 2 ulp of the dtype (see tests/test_wan_kernels.py)
+    else:  # numpy's exp under the interpreter: 2 ulp of the dtype (see tests/models/wan/test_ops.py)
         ulp = {torch.float32: 2.0**-23, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
         assert torch.allclose(actual.float(), expected.float(), rtol=2 * ulp, atol=2 * ulp)
 
