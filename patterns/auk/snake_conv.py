@@ -10,7 +10,7 @@ Replaces: rewrite::alias_free_snake_causal_conv1d(x, alpha, beta, taps, True, we
 Exactness: tolerance, as the fused activation it contains. Against the two ops it replaces it is exact
           where the conv stays ATen's (the conv reads the same values in the same layout; torch.equal in the
           tests); where `rewrite.kernels.conv1d.conv1d.chosen` picks the Triton TF32 conv over a channels-last
-          activation it is within that conv's TF32 tolerance (tests/test_alias_free_op.py states the bound).
+          activation it is within that conv's TF32 tolerance (tests/models/auk/test_alias_free.py states the bound).
 Level: channels_last (the only level with the fused activation).
 Guard: x is [B, C, T] and the dilation one value.
 """

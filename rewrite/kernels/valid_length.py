@@ -10,7 +10,7 @@ reach. The runner keeps ``frames`` in a one-element int32 device tensor that its
 reading (written before each replay), and runs its graph inside `valid_frames`; the fused activation and the
 Triton conv then return early from time blocks past the limit (`kernel_args`). Everything else (cuDNN convs,
 elementwise ops) still computes the whole bucket. Exactness: the kept samples are ``torch.equal`` to the
-unskipped bucket decode (tests/test_gpu_auk_runtime.py checks it after replays of other content).
+unskipped bucket decode (tests/models/auk/test_full_size_decodes.py checks it after replays of other content).
 
 Outside `valid_frames`, or for a tensor whose length is not a multiple of the bucket, nothing is skipped. The
 limit is a setting of the run context (`rewrite.ops.run_context`): it holds in the thread that set it only.

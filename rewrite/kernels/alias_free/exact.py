@@ -40,9 +40,9 @@ chain around them:
   ``__float2bfloat16`` (`rewrite.kernels.aten_math.round_to`).
 
 Exactness: exact: bit-identical on CUDA for fp32, fp16 and bf16 (``torch.equal`` with the reference, NaN
-payloads aside), by the construction above; the ``gpu`` tests of tests/test_auk_exact_kernels.py check it on
+payloads aside), by the construction above; the ``gpu`` tests of tests/kernels/alias_free/test_exact.py check it on
 the full-size AuK shapes, random shapes and extreme magnitudes. Under the CPU interpreter ``sin`` is numpy's float32 ``sin``, which differs from ATen's CPU ``sin``
-by an ulp on some inputs; every other step is still exact there (tests/test_auk_exact_kernels.py checks it
+by an ulp on some inputs; every other step is still exact there (tests/kernels/alias_free/test_exact.py checks it
 against the reference with numpy's sine swapped in).
 
 Preconditions (the caller, `rewrite.models.auk.ops`, checks them; the functions raise ValueError otherwise):

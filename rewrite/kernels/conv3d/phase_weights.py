@@ -11,7 +11,7 @@ and the whole, viewed ``[4 * O, C, 2, 2]``, is too (`wan_upsample_fast.phase_con
 upsampler call inside the decode's CUDA graphs); the kernel reads each weight once and writes the result in
 one launch. Exactness: exact against `phase_weights_reference`: the same fp32 sums in the same order (the rows
 of a group first, then the columns of those sums), one rounding to the weight's dtype (`torch.equal`,
-tests/test_wan_upsample_fast.py).
+tests/models/wan/test_upsample_fast.py).
 """
 
 from __future__ import annotations

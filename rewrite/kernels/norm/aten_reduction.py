@@ -33,7 +33,7 @@ every output the same channel pieces, the plan carries the channel boundaries (`
 kernel sums each piece in the plan's order and adds them left to right; otherwise `plan` returns None and
 callers keep ATen's kernel.
 
-The rules were read from PyTorch's `Reduce.cuh`; `tests/test_wan_fused_norm_conv.py` (gpu marker) checks the
+The rules were read from PyTorch's `Reduce.cuh`; `tests/kernels/norm/test_rms_norm.py` (gpu marker) checks the
 resulting norms with `torch.equal` against ATen on the running GPU for every shape class the Wan decoders
 produce (verified on torch 2.11; the order is not re-checked at run time).
 """

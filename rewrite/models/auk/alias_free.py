@@ -20,7 +20,7 @@ Implementations: the reference (`rewrite.models.auk.alias_free_reference`: the e
 Exactness: ``tolerance`` (enabled at level ``channels_last``): the kernel sums the filters in its own order,
 with FMA contraction and a fast sine, so it is not bit-identical to cuDNN's convs. Contract checked by the
 CPU tests: fp32 within 16 eps32 * max|y| and relative L2 1e-6 of the eager module
-(``tests/test_alias_free_op.py`` says why); fp16/bf16: fp32 math on the rounded inputs, one rounding at the
+(``tests/models/auk/test_alias_free.py`` says why); fp16/bf16: fp32 math on the rounded inputs, one rounding at the
 end. Measured accuracy and cost on the GPU: docs/tuning.md section 5, "AuK alias-free activation".
 
 Dispatch: the Triton kernel runs only when `triton_unsupported_reason` returns None and the backend of the

@@ -14,7 +14,7 @@ kernel path does not serve (a CPU tensor outside the interpreter tests, autograd
 reproduced for x where the exact norm kernel would run), the ``lossless`` op runs: the same answer as level
 ``lossless``, never a wrong one.
 
-Tolerance (measured: docs/results.md, tests/test_wan_fast.py): the conv's fp32 sum runs in another order
+Tolerance (measured: docs/results.md, tests/models/wan/test_ops_fast.py): the conv's fp32 sum runs in another order
 than cuDNN's and bias and residual are added before one rounding, so outputs differ from ``lossless`` by
 about one bf16/fp16 ulp per conv; the one-pass norm computes in fp32 and rounds once (ATen rounds after each
 op): about one ulp of its output; the full-decode contract is the README's (max-abs <= 6e-2, PSNR >= 45 dB

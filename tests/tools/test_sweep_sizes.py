@@ -1,5 +1,5 @@
 """`python -m rewrite.tools.sweep_sizes`: its verdict per (model, size) and its argument checks (the sweep
-itself is `rewrite-bench` per size, tested in tests/test_bench_cli.py)."""
+itself is `rewrite-bench` per size, tested in tests/tools/test_bench.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """GPU memory of optimized full-size Wan decoders: given back when the module goes, and a decode that runs out
 of memory on the optimized path still returns the reference result (issue 37, items 1 and 3).
 
-The CPU tests (`tests/test_memory_release.py`, `tests/test_out_of_memory.py`) check the bookkeeping with
-stand-in graphs; these check the allocator's numbers with real CUDA graphs and a real out-of-memory error.
+The CPU tests (`tests/runtime/test_memory_release.py`, `tests/runtime/test_out_of_memory.py`) check the
+bookkeeping with stand-in graphs; these check the allocator's numbers with real CUDA graphs and a real out-of-memory error.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Concurrent callers on CPU: captures alone, first decodes raced, warm modules shared by threads.
 
 The GPU side (CUDA-graph buffers shared by threads, callers on other CUDA streams) is in
-tests/test_gpu_contract.py.
+tests/runtime/test_concurrent_callers.py.
 """
 
 from __future__ import annotations

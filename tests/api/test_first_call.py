@@ -18,8 +18,8 @@ from rewrite.reporting import STAGES, TimingLog
 from rewrite.runtime import disk_cache
 from rewrite.runtime.graphs import GraphPool
 from tests.graph_fakes import FakeGraphs
-from tests.test_auk_runtime import MICRO
-from tests.test_compile_ahead import FakeAsyncMode, FakeKernel
+from tests.models.auk.test_runner import MICRO
+from tests.ops.test_compile_ahead import FakeAsyncMode, FakeKernel
 
 
 @pytest.fixture(autouse=True)

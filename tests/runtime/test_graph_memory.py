@@ -3,7 +3,7 @@ captured largest first, within a byte budget, and the report says what each size
 
 The bookkeeping runs against stand-in graphs (`tests.graph_fakes.FakeGraphs`, whose pools hold the largest
 footprint captured into them); the tiny Wan decodes through it are `torch.equal` to the reference.
-`tests/test_gpu_memory.py` measures the real allocator.
+`tests/runtime/test_full_size_memory.py` measures the real allocator.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from rewrite.models.auk.alias_free import (
     use_backend,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 FP32_MAX_ABS_EPS = 16  # x eps32 x max|y|
 FP32_REL_L2 = 1e-6
 INTERPRETER_LENGTHS = (1, 2, 7, 33, 130)
@@ -232,7 +232,7 @@ def interpreter_results():
         return interpreter_report()
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    code = ("import json; from tests.test_alias_free_op import interpreter_report; "
+    code = ("import json; from tests.models.auk.test_alias_free import interpreter_report; "
             "print(json.dumps(interpreter_report()))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -329,7 +329,7 @@ def test_snake_causal_conv_equals_the_ops_it_fuses(with_bias, with_residual, wit
 def test_channels_last_output_is_the_plain_output_transposed(channels, dtype):
     """``channels_last_out`` changes where the kernel writes (``[B, left + T, C]``), nothing it computes; with
     ``round_tf32`` the values are the plain ones rounded to TF32 (for the conv that reads them)."""
-    from tests.test_triton_conv1d import tf32
+    from tests.kernels.conv1d.test_conv1d import tf32
 
     with torch.no_grad():
         module, x = make_case(channels, 150, dtype=dtype, device=KERNEL_DEVICE)

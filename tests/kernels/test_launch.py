@@ -17,7 +17,7 @@ from rewrite.ops import compile_ahead
 from rewrite.kernels import launch as triton_launch
 from rewrite.ops.dispatch import INTERPRETING
 
-OPS = pathlib.Path(__file__).resolve().parents[1] / "rewrite" / "ops"
+LIBRARY = pathlib.Path(__file__).resolve().parents[2] / "rewrite"
 FLAGS = {"enable_fp_fusion", "enable_reflect_ftz"}
 needs_interpreter = pytest.mark.skipif(not INTERPRETING or torch.cuda.is_available(),
                                        reason="CPU tensors under TRITON_INTERPRET=1")
@@ -28,12 +28,13 @@ def _calls(path: pathlib.Path):
 
 
 def test_no_module_but_the_launch_helper_launches_a_kernel_or_names_a_flag():
-    for path in sorted(OPS.glob("*.py")):
+    for path in sorted(LIBRARY.rglob("*.py")):
+        name = path.relative_to(LIBRARY).as_posix()
         for call in _calls(path):
-            where = f"{path.name}:{call.lineno}"
-            if path.name != "compile_ahead.py":  # the one `kernel[grid](...)`, below the helper
+            where = f"{name}:{call.lineno}"
+            if name != "ops/compile_ahead.py":  # the one `kernel[grid](...)`, below the helper
                 assert not isinstance(call.func, ast.Subscript), f"{where}: kernel[grid](...) outside the helper"
-            if path.name != "kernels/launch.py":
+            if name != "kernels/launch.py":
                 assert not FLAGS & {k.arg for k in call.keywords}, f"{where}: a compile flag outside the helper"
                 func = call.func
                 assert not (isinstance(func, ast.Attribute) and func.attr == "launch"

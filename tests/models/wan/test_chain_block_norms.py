@@ -4,7 +4,7 @@ a block's second conv stores its output and normalizes it into the next block's 
 Checks, each against the ops it replaces: the block output and the caches the pair op makes are `torch.equal`
 to the pair op's (same kernel, same tile, same sum order); the normalized values are within one output ulp of
 the float64 norm + SiLU of the stored output (the bound and its reasoning are `_check_pair`'s in
-tests/test_wan_fast.py: fp32 steps err by ~2e-5 relative after SiLU, far below the half ulp of the one
+tests/models/wan/test_ops_fast.py: fp32 steps err by ~2e-5 relative after SiLU, far below the half ulp of the one
 rounding); the padded input holds them where the reference assembly puts them, bit for bit; the next block run
 on that padded input is the pair op run on the same padded input, bit for bit.
 """
@@ -22,7 +22,7 @@ from rewrite.models.wan import ops as _wan_ops
 from rewrite.models.wan.reference import causal_conv_input_reference, rms_norm_reference
 from tests.captures import tiny_wan
 from tests.op_cases import kernel_gates_open
-from tests.test_wan_fast import DEVICE, _pair_fused, _pair_inputs, needs_kernels
+from tests.models.wan.test_ops_fast import DEVICE, _pair_fused, _pair_inputs, needs_kernels
 from tests.ulps import ulp
 
 CL = torch.channels_last_3d

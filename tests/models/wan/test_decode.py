@@ -28,7 +28,8 @@ def test_decode_is_bit_identical(wan_pair, version, dtype, batch, frames):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_resolutions_without_graphs_of_their_own_share_one_symbolic_capture(wan_pair, version, monkeypatch):
     """Past `WanRunner.STATIC_SIZES` (0 here) every new resolution is served by one capture with symbolic sizes
-    (sizes the shared pair already has graphs for keep them; tests/test_graph_keys.py has the whole rule)."""
+    (sizes the shared pair already has graphs for keep them; tests/models/wan/test_graph_keys.py has the whole
+    rule)."""
     monkeypatch.setattr(WanRunner, "STATIC_SIZES", 0)
     pair = wan_pair(version, torch.float32)
     for height, width in ((4, 6), (6, 4), (2, 3), (3, 7)):

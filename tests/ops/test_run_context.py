@@ -106,7 +106,7 @@ def test_the_triton_conv1d_setting_sends_the_fused_op_to_atens_conv(kernel_allow
         assert calls == [1]
         with dispatch.use_backend("reference"):
             expected = alias_free_snake_causal_conv1d_reference(*args)
-    # the activation kernel's tolerance (fp32, 16 eps32 * max|y|: tests/test_alias_free_op.py); the Triton conv's
-    # TF32 products add up to 2**-10 relative per product
+    # the activation kernel's tolerance (fp32, 16 eps32 * max|y|: tests/models/auk/test_alias_free.py); the Triton
+    # conv's TF32 products add up to 2**-10 relative per product
     assert torch.allclose(aten_conv, expected, rtol=0, atol=1e-5 * expected.abs().max().item())
     assert torch.allclose(fused, expected, rtol=0, atol=5e-3 * expected.abs().max().item())

@@ -15,7 +15,7 @@ import torch
 
 from rewrite import optimize, report
 from rewrite.models.wan.config import build_wan
-from tests.test_gpu_wan import _latents
+from tests.models.wan.test_full_size_decodes import _latents
 
 pytestmark = pytest.mark.gpu
 MAX_ABS = 6e-2
