@@ -96,7 +96,7 @@ class SubgraphRecord:
 
 
 @dataclasses.dataclass
-class GraphReport:
+class GraphFindings:
     """What the passes found in one graph; ``snapshot`` is the graph as ``fuse_patterns`` saw it."""
 
     name: str
@@ -195,7 +195,7 @@ class _Recorder:
     between (seen by a create-node hook on the graph module) are split into one run per match.
     """
 
-    def __init__(self, report: GraphReport, wanted: Callable[[Pattern, int], bool]) -> None:
+    def __init__(self, report: GraphFindings, wanted: Callable[[Pattern, int], bool]) -> None:
         self.report, self.wanted = report, wanted
         self.gm: fx.GraphModule | None = None
         self.numbers: collections.Counter[str] = collections.Counter()
@@ -282,7 +282,7 @@ def _named_snapshot(graph: fx.Graph, sizes: Mapping[str, str]) -> nx.DiGraph:
 
 
 def explain_graph(graph: CapturedGraph, level: str, near_miss_wanted: NearMissWanted,
-                  latent_dims: Sequence[str] = ()) -> GraphReport:
+                  latent_dims: Sequence[str] = ()) -> GraphFindings:
     """Run the level's pipeline on ``graph`` (in place), recording what ``fuse_patterns`` matches.
 
     ``near_miss_wanted(pattern, matches, reason)`` decides whose near misses are computed (``reason``: why
@@ -290,7 +290,7 @@ def explain_graph(graph: CapturedGraph, level: str, near_miss_wanted: NearMissWa
     """
     sizes = size_names(graph, latent_dims)
     first = _first_input(graph)
-    report = GraphReport(graph.name, nodes=graph.node_count, dtype=graph.dtype, device=graph.device,
+    report = GraphFindings(graph.name, nodes=graph.node_count, dtype=graph.dtype, device=graph.device,
                          module_types=_graph_module_types(graph.graph_module.graph), sizes=sizes,
                          input_shape=name_sizes(describe_value(first.meta.get("val"))[0], sizes) if first else "",
                          ops=op_count(graph.graph_module.graph))
@@ -351,7 +351,7 @@ def dtype_reason(pattern: Pattern, dtype: torch.dtype) -> str | None:
     return None
 
 
-def static_reason(pattern: Pattern, level: str, report: GraphReport) -> str | None:
+def static_reason(pattern: Pattern, level: str, report: GraphFindings) -> str | None:
     """Why ``pattern`` does not apply to the graph of ``report`` at ``level``, known before matching: its
     level, the module classes it names, the dtypes it names. None when it may apply."""
     if not level_enables(level, pattern.level):
@@ -366,7 +366,7 @@ def _device_words(device: torch.device) -> re.Pattern:
     return re.compile(rf"\bon {re.escape(device.type)}\b")
 
 
-def device_reasons(patterns: Sequence[Pattern], reports: Sequence[GraphReport]) -> dict[str, str]:
+def device_reasons(patterns: Sequence[Pattern], reports: Sequence[GraphFindings]) -> dict[str, str]:
     """Pattern -> ``needs CUDA: ...`` for every variant of a family that matched nowhere and whose guard
     rejected a candidate because of the graphs' device (its reason names it: "runs on cpu")."""
     families: dict[str, list[Pattern]] = {}
@@ -386,7 +386,7 @@ def device_reasons(patterns: Sequence[Pattern], reports: Sequence[GraphReport]) 
     return reasons
 
 
-def not_applicable(patterns: Sequence[Pattern], reports: Sequence[GraphReport], level: str) -> dict[str, str]:
+def not_applicable(patterns: Sequence[Pattern], reports: Sequence[GraphFindings], level: str) -> dict[str, str]:
     """Pattern -> why it cannot match any of these graphs (see the module docstring); the patterns that
     may match are absent."""
     reasons: dict[str, str] = {}
@@ -458,7 +458,7 @@ def near_miss_policy(enabled: bool, selected: Sequence[Pattern], patterns_named:
     return wanted
 
 
-def without_graph_specific_near_misses(reports: Sequence[GraphReport]) -> list[GraphReport]:
+def without_graph_specific_near_misses(reports: Sequence[GraphFindings]) -> list[GraphFindings]:
     """``reports`` without the near misses of patterns that matched in another of the graphs: a variant for
     another graph (chunk 0's causal conv input in the steady graph) explains nothing there."""
     matched = {name for report in reports for name, count in report.matches.items() if count}
@@ -467,7 +467,7 @@ def without_graph_specific_near_misses(reports: Sequence[GraphReport]) -> list[G
             for report in reports]
 
 
-def shown(report: GraphReport, patterns: Sequence[Pattern]) -> GraphReport:
+def shown(report: GraphFindings, patterns: Sequence[Pattern]) -> GraphFindings:
     """``report`` restricted to ``patterns``: their counts (zeros included; only those that ran), near misses
     and matches."""
     names = [p.name for p in patterns if not report.passes or p.name in report.matches]
@@ -500,7 +500,7 @@ def _columns(rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> list
             for row in rows]
 
 
-def format_table(reports: Sequence[GraphReport], patterns: Sequence[Pattern], level: str,
+def format_table(reports: Sequence[GraphFindings], patterns: Sequence[Pattern], level: str,
                  reasons: Mapping[str, str] | None = None) -> str:
     """Rows: the patterns shown (zero counts included, ``-`` where a pattern did not run); columns: the
     graphs, and with ``reasons`` why each pattern that cannot match does not apply."""
@@ -532,7 +532,7 @@ def families(patterns: Sequence[Pattern]) -> dict[str, list[Pattern]]:
     return grouped
 
 
-def family_counts(report: GraphReport, members: Sequence[Pattern]) -> tuple[str, str]:
+def family_counts(report: GraphFindings, members: Sequence[Pattern]) -> tuple[str, str]:
     """(matched, declined) of a family in one graph: its patterns' matches, and the candidates that matched
     its structure but that its guards (or an overlap, or containment) rejected; ``-`` for both where none of
     its patterns ran."""
@@ -549,7 +549,7 @@ def family_reason(members: Sequence[Pattern], reasons: Mapping[str, str]) -> str
     return "; ".join(dict.fromkeys(found)) if all(found) else ""
 
 
-def format_family_table(reports: Sequence[GraphReport], patterns: Sequence[Pattern], level: str,
+def format_family_table(reports: Sequence[GraphFindings], patterns: Sequence[Pattern], level: str,
                         reasons: Mapping[str, str] | None = None) -> str:
     """The summary table: a row per pattern family of ``patterns``, per graph two columns: how many times the
     family matched and how many candidates it declined; with ``reasons`` a column of why a family does not
@@ -568,7 +568,7 @@ def format_family_table(reports: Sequence[GraphReport], patterns: Sequence[Patte
     return _table(header, rows, 2 * len(reports), patterns, level, subheader)
 
 
-def format_ops(reports: Sequence[GraphReport]) -> str:
+def format_ops(reports: Sequence[GraphFindings]) -> str:
     """One line of each graph's tensor ops, captured and rewritten, counted as `report` counts them."""
     if any(r.rewritten for r in reports):
         counts = ", ".join(f"{r.name} {r.ops} -> {r.ops_after}" for r in reports)
@@ -578,7 +578,7 @@ def format_ops(reports: Sequence[GraphReport]) -> str:
     return f"tensor ops, {what}: {counts} (as report() counts: no weights, inputs or shape arithmetic)"
 
 
-def format_sizes(reports: Sequence[GraphReport]) -> str | None:
+def format_sizes(reports: Sequence[GraphFindings]) -> str | None:
     """What the graphs' symbolic sizes are, by name only: ``sizes: batch, height, width are symbolic (any
     value); chunk0 and steady take the latent [batch, 4, 1, height, width]``. None when no size is symbolic."""
     named = list(dict.fromkeys(name for report in reports for name in report.sizes.values()))
@@ -608,7 +608,7 @@ def format_subgraph(record: SubgraphRecord) -> str:
     return "\n".join(lines)
 
 
-def format_near_misses(report: GraphReport) -> list[str]:
+def format_near_misses(report: GraphFindings) -> list[str]:
     lines = []
     for pattern, reasons in report.near_misses.items():
         lines.append(f"near misses of {pattern} in {report.name}:")
@@ -624,7 +624,7 @@ def format_near_misses(report: GraphReport) -> list[str]:
 NEAR_MISS_KINDS_SHOWN = 3
 
 
-def format_near_miss_summary(report: GraphReport) -> list[str]:
+def format_near_miss_summary(report: GraphFindings) -> list[str]:
     """Per pattern of ``report`` with near misses: how many, and the most common kinds with their counts."""
     lines = []
     for pattern, kinds in report.near_miss_kinds.items():
@@ -649,7 +649,7 @@ def format_hidden(reasons: Mapping[str, str]) -> str | None:
     return f"{len(reasons)} patterns do not apply here and are not shown ({counted}); --all-patterns lists them"
 
 
-def _head(heading: Heading, reports: Sequence[GraphReport]) -> list[str]:
+def _head(heading: Heading, reports: Sequence[GraphFindings]) -> list[str]:
     """The heading line, the level-off note and the sizes line."""
     lines = [f"{heading.model} ({heading.config}, {heading.dtype}) at level {heading.level}"]
     if heading.level == "off":
@@ -658,7 +658,7 @@ def _head(heading: Heading, reports: Sequence[GraphReport]) -> list[str]:
     return lines + ([legend] if legend else [])
 
 
-def _tail(heading: Heading, reports: Sequence[GraphReport], hidden: Mapping[str, str]) -> list[str]:
+def _tail(heading: Heading, reports: Sequence[GraphFindings], hidden: Mapping[str, str]) -> list[str]:
     """The lines under a table: the tensor ops, and how many patterns were left out."""
     note = format_hidden(hidden) if heading.level != "off" else None
     return [format_ops(reports)] + ([note] if note else [])
@@ -672,7 +672,7 @@ DETAILS_HINT = ("--details lists each pattern's count, every match and (with --n
                 "--json all of it")
 
 
-def format_summary(heading: Heading, reports: Sequence[GraphReport], patterns: Sequence[Pattern],
+def format_summary(heading: Heading, reports: Sequence[GraphFindings], patterns: Sequence[Pattern],
                    hidden: Mapping[str, str], reasons: Mapping[str, str] | None = None) -> str:
     """The default `rewrite-debug` text: heading, sizes, a family x graph table of matched and declined
     counts, tensor ops, near misses by kind (where computed), and how to see more.
@@ -689,7 +689,7 @@ def format_summary(heading: Heading, reports: Sequence[GraphReport], patterns: S
     return "\n".join(lines + (["", DETAILS_HINT] if heading.level != "off" else []))
 
 
-def format_text(heading: Heading, reports: Sequence[GraphReport], patterns: Sequence[Pattern],
+def format_text(heading: Heading, reports: Sequence[GraphFindings], patterns: Sequence[Pattern],
                 hidden: Mapping[str, str], reasons: Mapping[str, str] | None = None) -> str:
     """The `rewrite-debug --details` text: heading, sizes, pattern x graph match table, every match, near
     misses (`NEAR_MISSES_SHOWN` per pattern and graph).
@@ -709,7 +709,7 @@ def format_text(heading: Heading, reports: Sequence[GraphReport], patterns: Sequ
     return "\n".join(lines)
 
 
-def to_json(heading: Heading, reports: Sequence[GraphReport], not_applicable: Mapping[str, str]) -> str:
+def to_json(heading: Heading, reports: Sequence[GraphFindings], not_applicable: Mapping[str, str]) -> str:
     graphs = [{"name": r.name, "nodes": r.nodes, "nodes_after": r.nodes_after, "ops": r.ops, "ops_after": r.ops_after,
                "passes": r.passes, "sizes": {name: symbol for symbol, name in r.sizes.items()}, "input": r.input_shape,
                "matches": r.matches, "declined": r.rejections, "near_misses": r.near_misses,
@@ -738,7 +738,7 @@ def distinct_colors(count: int) -> list[str]:
     return colors
 
 
-def pattern_colors(reports: Sequence[GraphReport]) -> dict[str, str]:
+def pattern_colors(reports: Sequence[GraphFindings]) -> dict[str, str]:
     """One colour per pattern that matched in any of ``reports``, none shared (in matching order)."""
     names = list(dict.fromkeys(s.pattern for r in reports for s in r.subgraphs))
     return dict(zip(names, distinct_colors(len(names))))
@@ -763,7 +763,7 @@ def _node_text(name: str, attributes: Mapping[str, str], match: str | None) -> s
     return "\n".join(part for part in (name, op, shape_dtype, match) if part)
 
 
-def match_labels(report: GraphReport) -> dict[str, list[str]]:
+def match_labels(report: GraphFindings) -> dict[str, list[str]]:
     """Node of the graph ``fuse_patterns`` received -> the labels (``pattern #k``) of the matches that
     replaced it, innermost first: the match that matched it, then the matches that combined that one."""
     by_label = {s.label: s for s in report.subgraphs}
@@ -779,7 +779,7 @@ def match_labels(report: GraphReport) -> dict[str, list[str]]:
     return labels
 
 
-def graph_dot(report: GraphReport, colors: Mapping[str, str]) -> str:
+def graph_dot(report: GraphFindings, colors: Mapping[str, str]) -> str:
     """DOT text of the graph ``fuse_patterns`` received: every matched node filled in its pattern's colour
     and labelled with its match, each match a box around its nodes (a combined match's box around the boxes
     of the matches it combines), and a legend of the patterns."""
@@ -842,7 +842,7 @@ def subgraph_digraph(record: SubgraphRecord, snapshot: nx.DiGraph) -> tuple[nx.D
     return digraph, outside
 
 
-def write_dot_files(directory: Path, reports: Sequence[GraphReport], colors: Mapping[str, str]) -> list[Path]:
+def write_dot_files(directory: Path, reports: Sequence[GraphFindings], colors: Mapping[str, str]) -> list[Path]:
     """Per graph ``GRAPH.dot`` (`graph_dot`) and ``GRAPH.PATTERN.K.dot`` per match (its nodes, and the nodes
     it reads dashed)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -861,7 +861,7 @@ def write_dot_files(directory: Path, reports: Sequence[GraphReport], colors: Map
     return written
 
 
-def write_graphml(path: Path, reports: Sequence[GraphReport]) -> None:
+def write_graphml(path: Path, reports: Sequence[GraphFindings]) -> None:
     """Every graph in one GraphML file: nodes ``GRAPH/NODE`` with a ``graph`` attribute, matched ones
     with ``pattern``, ``match`` (``pattern #k``, as in the text report and the DOT file names) and
     ``matches`` (that match and the matches combining it, innermost first)."""
