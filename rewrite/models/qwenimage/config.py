@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from rewrite.models.wan.config import perturb_norm_gammas
+
 SIZES = ("full", "tiny")
 
 #: the diffusers module that defines the family
@@ -54,11 +56,7 @@ def build_qwenimage(size: str = "full", *, seed: int = 0, perturb_norms: bool = 
     torch.manual_seed(seed)
     vae = AutoencoderKLQwenImage(**qwenimage_config(size)).eval()
     if perturb_norms:
-        generator = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for name, param in vae.named_parameters():
-                if name.endswith(".gamma"):
-                    param.add_(0.2 * torch.randn(param.shape, generator=generator))
+        perturb_norm_gammas(vae, seed)
     return vae
 
 

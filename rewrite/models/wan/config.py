@@ -41,12 +41,18 @@ def build_wan(version: str, size: str = "full", *, seed: int = 0, perturb_norms:
     torch.manual_seed(seed)
     vae = AutoencoderKLWan(**wan_config(version, size)).eval()
     if perturb_norms:
-        generator = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for name, param in vae.named_parameters():
-                if name.endswith(".gamma"):
-                    param.add_(0.2 * torch.randn(param.shape, generator=generator))
+        perturb_norm_gammas(vae, seed)
     return vae
+
+
+def perturb_norm_gammas(vae: torch.nn.Module, seed: int) -> None:
+    """Move every RMS-norm gamma away from 1 (seeded): a random-init norm's gamma of ones would hide a kernel
+    that drops or misplaces it."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in vae.named_parameters():
+            if name.endswith(".gamma"):
+                param.add_(0.2 * torch.randn(param.shape, generator=generator))
 
 
 def latent_shape(vae, batch: int, frames: int, height: int, width: int) -> tuple[int, ...]:
