@@ -140,11 +140,9 @@ def pixel_tile(width: Optional[int], pixels: int) -> tuple[int, int]:
 
 # Per output channel count, the program shapes to choose from, best first: (pixels per program, block_n, n_rest,
 # warps, stages); `launch_config` takes the one that computes the fewest pixels past the row ends (the first on
-# a tie). Other counts take `_DEFAULT_TILES` with block_n the next power of two up to 128. From the H200 sweeps
-# (docs/tuning.md section 1.7): 96 channels 491 TFLOP/s at 1280 wide with 256-pixel programs, 469 at 832 wide
-# with 128 (two rows of 64); 192 = 128 + 64 channels 590-597 at 640 wide; 384 in 128-channel blocks 674 at
-# 320 wide (two rows of 64). 27 and 108 channels: Wan 2.1's and 2.2's heads folded (`_FOLDED_TAPS`), 0.874 and
-# 0.755 ms at 720p.
+# a tie). Other counts take `_DEFAULT_TILES` with block_n the next power of two up to 128. 27 and 108 channels
+# are Wan 2.1's and 2.2's heads folded (`_FOLDED_TAPS`). The winners of the sweeps: docs/tuning.md sections 1.7
+# and 1.10.
 _TILES = {96: ((256, 64, 32, 8, 4), (128, 64, 32, 4, 3)), 192: ((128, 128, 64, 8, 3),),
           27: ((256, 32, 0, 4, 4),), 108: ((128, 128, 0, 4, 3),)}  # the folded heads' inner convs (section 1.10)
 _DEFAULT_TILES = ((128, 128, 0, 4, 4),)
@@ -186,14 +184,11 @@ def wasted_fraction(tile: ConvTile, width: int, kernel_width: int = 3) -> float:
     return (_computed_pixels(width, tile.block_w) - width) / width
 
 
-# (in channels, out channels, kernel taps) of the convs this kernel measured faster than cuDNN's on the H200
-# (bf16, docs/tuning.md sections 1.5 and 1.7), with the largest `wasted_fraction` of `launch_config`'s tile at
-# which it was: 96 channels at every measured width (491 / 469 TFLOP/s against cuDNN's 275 / 272); 192 and 384
-# only where the programs tile the rows exactly (192 @ 640 wide 590-597 against 586, 384 @ 320 wide 674 against
-# 591; with 7.7-23% wasted 473-573 against 579-592, 384 @ 160 wide 494 against 512) and where flat programs
-# waste at most 1% (416 and 208 wide: section 1.15); the heads 96 -> 3 and 256 -> 12, folded (`_FOLDED_TAPS`), at
-# every measured width (0.874 / 0.389 ms against cuDNN's 2.360 / 1.036 at 1280 / 832 wide; 0.755 against 1.587 at
-# 640). Everything else keeps cuDNN's conv.
+# (in channels, out channels, kernel taps) of the convs this kernel measured faster than cuDNN's (bf16), with the
+# largest `wasted_fraction` of `launch_config`'s tile at which it was: 96 channels and the folded heads
+# (`_FOLDED_TAPS`) at every measured width; 192 and 384 only where the programs tile the rows exactly or flat
+# programs waste at most 1%. Everything else keeps cuDNN's conv. Measured on the H200 (docs/tuning.md sections
+# 1.5, 1.7 and 1.15); the same table serves other cards until they have their own (issue 37, item 6).
 _FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.01, (384, 384, 27): 0.01, (192, 384, 27): 0.01,
                             (96, 3, 27): math.inf, (256, 12, 27): math.inf}
 
@@ -201,16 +196,14 @@ _FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.01, (384, 
 def norm_launch_config(in_channels: int, out_channels: int, width: Optional[int] = None,
                        flat: bool = True) -> ConvTile:
     """The tile of the fused norm epilogue (`conv3d_channels_last_norm_padded`): `launch_config`'s, capped at 128
-    registers per thread so that two programs share an SM (docs/tuning.md section 1.6); flat tiles uncapped (192
-    channels 416 wide: 1.531 ms against 1.572 capped, section 1.15)."""
+    registers per thread so that two programs share an SM (docs/tuning.md section 1.6); flat tiles uncapped
+    (section 1.15)."""
     tile = launch_config(in_channels, out_channels, width, flat=flat)
     return tile if tile.flat else tile._replace(max_registers=128)
 
 
-# (in channels, out channels) of the convs whose fused norm epilogue measured faster on the H200 than the conv
-# with a raw output plus the norm kernel, with `norm_launch_config`'s tile: 96 -> 96 @ 4x720x1280 4.05 ms against
-# 4.79 (the uncapped tile: 4.87, one program per SM), @ 4x480x832 1.86 against 2.13; 192 -> 192 @ 4x360x640
-# 3.39 against 3.75 (docs/tuning.md sections 1.6 and 1.7).
+# (in channels, out channels) of the convs whose fused norm epilogue measured faster than the conv with a raw
+# output plus the norm kernel, with `norm_launch_config`'s tile (docs/tuning.md sections 1.6 and 1.7).
 _NORM_EPILOGUE_FASTER: frozenset = frozenset({(96, 96), (192, 192)})
 
 
