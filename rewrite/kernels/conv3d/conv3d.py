@@ -689,12 +689,38 @@ def tile_reason(tile: ConvTile, out_channels: int, padded_width: Optional[int] =
     return None
 
 
+class NextInput(NamedTuple):
+    """Where the NORM epilogue writes the next conv's padded input: its frames and rows, the padded frame of
+    output frame 0, the top and left zero pad, and the first output frame that is also a next-cache frame."""
+
+    frames: int
+    rows: int
+    first_frame: int
+    pad_top: int
+    pad_left: int
+    first_cache_frame: int
+
+
+class NormEpilogue(NamedTuple):
+    """The NORM epilogue of one launch: the next block's RMS norm (+ SiLU) of the conv output, stored into the
+    next conv's padded input and cache (in the kernel's argument order)."""
+
+    gamma: Tensor
+    next_padded: Tensor
+    next_cache: Tensor
+    geometry: NextInput
+    scale: float
+    bias: float
+    eps: float
+    silu: bool
+
+
 def _launch(padded: Tensor, weight: Tensor, tile: ConvTile, shape: tuple[int, ...], bias: Optional[Tensor],
             out: Optional[Tensor], residual: Optional[Tensor], residual_bias: Optional[Tensor],
-            norm: Optional[tuple] = None, a_offset: int = 0) -> None:
-    """One `_conv3d_kernel` launch; `norm`: (gamma, next_padded, next_cache, (TO, HO, FT, PH, PW, SLOT0), scale,
-    bias, eps, silu) of the NORM epilogue, `out` then the conv's own output or None (not stored). `a_offset`:
-    the input pixel of output pixel 0 and tap 0, as a flat pixel index into `padded` (0: its first pixel)."""
+            norm: Optional[NormEpilogue] = None, a_offset: int = 0) -> None:
+    """One `_conv3d_kernel` launch; with `norm`, the NORM epilogue, `out` then the conv's own output or None (not
+    stored). `a_offset`: the input pixel of output pixel 0 and tap 0, as a flat pixel index into `padded` (0: its
+    first pixel)."""
     batch, channels, tp, hp, wp = padded.shape
     out_channels, _, kt, kh, kw = weight.shape
     reason = tile_reason(tile, out_channels, wp)
@@ -941,9 +967,9 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
         raise ValueError(f"conv3d_channels_last_norm_padded: {reason}")
     cl = torch.channels_last_3d
     wl, _, hl, _, tl_, _ = pad
-    geometry = (next_padded.shape[2], next_padded.shape[3], tl_ + cache_frames, hl, wl, frames - 2)
+    geometry = NextInput(next_padded.shape[2], next_padded.shape[3], tl_ + cache_frames, hl, wl, frames - 2)
     expected_cache = (batch, out_channels, 2, rows, columns)
-    if (next_padded.shape[:2] != shape[:2] or geometry[2] + frames > geometry[0] or hl + rows > geometry[1]
+    if (next_padded.shape[:2] != shape[:2] or geometry.first_frame + frames > geometry.frames or hl + rows > geometry.rows
             or wl + columns > next_padded.shape[4] or tuple(next_cache.shape) != expected_cache
             or not (next_padded.is_contiguous(memory_format=cl) and next_cache.is_contiguous(memory_format=cl))
             or next_padded.dtype != padded.dtype or next_cache.dtype != padded.dtype):
@@ -964,4 +990,4 @@ def conv3d_channels_last_norm_padded(padded: Tensor, weight: Tensor, bias: Optio
     if batch * frames * rows * columns == 0:
         return
     _launch(padded, weight, tile, shape, bias, out, residual, residual_bias,
-            norm=(gamma, next_padded, next_cache, geometry, scale, norm_bias, eps, silu))
+            norm=NormEpilogue(gamma, next_padded, next_cache, geometry, scale, norm_bias, eps, silu))
