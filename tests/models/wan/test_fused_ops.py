@@ -1,11 +1,11 @@
 """The channels-last causal conv3d of the Wan ops and the fused ops around it, against the ops they replace.
 
-CPU, Triton interpreter: the channels-last pad and the conv epilogue are pure data movement and ATen's add
-roundings: `torch.equal`; the fused ops' wiring (the norm written into the padded conv input, deferred conv
+CPU, Triton interpreter: the fused ops' wiring (the norm written into the padded conv input, deferred conv
 biases, the upsample conv and its DupUp3D shortcut).
 GPU (`gpu` marker): the whole ops against the reference ops with `torch.equal`, over the shape classes of the
 Wan decoders; the causal conv3d op against its reference. The one-kernel RMS norm itself (ATen's summation
-order) is tested in tests/kernels/norm/test_rms_norm.py.
+order) is tested in tests/kernels/norm/test_rms_norm.py; the pad, epilogue and upsample kernels in
+tests/kernels/pad/, epilogue/ and upsample/.
 """
 
 from __future__ import annotations
@@ -20,87 +20,12 @@ from rewrite.kernels import layout
 from rewrite.kernels.epilogue import epilogue as triton_epilogue
 from rewrite.kernels.norm import rms_norm as triton_norm
 from rewrite.kernels.pad import causal_pad as triton_pad
-from rewrite.kernels.upsample import upsample as triton_upsample
 from rewrite.models.wan import reference as wan_reference
-from rewrite.models.wan import upsample_fast as wan_upsample_fast
 from rewrite.models.wan import ops as _wan_ops  # noqa: F401  (registers torch.ops.rewrite.*)
 from rewrite.ops.dispatch import use_backend
 from rewrite.kernels.launch import FlatBlock
 from tests import quick
 from tests.kernels.norm.test_rms_norm import CUDA, DEVICE, DTYPES, _frame_major, needs_interpreter, needs_kernels
-
-
-@needs_kernels
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ("contiguous", "frame_major"))
-@pytest.mark.parametrize("shape,pad,cache_frames", [((1, 5, 1, 4, 7), [1, 1, 1, 1, 0, 0], 2),
-                                                    ((2, 70, 2, 3, 66), [1, 1, 1, 1, 2, 0], 0),
-                                                    ((1, 3, 3, 2, 5), [0, 0, 0, 0, 2, 0], 0),
-                                                    ((1, 96, 1, 2, 3), [0, 0, 0, 0, 0, 0], 2),
-                                                    # a band graph's halo row band: columns padded, rows not
-                                                    ((1, 5, 1, 6, 7), [1, 1, 0, 0, 0, 0], 2),
-                                                    ((2, 7, 1, 5, 6), [1, 1, 0, 0, 2, 0], 0)])
-def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_frames):
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(shape, generator=g).to(DEVICE, dtype)
-    x = _frame_major(x) if layout == "frame_major" else x
-    cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, dtype) if cache_frames else None
-    source = x if cache is None else torch.cat([cache, x], 2)
-    expected = torch.nn.functional.pad(source, pad)
-    temporal = torch.nn.functional.pad(source, [0, 0, 0, 0, pad[4], 0])
-    with use_backend("triton"):
-        actual, next_cache = triton_pad.causal_pad_channels_last(x, cache, pad)
-    assert actual.is_contiguous(memory_format=torch.channels_last_3d)
-    assert torch.equal(actual, expected)
-    assert torch.equal(next_cache, temporal[:, :, -2:])  # the last two frames before the right pad
-    mode = "chunk0" if cache is None else ("steady_t1" if shape[2] == 1 else "steady")
-    if (cache is not None or pad[4] >= 1) and (mode != "chunk0" or shape[2] == 1):  # chunk 0 has one frame
-        assert torch.equal(next_cache, wan_reference.next_cache_reference(x, cache, mode))
-
-
-@needs_kernels
-@pytest.mark.parametrize("layout", ("contiguous", "frame_major", "frames_of_ncdhw"))
-@pytest.mark.parametrize("shape,pad", [((1, 5, 3, 4, 7), [1, 1, 1, 1, 0, 0]), ((2, 70, 1, 3, 66), [1, 2, 0, 1, 1, 1])])
-def test_channels_last_pad_is_exact(layout, shape, pad):
-    """`pad_channels_last` (no cache, no next cache) and the upsampler's padded source built from it."""
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
-    x = {"contiguous": x, "frame_major": _frame_major(x),
-         "frames_of_ncdhw": x.transpose(0, 2).contiguous().transpose(0, 2)}[layout]
-    with use_backend("triton"):
-        actual = triton_pad.pad_channels_last(x, pad)
-        frames = x[0].transpose(0, 1)  # [T, C, H, W]: the per-frame view an upsampler's conv reads
-        source = wan_upsample_fast.padded_source(frames)
-    assert actual.is_contiguous(memory_format=torch.channels_last_3d)
-    assert torch.equal(actual, torch.nn.functional.pad(x, pad))
-    assert source.is_contiguous(memory_format=torch.channels_last)
-    assert torch.equal(source, torch.nn.functional.pad(frames, [1, 1, 1, 1]))
-
-
-@needs_kernels
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("bias,residual,residual_bias", [(True, True, False), (True, False, False),
-                                                        (False, True, False), (False, False, False),
-                                                        (True, True, True), (False, True, True)])
-@pytest.mark.parametrize("out_layout", ("contiguous", "frame_major"))
-def test_conv_epilogue_adds_with_atens_roundings(dtype, bias, residual, residual_bias, out_layout):
-    """Bias, residual and the residual's own deferred bias (a shortcut conv output without it) added with the
-    roundings of ATen's `y.add_(bias)`, `r.add_(r_bias)` and `y + r`."""
-    g = torch.Generator().manual_seed(3)
-    shape = (2, 70, 3, 5, 13)
-    y = torch.randn(shape, generator=g).to(DEVICE, dtype).contiguous(memory_format=torch.channels_last_3d)
-    b = torch.randn(shape[1], generator=g).to(DEVICE, dtype) if bias else None
-    r = torch.randn(shape, generator=g).to(DEVICE, dtype) if residual else None
-    rb = torch.randn(shape[1], generator=g).to(DEVICE, dtype) if residual_bias else None
-    if r is not None and out_layout == "frame_major":
-        r = _frame_major(r)
-    expected = y.contiguous() if b is None else y.contiguous().add_(b.view(1, -1, 1, 1, 1))
-    full_residual = r if rb is None else r + rb.view(1, -1, 1, 1, 1)
-    expected = expected + full_residual if r is not None else expected
-    strides = expected.stride() if out_layout == "contiguous" else _frame_major(expected).stride()
-    actual = triton_epilogue.conv_epilogue(y, b, r, strides, residual_bias=rb)
-    assert actual.stride() == tuple(strides)
-    assert torch.equal(actual, expected)
 
 
 def test_causal_conv3d_on_cpu_runs_the_replaced_ops():
@@ -139,18 +64,6 @@ def test_causal_conv3d_is_bit_identical_on_this_gpu(dtype, case):
         assert actual[0].stride() == expected[0].stride()
         assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
     print({k: v for k, v in selftest.results().items() if "conv3d" in k})
-
-
-@needs_kernels
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ("contiguous", "frames_of_ncdhw"))
-def test_channels_last_upsample_is_exact(dtype, layout):
-    x = torch.randn(3, 70, 5, 7, generator=torch.Generator().manual_seed(6)).to(DEVICE, dtype)
-    if layout == "frames_of_ncdhw":
-        x = x.transpose(0, 1).contiguous().transpose(0, 1)
-    actual = triton_upsample.upsample_nearest2x_channels_last(x)
-    assert actual.is_contiguous(memory_format=torch.channels_last)
-    assert torch.equal(actual, wan_reference.upsample_nearest2x_reference(x, False))
 
 
 def test_upsample_conv2d_on_cpu_runs_the_replaced_ops():
