@@ -3,9 +3,6 @@ a later decode of its sizes nothing to capture, rewrite, check or compile."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 import torch
 
@@ -14,12 +11,11 @@ from rewrite.models.wan import capture as wan_capture
 from rewrite.models.auk.model import AuKVAE
 from rewrite.models.wan.config import build_wan
 from rewrite.ops import compile_ahead, run_context, selftest
-from rewrite.reporting import STAGES, TimingLog
+from rewrite.reporting import STAGES
 from rewrite.runtime import disk_cache
-from rewrite.runtime.graphs import GraphPool
 from tests.graph_fakes import FakeGraphs
 from tests.models.auk.test_runner import MICRO
-from tests.ops.test_compile_ahead import FakeAsyncMode, FakeKernel
+from tests.ops.test_compile_ahead import FakeAsyncMode
 
 
 @pytest.fixture(autouse=True)
@@ -102,35 +98,6 @@ def test_wan_warmup_takes_one_frame_count_or_several(wan_pair):
     assert warmup(vae, shapes=[(4, 6)], frames=21).shapes == warmup(vae, shapes=[(4, 6)], frames=(9, 21)).shapes
 
 
-def test_export_traces_without_the_fake_tensor_cache_and_restores_the_flag():
-    """`export_step` makes its fake mode without the dispatch cache (the same graph, about half the steady
-    graph's export time for full-size Wan on CPU); the process-wide flag is restored afterwards."""
-    from rewrite.capture.export import export_step
-
-    seen = []
-
-    class Probe(torch.nn.Module):
-        def forward(self, x):
-            seen.append(torch._dynamo.config.fake_tensor_cache_enabled)
-            return x * 2
-
-    before = torch._dynamo.config.fake_tensor_cache_enabled
-    graph = export_step("probe", Probe(), (torch.ones(2, 3),), dynamic_dims=(0,))
-    assert seen == [False] and torch._dynamo.config.fake_tensor_cache_enabled == before
-    mode = next(n.meta["val"] for n in graph.graph_module.graph.nodes if n.op == "placeholder").fake_mode
-    assert not mode.cache_enabled
-
-
-def test_the_timing_log_keeps_the_first_and_the_last_records():
-    log = TimingLog(keep=3)
-    for i in range(10):
-        log.add("chunk0", "export", i)
-    assert len(log) == 10 and [t.seconds for t in log.records()] == [0, 1, 2, 7, 8, 9]
-    assert [t.seconds for t in log.records(since=8)] == [8, 9]
-    log.add("chunk0", "export", -1.0)  # a clock step backwards is no negative stage
-    assert log.records(since=10)[0].seconds == 0
-
-
 # ---- CUDA-graph builds ------------------------------------------------------------------------------------------
 def test_an_auk_warmup_reports_its_export_passes_and_each_cuda_graph_build():
     torch.manual_seed(0)
@@ -143,46 +110,6 @@ def test_an_auk_warmup_reports_its_export_passes_and_each_cuda_graph_build():
     stages = {t.stage for t in result.breakdown if t.graph == "CUDA graphs 1x96 float32 cpu"}
     assert stages == {"warm-up", "capture", "self-checks", "kernel launches"}
     assert "CUDA graphs 1x64 float32 cpu" in str(report(vae))
-
-
-class SlowChecksAndLaunches:
-    """A graph backend whose "capture" runs a self-check and a kernel launch of 50 ms each in the building thread."""
-
-    def new_pool(self):
-        return object()
-
-    def capture(self, fn, inputs, pool):
-        selftest._timed("frame_conv", lambda: time.sleep(0.05) or True)
-        compile_ahead.launch(SleepingKernel(), (1,))
-        return fn
-
-
-class SleepingKernel(FakeKernel):
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: time.sleep(0.05)
-
-
-def test_a_build_is_charged_its_own_thread_s_self_checks_and_launches_only():
-    timings, stop = [], threading.Event()
-
-    def other_thread():  # self-checks of another thread at the same time are not this build's
-        while not stop.is_set():
-            selftest._timed("silu", lambda: time.sleep(0.005) or True)
-
-    thread = threading.Thread(target=other_thread)
-    thread.start()
-    try:
-        pool = GraphPool(SlowChecksAndLaunches(), on_build=timings.append)
-        pool.get(("a", 1), lambda: (lambda x: [x]), lambda: [torch.zeros(1)])
-        pool.get(("a", 1), lambda: (lambda x: [x]), lambda: [torch.zeros(1)])  # built once
-    finally:
-        stop.set()
-        thread.join()
-    (timing,) = timings
-    # the other thread checked all along (>= 0.1 s during the build): charged to the build, it would show here
-    assert 0.05 <= timing.self_checks < 0.09 and 0.05 <= timing.kernel_launches < 0.09
-    assert timing.seconds >= timing.self_checks + timing.kernel_launches
-    assert timing.label == "CUDA graphs 1 a" and all(v >= 0 for v in timing.stages().values())
 
 
 def test_the_silu_self_check_runs_its_kernel_inside_a_compile_ahead_pass(monkeypatch):

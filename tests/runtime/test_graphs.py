@@ -1,14 +1,19 @@
-"""CUDA-graph containers on CPU: what a deep copy of a model's runner gets, and pool generations."""
+"""CUDA-graph containers on CPU: what a deep copy of a model's runner gets, pool generations, and what a
+graph build is charged (its own thread's self-checks and kernel launches only)."""
 
 from __future__ import annotations
 
 import copy
+import threading
+import time
 
 import torch
 
 from rewrite.runtime.graph_memory import GraphMemory
 from rewrite.runtime.graphs import GraphPool, static_buffer_mode
+from rewrite.ops import compile_ahead, selftest
 from tests.graph_fakes import FakeGraphs, Uncopyable
+from tests.ops.test_compile_ahead import FakeKernel
 
 
 def test_deep_copies_of_graph_containers_are_empty():
@@ -45,3 +50,43 @@ def test_static_buffers_are_made_without_inference_or_grad_mode():
             product = weight * buffer
             assert not torch.is_inference_mode_enabled() and not buffer.is_inference()
             assert not torch.is_grad_enabled() and product.grad_fn is None
+
+
+class SlowChecksAndLaunches:
+    """A graph backend whose "capture" runs a self-check and a kernel launch of 50 ms each in the building thread."""
+
+    def new_pool(self):
+        return object()
+
+    def capture(self, fn, inputs, pool):
+        selftest._timed("frame_conv", lambda: time.sleep(0.05) or True)
+        compile_ahead.launch(SleepingKernel(), (1,))
+        return fn
+
+
+class SleepingKernel(FakeKernel):
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: time.sleep(0.05)
+
+
+def test_a_build_is_charged_its_own_thread_s_self_checks_and_launches_only():
+    timings, stop = [], threading.Event()
+
+    def other_thread():  # self-checks of another thread at the same time are not this build's
+        while not stop.is_set():
+            selftest._timed("silu", lambda: time.sleep(0.005) or True)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    try:
+        pool = GraphPool(SlowChecksAndLaunches(), on_build=timings.append)
+        pool.get(("a", 1), lambda: (lambda x: [x]), lambda: [torch.zeros(1)])
+        pool.get(("a", 1), lambda: (lambda x: [x]), lambda: [torch.zeros(1)])  # built once
+    finally:
+        stop.set()
+        thread.join()
+    (timing,) = timings
+    # the other thread checked all along (>= 0.1 s during the build): charged to the build, it would show here
+    assert 0.05 <= timing.self_checks < 0.09 and 0.05 <= timing.kernel_launches < 0.09
+    assert timing.seconds >= timing.self_checks + timing.kernel_launches
+    assert timing.label == "CUDA graphs 1 a" and all(v >= 0 for v in timing.stages().values())
