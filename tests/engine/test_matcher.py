@@ -1,154 +1,20 @@
-"""Pattern engine: matching (counts, bound scalars, multi-output, guards), near misses, replacement."""
+"""Matching (`rewrite.engine.matcher`): counts, bound scalars, variants, multi-output, guards, in-place ops, near
+misses, optional inputs."""
 
 from __future__ import annotations
 
-from typing import Optional
-
-import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from rewrite.engine.matcher import find_matches
 from rewrite.engine.pattern import Pattern, variants
 from rewrite.engine.rewriter import replace_matches
+from tests.engine.pattern_cases import (
+    Block, Decoder, MAX, NORM_CACHE, NORM_ONLY, NORM_SILU, RMSNorm, canonical, capture, norm_patterns, replace,
+    replace_with_cache, run_both, search)
 
 aten = torch.ops.aten
-MAX = 9223372036854775807
-
-
-# --------------------------------------------------------------------------------------------- test ops
-
-
-def _reference_norm(x: Tensor, gamma: Tensor, scale: float, bias: float) -> Tensor:
-    """The same aten ops as the captured graph, so a reference op is bit-identical to it."""
-    denom = aten.expand_as.default(aten.clamp_min.default(aten.linalg_vector_norm.default(x, 2.0, [1], True), 1e-12), x)
-    return aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.div.Tensor(x, denom), scale), gamma), bias)
-
-
-@torch.library.custom_op("rewrite_test::rms_norm_act", mutates_args=())
-def rms_norm_act(x: Tensor, gamma: Tensor, scale: float, bias: float, act: Optional[str]) -> Tensor:
-    y = _reference_norm(x, gamma, scale, bias)
-    return aten.silu.default(y) if act == "silu" else y
-
-
-@rms_norm_act.register_fake
-def _(x, gamma, scale, bias, act):
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("rewrite_test::rms_norm_silu_cache", mutates_args=())
-def rms_norm_silu_cache(x: Tensor, gamma: Tensor, scale: float, bias: float) -> tuple[Tensor, Tensor]:
-    y = aten.silu.default(_reference_norm(x, gamma, scale, bias))
-    return y, y[:, :, -2:].clone()
-
-
-@rms_norm_silu_cache.register_fake
-def _(x, gamma, scale, bias):
-    return torch.empty_like(x), torch.empty_like(x[:, :, -2:])
-
-
-# --------------------------------------------------------------------------------------------- patterns
-
-
-def search(x, gamma, scale, bias, act):
-    norm = aten.linalg_vector_norm.default(x, 2.0, [1], True)
-    denom = aten.expand_as.default(aten.clamp_min.default(norm, 1e-12), x)
-    y = aten.mul.Tensor(aten.mul.Tensor(aten.div.Tensor(x, denom), scale), gamma)
-    y = aten.add.Tensor(y, bias)
-    return aten.silu.default(y) if act == "silu" else y
-
-
-def replace(x, gamma, scale, bias, act):
-    return torch.ops.rewrite_test.rms_norm_act.default(x, gamma, scale, bias, act)
-
-
-def search_with_cache(x, gamma, scale, bias):
-    y = search(x, gamma, scale, bias, "silu")
-    return y, aten.clone.default(aten.slice.Tensor(y, 2, -2, MAX))
-
-
-def replace_with_cache(x, gamma, scale, bias):
-    out = torch.ops.rewrite_test.rms_norm_silu_cache.default(x, gamma, scale, bias)
-    return out[0], out[1]
-
-
-def norm_patterns(guard=None, **options):
-    return variants(search, replace, guard, name="rms_norm_act", exactness="exact", level="lossless",
-                    scalars=("scale", "bias"), module_types=("RMSNorm",), act=("silu", None), **options)
-
-
-NORM_SILU, NORM_ONLY = norm_patterns()
-NORM_CACHE = Pattern(name="rms_norm_silu_cache", search=search_with_cache, replace=replace_with_cache,
-                     exactness="exact", level="lossless", scalars=("scale", "bias"))
-
-
-# --------------------------------------------------------------------------------------------- models
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, channels: int, scale: float, gamma_first: bool = False):
-        super().__init__()
-        self.gamma = nn.Parameter(torch.randn(channels, 1, 1, 1))
-        self.scale, self.gamma_first = scale, gamma_first
-
-    def forward(self, x):
-        y = F.normalize(x.float(), dim=1).to(x.dtype) * self.scale
-        return (self.gamma * y if self.gamma_first else y * self.gamma) + 0.0
-
-
-class Block(nn.Module):
-    def __init__(self, channels=4, scale=2.0, act="silu", cache=False, gamma_first=False):
-        super().__init__()
-        self.norm1 = RMSNorm(channels, scale, gamma_first)
-        self.act = nn.SiLU() if act == "silu" else nn.ReLU() if act == "relu" else nn.Identity()
-        self.cache = cache
-
-    def forward(self, x):
-        y = self.act(self.norm1(x))
-        return (y, y[:, :, -2:].clone()) if self.cache else (y,)
-
-
-class Decoder(nn.Module):
-    def __init__(self, *blocks):
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-
-    def forward(self, x):
-        extra = []
-        for block in self.blocks:
-            x, *cache = block(x)
-            extra += cache
-        return (x, *extra)
-
-
-def canonical(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """What canonicalize does to these graphs: drop metadata asserts and same-dtype `to`."""
-    for node in list(gm.graph.nodes):
-        if node.target is aten._assert_tensor_metadata.default:
-            gm.graph.erase_node(node)
-        elif node.target is aten.to.dtype and node.args[0].meta["val"].dtype == node.meta["val"].dtype:
-            node.replace_all_uses_with(node.args[0])
-            gm.graph.erase_node(node)
-    gm.recompile()
-    return gm
-
-
-def capture(model: nn.Module) -> torch.fx.GraphModule:
-    x = torch.randn(2, 4, 3, 5, 5)
-    batch = torch.export.Dim("batch", min=1, max=64)
-    ep = torch.export.export(model, (x,), strict=False, dynamic_shapes=({0: batch},))
-    return canonical(ep.module())
-
-
-def node(gm: torch.fx.GraphModule, name: str) -> torch.fx.Node:
-    return next(n for n in gm.graph.nodes if n.name == name)
-
-
-def run_both(model: nn.Module, gm: torch.fx.GraphModule, batch: int = 3):
-    x = torch.randn(batch, 4, 3, 5, 5)
-    with torch.no_grad():
-        return model(x), gm(x)
 
 
 # --------------------------------------------------------------------------------------------- matching
@@ -388,85 +254,6 @@ def test_near_misses_are_computed_only_when_asked():
     assert result._near is None
     result.near_misses()
     assert result._near is not None
-
-
-# --------------------------------------------------------------------------------------------- replacement
-
-
-def test_replacement_lints_propagates_symbolic_vals_and_provenance_and_is_exact():
-    model = Decoder(Block(scale=2.0), Block(scale=3.0), Block(scale=0.5))
-    gm = capture(model)
-    before = len(gm.graph.nodes)
-    counts = replace_matches(gm, find_matches(gm, NORM_SILU).matches)
-    assert counts.replaced == {NORM_SILU.name: 3} and counts.nodes_erased == 3 * 8 and counts.nodes_added == 3
-    assert len(gm.graph.nodes) == before - 3 * 7
-    gm.graph.lint()
-    fused = [n for n in gm.graph.nodes if n.meta.get("rewrite_pattern") == NORM_SILU.name]
-    assert [n.args[2] for n in fused] == [2.0, 3.0, 0.5] and all(n.args[4] == "silu" for n in fused)
-    for n in fused:
-        assert isinstance(n.meta["val"].shape[0], torch.SymInt) and n.meta["val"].dtype == torch.float32
-        assert list(n.meta["nn_module_stack"].values())[-1][0].endswith(".act")
-        assert "stack_trace" in n.meta
-    reference, rewritten = run_both(model, gm, batch=5)
-    assert torch.equal(reference[0], rewritten[0])
-
-
-def test_replacement_vals_are_computed_without_the_fake_tensor_cache(monkeypatch):
-    """With symbolic sizes almost every cached dispatch misses and still builds an entry: the rewriter turns the
-    graph's fake mode's cache off while it computes the new nodes' values, and back on after."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    gm = capture(Decoder(Block(cache=True), Block(cache=True, scale=5.0)))
-    mode = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder").fake_mode
-    mode.cache_enabled = True
-    cached = []
-    original = FakeTensorMode._cached_dispatch_impl
-    monkeypatch.setattr(FakeTensorMode, "_cached_dispatch_impl",
-                        lambda self, *args: cached.append(args[0]) or original(self, *args))
-    assert replace_matches(gm, find_matches(gm, NORM_CACHE).matches).replaced == {"rms_norm_silu_cache": 2}
-    assert cached == [] and mode.cache_enabled
-
-
-def test_pattern_definition_errors_are_clear():
-    with pytest.raises(ValueError, match="exactness"):
-        Pattern(name="p", search=search, replace=replace, exactness="close", level="lossless")
-    with pytest.raises(ValueError, match="level"):
-        Pattern(name="p", search=search_with_cache, replace=replace_with_cache, exactness="exact", level="off")
-    with pytest.raises(ValueError, match="same parameters"):
-        Pattern(name="p", search=search_with_cache, replace=replace, exactness="exact", level="lossless")
-    with pytest.raises(ValueError, match="torch.ops.aten"):
-        Pattern(name="p", search=lambda x: F.silu(x), replace=lambda x: x, exactness="exact", level="lossless")
-    with pytest.raises(ValueError, match="more than 4 variants"):
-        norm_patterns(inplace=True, max_variants=4)
-
-
-# --------------------------------------------------------------------------------------------- the pass
-
-
-def test_fuse_patterns_applies_the_level_patterns_and_reports(monkeypatch):
-    from rewrite import patterns
-    from rewrite.passes.fuse_patterns import fuse_patterns
-    from rewrite.passes.manager import PassContext
-
-    def scale_below_three(match):
-        return None if match.scalars["scale"] < 3 else "scale too large"
-
-    registered = norm_patterns(scale_below_three)
-    monkeypatch.setattr(patterns, "registry", lambda: registered)
-    model = Decoder(Block(scale=2.0), Block(scale=3.0, act=None), Block(scale=4.0))
-    gm = capture(model)
-
-    off = fuse_patterns(gm, PassContext(level="off"))
-    assert not off.changed and off.stats["matches"] == {}
-
-    result = fuse_patterns(gm, PassContext(level="lossless"))
-    assert result.changed
-    assert result.stats["matches"] == {NORM_SILU.name: 1, NORM_ONLY.name: 0}
-    assert [r["reason"] for r in result.stats["rejected"][NORM_SILU.name]] == ["guard failed: scale too large"]
-    [provenance] = result.stats["provenance"][NORM_SILU.name]
-    assert provenance["module"] == "blocks.0" and provenance["cross_check"]
-    reference, rewritten = run_both(model, gm)
-    assert torch.equal(reference[0], rewritten[0])
 
 
 # --------------------------------------------------------------------------------------------- optional inputs
