@@ -24,7 +24,7 @@ against ``off``).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -197,54 +197,76 @@ def pair_reason(first_out_channels: int, first_in_channels: int, second_in_shape
     return reason if reason is not None else conv_reason(second_in_shape, second_weight_shape, dtype)
 
 
-def _pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight):
-    return (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, None, None, None, None, True)
+class ConvStage(NamedTuple):
+    """One normalized causal conv of a residual block, as the pair and chain ops take it: the RMS norm (+ `act`)
+    of its input, and the conv reading the causally padded, cached result (in `rms_norm_causal_conv3d`'s
+    argument order)."""
+
+    gamma: Tensor
+    scale: float
+    norm_bias: float
+    eps: float
+    upcast: bool
+    act: Optional[str]
+    cache: Optional[Tensor]
+    pad: list[int]
+    mode: str
+    weight: Tensor
+    bias: Optional[Tensor]
 
 
-def _pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
-                      residual, bias, residual_bias):
-    return (y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, bias,
-            residual_bias, False)
+def _first_op_args(x: Tensor, first: ConvStage) -> tuple:
+    """`rms_norm_causal_conv3d_fast`'s arguments for the first conv: no bias (deferred into the second norm),
+    no residual, its output channels-last."""
+    return (x, *first[:-1], None, None, None, None, True)
 
 
-def _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2, weight2,
-                        residual, tensors, normalized=None):
+def _second_op_args(y: Tensor, second: ConvStage, residual: Optional[Tensor], x_bias: Optional[Tensor],
+                    residual_bias: Optional[Tensor]) -> tuple:
+    """`rms_norm_causal_conv3d_fast`'s arguments for the second conv: the first conv's output `y` whose bias
+    `x_bias` the norm adds as it reads, the residual with its own deferred bias."""
+    return (y, *second, residual, x_bias, residual_bias, False)
+
+
+def _pair_kernel_inputs(x: Tensor, first: ConvStage, second: ConvStage, residual: Optional[Tensor], tensors,
+                        normalized: Optional[Tensor] = None) -> Optional[Tensor]:
     """A tensor of the first conv's output shape (for the shape checks) where the pair op's kernel path serves
     the call (the first op's fused-norm conditions, both convs served, `pair_reason`); else None: the two ops
     run. `normalized`: the first conv's padded input made by the op before (then x's norm is not run)."""
-    if not (_exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_pair_fast", tensors,
-                                      triton_conv3d.SUPPORTED_DTYPES) and gamma2.numel() == weight.shape[0]):
+    weight = first.weight
+    if not (_exact.fused_norm_applies(x, first.gamma, first.act, "rms_norm_causal_conv3d_pair_fast", tensors,
+                                      triton_conv3d.SUPPORTED_DTYPES) and second.gamma.numel() == weight.shape[0]):
         return None
     if normalized is not None:
         in_shape = tuple(normalized.shape) if normalized.is_contiguous(memory_format=CL) else None
     else:
-        in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, None)
+        in_shape = _exact.channels_last_conv_input_shape(x, first.cache, first.pad, first.mode, weight, None)
     if in_shape is None or conv_reason(in_shape, weight.shape, x.dtype) is not None:
         return None
     y_proxy = torch.empty((), dtype=x.dtype, device=x.device).expand(conv_output_shape(in_shape, weight.shape))
-    in_shape2 = _exact.channels_last_conv_input_shape(y_proxy, cache2, pad2, mode2, weight2, residual)
-    if in_shape2 is None or pair_reason(weight.shape[0], weight.shape[1], in_shape2, weight2.shape, x.dtype,
-                                        act2) is not None:
+    in_shape2 = _exact.channels_last_conv_input_shape(y_proxy, second.cache, second.pad, second.mode, second.weight,
+                                                      residual)
+    if in_shape2 is None or pair_reason(weight.shape[0], weight.shape[1], in_shape2, second.weight.shape, x.dtype,
+                                        second.act) is not None:
         return None
-    if normalized is None and not one_pass_norm_chosen(x) and _exact.fused_norm_plan(x, upcast, act, None) is None:
+    if (normalized is None and not one_pass_norm_chosen(x)
+            and _exact.fused_norm_plan(x, first.upcast, first.act, None) is None):
         return None
     return y_proxy
 
 
 def _first_conv_into_second_input(padded: Tensor, y_proxy: Tensor, weight: Tensor, bias: Optional[Tensor],
-                                  gamma2: Tensor, scale2: float, norm_bias2: float, eps2: float,
-                                  act2: Optional[str], cache2: Optional[Tensor], pad2: list[int],
-                                  mode2: str, into2: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                                  second: ConvStage, into2: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """The pair's kernel path up to its second conv: (the second conv's padded input, its next cache), the
     first conv of `padded` normalized straight into them (`triton_conv3d.conv3d_channels_last_norm_padded`;
     the pad kernel writes the cache frames and the zero pad). `y_proxy`: a tensor of the first conv's
     output shape (`_pair_kernel_inputs`); `into2`: a buffer for the second next cache (`cache_into`)."""
-    cache2_read = cache2 if mode2 != "chunk0" else None
+    cache2_read = second.cache if second.mode != "chunk0" else None
     padded2, next_cache2 = triton_pad.causal_pad_rest_channels_last(
-        y_proxy, cache2_read, pad2, cache_into.buffer_for(into2, cache2_read, y_proxy))
+        y_proxy, cache2_read, second.pad, cache_into.buffer_for(into2, cache2_read, y_proxy))
     triton_conv3d.conv3d_channels_last_norm_padded(
-        padded, weight.contiguous(memory_format=CL), bias, gamma2, scale2, norm_bias2, eps2, act2 == "silu",
-        padded2, next_cache2, pad2, 0 if cache2_read is None else cache2_read.shape[2])
+        padded, weight.contiguous(memory_format=CL), bias, second.gamma, second.scale, second.norm_bias, second.eps,
+        second.act == "silu", padded2, next_cache2, second.pad, 0 if cache2_read is None else cache2_read.shape[2])
     return padded2, next_cache2
 
 
@@ -273,38 +295,35 @@ def rms_norm_causal_conv3d_pair_fast(x: Tensor, gamma: Tensor, scale: float, nor
     computed in fp32 from the first conv's rounded output with one rounding at the end (ATen rounds after
     each op; `upcast2` is then moot). The kernel path writes the next caches into buffers `cache_into` gives."""
     into = cache_into.taken()
-    first = _pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight)
+    first = ConvStage(gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias)
+    second = ConvStage(gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2)
     if residual_bias is not None and residual is None:
         raise ValueError("rms_norm_causal_conv3d_pair_fast: residual_bias without a residual")
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias)
                     if t is not None)
-    served = _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2,
-                                 weight2, residual, tensors)
+    served = _pair_kernel_inputs(x, first, second, residual, tensors)
     if served is not None:
         padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, None,
                                                into.get(1))
-        padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, gamma2, scale2, norm_bias2,
-                                                             eps2, act2, cache2, pad2, mode2, into.get(2))
+        padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, second, into.get(2))
         del padded  # the first conv's input: free before the second conv's output is allocated
         shape = conv_output_shape(padded2.shape, weight2.shape)
         out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
         _triton_conv(padded2, weight2, bias2, residual, out, residual_bias)
         return out, next_cache, next_cache2
-    y, next_cache = rewrite_ops.rms_norm_causal_conv3d_fast.default(*first)
+    y, next_cache = rewrite_ops.rms_norm_causal_conv3d_fast.default(*_first_op_args(x, first))
     out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
-        *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
-                           residual, bias, residual_bias))
+        *_second_op_args(y, second, residual, bias, residual_bias))
     return out, next_cache, next_cache2
 
 
 @rms_norm_causal_conv3d_pair_fast.register_fake
 def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2, norm_bias2, eps2,
       upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias):
-    y, next_cache = _exact._rms_norm_causal_conv3d_fake(
-        *_pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight))
-    out, next_cache2 = _exact._rms_norm_causal_conv3d_fake(
-        *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
-                           residual, bias, residual_bias))
+    first = ConvStage(gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias)
+    second = ConvStage(gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2)
+    y, next_cache = _exact._rms_norm_causal_conv3d_fake(*_first_op_args(x, first))
+    out, next_cache2 = _exact._rms_norm_causal_conv3d_fake(*_second_op_args(y, second, residual, bias, residual_bias))
     return out, next_cache, next_cache2
 
 
@@ -399,8 +418,9 @@ def rms_norm_causal_conv3d_pair_fast_chain(
         raise ValueError("rms_norm_causal_conv3d_pair_fast_chain: residual_bias without a residual")
     tensors = tuple(t for t in (x, normalized, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual,
                                 residual_bias, gamma3, cache3) if t is not None)
-    served = _pair_kernel_inputs(x, gamma, upcast, act, cache, pad, mode, weight, gamma2, act2, cache2, pad2, mode2,
-                                 weight2, residual, tensors, normalized)
+    first = ConvStage(gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias)
+    second = ConvStage(gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2)
+    served = _pair_kernel_inputs(x, first, second, residual, tensors, normalized)
     if served is None:
         if normalized is None:
             out, next_cache, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_pair_fast.default(
@@ -409,8 +429,7 @@ def rms_norm_causal_conv3d_pair_fast_chain(
         else:
             y = _exact.channels_last_conv_raw(normalized, weight).contiguous(memory_format=CL)
             out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
-                *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2,
-                                   bias2, residual, bias, residual_bias))
+                *_second_op_args(y, second, residual, bias, residual_bias))
             next_cache = _absent(x)
         if gamma3 is None:
             return out, next_cache, next_cache2, _absent(x), _absent(x)
@@ -424,8 +443,7 @@ def rms_norm_causal_conv3d_pair_fast_chain(
                                                into.get(1))
     else:
         padded, next_cache = normalized, _absent(x)
-    padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, gamma2, scale2, norm_bias2,
-                                                         eps2, act2, cache2, pad2, mode2, into.get(2))
+    padded2, next_cache2 = _first_conv_into_second_input(padded, served, weight, bias, second, into.get(2))
     del padded
     shape = conv_output_shape(padded2.shape, weight2.shape)
     out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype, device=x.device)
@@ -455,13 +473,12 @@ def rms_norm_causal_conv3d_pair_fast_chain(
 def _(x, normalized, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2,
       norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias, gamma3, scale3,
       norm_bias3, eps3, upcast3, act3, cache3, pad3, mode3):
+    second = ConvStage(gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2)
     if normalized is None:
-        y, next_cache = _exact._rms_norm_causal_conv3d_fake(
-            *_pair_args_first(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight))
+        first = ConvStage(gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias)
+        y, next_cache = _exact._rms_norm_causal_conv3d_fake(*_first_op_args(x, first))
     else:
         y = layout.empty(conv_output_shape(normalized.shape, weight.shape), x, CL)
         next_cache = _absent(x)
-    out, next_cache2 = _exact._rms_norm_causal_conv3d_fake(
-        *_pair_args_second(y, gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
-                           residual, bias, residual_bias))
+    out, next_cache2 = _exact._rms_norm_causal_conv3d_fake(*_second_op_args(y, second, residual, bias, residual_bias))
     return (out, next_cache, next_cache2, *_chain_fake_next(out, gamma3, cache3, pad3, mode3))
