@@ -15,7 +15,7 @@ its fake read those rules from:
 - `norm_plan`: where the one-kernel RMS norm reproduces ATen's summation order (`rewrite.kernels.norm.aten_reduction`)
   and how many ATen threads it emulates.
 
-No kernel here: the kernel modules (`rewrite.ops.triton_*`) and the ops (`rewrite.models.wan.ops`) import this one.
+No kernel here: the kernel modules (`rewrite.kernels.*`) and the ops (`rewrite.models.wan.ops`) import this one.
 """
 
 from __future__ import annotations
