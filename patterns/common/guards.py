@@ -6,13 +6,17 @@ reason it may not.
 
 from __future__ import annotations
 
+from rewrite.kernels import cards
 from rewrite.ops import dispatch  # INTERPRETING, conv_bias_is_separate (looked up per call: tests patch them)
 
 
 def triton_kernel_runs(device, kernel: str) -> str | None:
-    """None where a family's Triton `kernel` runs: a graph on CUDA, or on the CPU under the Triton interpreter
-    (the tests); else the reason, naming the kernel."""
-    if device.type == "cuda" or (dispatch.INTERPRETING and device.type == "cpu"):
+    """None where a family's Triton `kernel` runs and its per-shape choice tables serve: a graph on a CUDA card
+    they were measured on (`rewrite.kernels.cards`), or on the CPU under the Triton interpreter (the tests);
+    else the reason, naming the kernel."""
+    if device.type == "cuda":
+        return cards.unmeasured_card_reason(device)
+    if dispatch.INTERPRETING and device.type == "cpu":
         return None
     return f"the graph runs on {device}: {kernel} runs on CUDA"
 

@@ -188,7 +188,7 @@ def wasted_fraction(tile: ConvTile, width: int, kernel_width: int = 3) -> float:
 # largest `wasted_fraction` of `launch_config`'s tile at which it was: 96 channels and the folded heads
 # (`_FOLDED_TAPS`) at every measured width; 192 and 384 only where the programs tile the rows exactly or flat
 # programs waste at most 1%. Everything else keeps cuDNN's conv. Measured on the H200 (docs/tuning.md sections
-# 1.5, 1.7 and 1.15); the same table serves other cards until they have their own (issue 37, item 6).
+# 1.5, 1.7 and 1.15); it serves the cards `rewrite.kernels.cards` lists, others keep cuDNN's conv.
 _FASTER_THAN_CUDNN: dict = {(96, 96, 27): math.inf, (192, 192, 27): 0.01, (384, 384, 27): 0.01, (192, 384, 27): 0.01,
                             (96, 3, 27): math.inf, (256, 12, 27): math.inf}
 

@@ -1,0 +1,34 @@
+"""The GPUs whose per-shape kernel choices were measured, and the safe choice on every other card.
+
+The `channels_last` tables that pick our Triton kernels over cuDNN's or ATen's per shape (the conv3d's
+`_FASTER_THAN_CUDNN` and `_NORM_EPILOGUE_FASTER`, the Wan ops' one-pass norm, chain and upsample tables, the
+attention head dims) were measured on the H200 (docs/tuning.md). Which kernel wins depends on the card (SM
+count, clocks, power cap, memory bandwidth), so those tables serve only the cards listed here; on any other
+CUDA card the patterns that would use them decline, and the graph keeps the `lossless` ops and cuDNN's convs:
+slower than a measured table could make it, never a guess. A card is added after its own sweep
+(`python -m rewrite.tools.sweep_conv3d` and the other `tools/sweep_*` scripts), one line here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: card name, as `torch.cuda.get_device_name` gives it -> where its kernel choices come from
+MEASURED_CARDS: dict[str, str] = {
+    "NVIDIA H200": "the H200 sweeps (docs/tuning.md)",
+    # not swept on its own yet: its decodes were measured faster with the H200's tables than with cuDNN's
+    # convs (Wan 2.1 720x1280x21 `channels_last` 3.09x against `lossless` 2.04x; docs/results.md session 25)
+    "NVIDIA H100 80GB HBM3": "the H200's tables, checked at decode level (docs/results.md session 25)",
+}
+
+
+def unmeasured_card_reason(device: torch.device) -> str | None:
+    """None where the per-shape kernel choices serve `device` (a listed card, or no CUDA device: the CPU runs
+    the kernels only under the Triton interpreter, in tests); else why the safe choice is taken."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    if name in MEASURED_CARDS:
+        return None
+    return (f"no kernel choices were measured on {name} (measured: {', '.join(MEASURED_CARDS)}): the lossless "
+            "ops and cuDNN's convs, the safe choice")
