@@ -17,7 +17,7 @@ from torch import nn
 from rewrite import supported
 from rewrite.pipeline import rewrite_graph
 
-SUPPORTED = ("diffusers.AutoencoderKLWan (Wan 2.1 / 2.2), rewrite.models.auk.model.AuKVAE, "
+SUPPORTED = ("diffusers.AutoencoderKLWan (Wan 2.1 / 2.2), rewrite.models.auk.AuKVAE, "
              "diffusers.AutoencoderKLQwenImage")
 
 

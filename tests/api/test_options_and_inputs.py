@@ -54,7 +54,7 @@ def test_a_misspelt_auk_option_lists_the_options_of_the_level_and_those_of_chann
     with pytest.raises(TypeError) as caught:
         optimize(_micro_auk(), "lossless", tile_frame=64, colour="blue")
     message = str(caught.value)
-    assert ("unexpected options 'tile_frame' (did you mean 'tile_frames'?), 'colour' for rewrite.models.auk.model.AuKVAE"
+    assert ("unexpected options 'tile_frame' (did you mean 'tile_frames'?), 'colour' for rewrite.models.auk.AuKVAE"
             in message)
     assert ("at level 'lossless' it takes cache_dir, max_graphs; also compile_shapes, cudnn_benchmark, tile_frames, "
             "which act at level 'channels_last' only") in message

@@ -34,7 +34,7 @@ def _capture(module: nn.Module, dtype: torch.dtype, device: torch.device,
 
 
 ROWS: tuple[SupportedModel, ...] = (SupportedModel(
-    name="auk", family="auk", type_name="rewrite.models.auk.model.AuKVAE", label=None,
+    name="auk", family="auk", type_name="rewrite.models.auk.AuKVAE", label=None,
     load_runner=_runner,
     recognise=lambda module: instance_of(module, "rewrite.models.auk.model", "AuKVAE"),
     make=_make, capture_graphs=_capture, graph_names=("decode",),
