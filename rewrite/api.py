@@ -46,8 +46,7 @@ def optimize(module: nn.Module, level: str = "lossless", *, group=None, output: 
     model = model_for(module)
     runner_class = model.runner_class()
     _check_option_names(model, runner_class, level, options)  # before anything is built or installed
-    shards = getattr(runner_class, "shards", True)  # False: Qwen-Image's (a Wan-family runner that does not shard)
-    sharding = _sharding_for(module, model.family if shards else model.name, level, group, output)
+    sharding = _sharding_for(module, _shards(model, runner_class), level, group, output)
     # Built first: a bad option value raises before anything installed is touched (at "off" too: an option
     # misspelt there would be one misspelt at the other levels).
     runner = runner_class(module, LEVELS[-1] if level == "off" else level, rewrite_graph, **options)
@@ -70,9 +69,15 @@ def accepted_options(model: SupportedModel, runner_class: type) -> dict[str, tup
     acts. The runner's `OPTIONS` (its test hooks, `HIDDEN_OPTIONS`, are accepted but not listed) and, for
     Wan, `group` and `output`."""
     options = dict(runner_class.OPTIONS)
-    if model.family == "wan" and getattr(runner_class, "shards", True):  # Qwen-Image's runner: shards = False
+    if _shards(model, runner_class):
         options.update(_SHARDING_OPTIONS)
     return options
+
+
+def _shards(model: SupportedModel, runner_class: type) -> bool:
+    """Whether `group=` may shard this model's decode: a Wan-family model whose runner does not opt out
+    (`shards = False`: Qwen-Image's, whose decoder the band forwards were not written for)."""
+    return model.family == "wan" and getattr(runner_class, "shards", True)
 
 
 def _check_option_names(model: SupportedModel, runner_class: type, level: str, options: dict) -> None:
@@ -100,13 +105,13 @@ def _check_option_names(model: SupportedModel, runner_class: type, level: str, o
                     f"{', '.join(named)} for {what}: {takes}")
 
 
-def _sharding_for(module: nn.Module, family: str, level: str, group, output):
+def _sharding_for(module: nn.Module, shardable: bool, level: str, group, output):
     """`rewrite.models.wan.distributed.sharding.sharding_for`; None, importing nothing, without `group=` or `output=`."""
     if group is None and output is None:
         return None
     from rewrite.models.wan.distributed.sharding import sharding_for
 
-    return sharding_for(module, family, level, group, output)
+    return sharding_for(module, shardable, level, group, output)
 
 
 def _set_sharding(module: nn.Module, sharding) -> None:

@@ -69,10 +69,17 @@ def test_importing_the_engine_loads_no_pass_pattern_runtime_or_api():
     assert _brought_in("rewrite.engine", forbidden) == {}
 
 
-def _imported_modules(path: pathlib.Path, package: str) -> set[str]:
-    """Every module an `import` or `from ... import` anywhere in the file names (relative ones resolved)."""
+def _imported_modules(path: pathlib.Path, package: str, type_checking: bool = True) -> set[str]:
+    """Every module an `import` or `from ... import` anywhere in the file names (relative ones resolved);
+    without `type_checking`, not those under `if TYPE_CHECKING:` (type hints only: they never run)."""
+    tree = ast.parse(path.read_text())
+    branches = [] if type_checking else [
+        branch for branch in ast.walk(tree) if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)]
+    hidden = {id(node) for branch in branches for node in ast.walk(branch)}
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in hidden:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -97,21 +104,9 @@ def _library_modules() -> dict[str, pathlib.Path]:
     return modules
 
 
-def _runtime_imports(path: pathlib.Path, package: str) -> set[str]:
-    """`_imported_modules` without the imports under `if TYPE_CHECKING:` (type hints only)."""
-    tree = ast.parse(path.read_text())
-    hidden = {id(node) for branch in ast.walk(tree) if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(
-        branch.test) for node in ast.walk(branch)}
-    names = set()
-    for node in ast.walk(tree):
-        if id(node) in hidden:
-            continue
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+def _package_of(name: str, path: pathlib.Path) -> str:
+    """The package a module's relative imports resolve against: itself for a package's `__init__`."""
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
 
 
 def test_a_pattern_imports_no_other_patterns_module_but_the_shared_ones():
@@ -119,7 +114,7 @@ def test_a_pattern_imports_no_other_patterns_module_but_the_shared_ones():
     shared = {name for name in patterns if name.startswith("rewrite.patterns.common")}
     for name, path in _library_modules().items():
         if name in patterns and name not in shared and not path.name == "__init__.py":
-            others = _imported_modules(path, name.rsplit(".", 1)[0]) & patterns - shared - {name}
+            others = _imported_modules(path, _package_of(name, path)) & patterns - shared - {name}
             others = {m for m in others if m not in ("rewrite.patterns", *(f"rewrite.patterns.{f}" for f in FAMILIES))}
             assert not others, (name, others)
 
@@ -132,7 +127,8 @@ def test_a_model_family_imports_no_other_family():
         if len(parts) < 3 or parts[1] not in ("models", "patterns") or parts[2] not in FAMILIES:
             continue
         family = parts[2]
-        foreign = {m for m in _runtime_imports(path, name) if m.split(".")[1:2] in (["models"], ["patterns"])
+        imported = _imported_modules(path, _package_of(name, path), type_checking=False)
+        foreign = {m for m in imported if m.split(".")[1:2] in (["models"], ["patterns"])
                    and len(m.split(".")) > 2 and m.split(".")[2] in FAMILIES and m.split(".")[2] != family
                    and m.split(".")[2] not in FAMILY_BASES.get(family, ())}
         assert not foreign, (name, foreign)
@@ -147,7 +143,7 @@ def test_the_library_imports_without_cycles():
     graph = nx.DiGraph()
     graph.add_nodes_from(modules)
     for name, path in modules.items():
-        for imported in _runtime_imports(path, name):
+        for imported in _imported_modules(path, _package_of(name, path), type_checking=False):
             if imported in modules and imported != name and not name.startswith(imported + "."):
                 graph.add_edge(name, imported)
     assert list(nx.simple_cycles(graph)) == []

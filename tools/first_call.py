@@ -46,16 +46,14 @@ def child(args) -> dict:
     import torch
 
     import diffusers  # noqa: F401  (12 s on the GPU host: not part of the first call)
-    from rewrite import optimize, report, warmup
-    from rewrite.models.wan.config import build_wan
+    from rewrite import optimize, report, supported, warmup
     from rewrite.ops import selftest
-    from rewrite.supported import _cast
 
     result: dict = {"case": args.case, "imports_s": time.perf_counter() - start}
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     start = time.perf_counter()
-    vae = _cast(build_wan(args.model, args.config), device, torch.bfloat16)
+    vae = supported.get(args.model).build(args.config, device=device, dtype=torch.bfloat16)
     sync()
     result["build_s"] = time.perf_counter() - start
     cache_dir = args.disk_cache or False

@@ -35,8 +35,8 @@ from rewrite.runtime.graph_memory import CacheArena, GraphMemory, budget_option
 from rewrite.runtime.graphs import CudaGraphBackend, describe_key, static_buffer_mode
 from rewrite.runtime.locks import CAPTURE_GATE
 from rewrite.runtime.runner import EVERY_LEVEL, OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
-from rewrite.models.wan.frames import (  # noqa: F401  (the stream module and tests read them here too)
-    CHUNK1_FORM, decodes_tiled, finish_video, run_graph_chunk, steady_form, store_frames, temporal_factor)
+from rewrite.models.wan.frames import (
+    CHUNK1_FORM, decodes_tiled, finish_video, run_graph_chunk, store_frames, temporal_factor)
 
 logger = logging.getLogger("rewrite")
 

@@ -64,7 +64,7 @@ from rewrite.runtime import guards
 from rewrite.runtime.captures import CaptureCache
 from rewrite.runtime.graphs import describe_key
 from rewrite.runtime.runner import MAX_RECAPTURES
-from rewrite.models.wan.runner import finish_video, store_frames, temporal_factor
+from rewrite.models.wan.frames import finish_video, store_frames, temporal_factor
 
 logger = logging.getLogger("rewrite.models.wan.distributed")
 

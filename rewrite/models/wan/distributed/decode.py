@@ -212,7 +212,7 @@ def _band_decode(vae, decoder, run: BandRun, z: torch.Tensor, runner=None, graph
     (`rewrite.models.wan.distributed.band_graphs`), else diffusers' `_decode` frame loop over the band decoder."""
     from rewrite.models.wan.capture import reference_forward
     from rewrite.models.wan.distributed.band_graphs import decode_band_graphs
-    from rewrite.models.wan.runner import finish_video, store_frames, temporal_factor
+    from rewrite.models.wan.frames import finish_video, store_frames, temporal_factor
 
     graph_stats = {} if graph_stats is None else graph_stats
     video = decode_band_graphs(vae, decoder, run, z, runner, graph_stats, cuda_graphs)

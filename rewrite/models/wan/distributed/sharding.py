@@ -68,9 +68,10 @@ def _group_error(group) -> Exception | None:
     return None
 
 
-def sharding_for(module: nn.Module, family: str, level: str, group, output) -> Sharding | None:
+def sharding_for(module: nn.Module, shardable: bool, level: str, group, output) -> Sharding | None:
     """The `Sharding` that `optimize`'s `group=` and `output=` ask for (None without `group=`), checked:
-    TypeError for a group that is no ProcessGroup or DeviceMesh or a model other than Wan, ValueError for a
+    TypeError for a group that is no ProcessGroup or DeviceMesh or a model that is not `shardable` (not Wan's
+    decoder), ValueError for a
     mesh that is not 1-D, an unknown `output`, `output=` without `group=`, or `group=` at level "off"."""
     if group is None:
         if output is not None:
@@ -79,7 +80,7 @@ def sharding_for(module: nn.Module, family: str, level: str, group, output) -> S
     error = _group_error(group)
     if error is not None:
         raise error
-    if family != "wan":
+    if not shardable:
         raise TypeError(f"optimize: group= is for the Wan VAE (diffusers AutoencoderKLWan); got "
                         f"{type(module).__name__}")
     if level == "off":
