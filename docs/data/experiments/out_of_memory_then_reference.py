@@ -14,7 +14,7 @@ from rewrite import optimize, report
 from rewrite.models.wan.config import build_wan
 import sys
 sys.path.insert(0, ".")  # run from the repository root
-from tests.test_gpu_memory import _latents, _reserved  # noqa: E402
+from tests.runtime.test_full_size_memory import _latents, _reserved  # noqa: E402
 
 vae = build_wan("wan2.1", "full").to("cuda", torch.bfloat16)
 weights = _reserved()
