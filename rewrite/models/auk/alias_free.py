@@ -29,10 +29,10 @@ run context (`rewrite.ops.dispatch`: ``use_backend``/``set_backend``, re-exporte
 ``TRITON_INTERPRET=1`` set before import, and the backend is forced to ``"triton"``: an ``"auto"`` CPU call
 never takes the slow interpreter), fp32/fp16/bf16, a ``[B, C, T]`` (copied first unless its rows are
 contiguous runs), no autograd needed (``not torch.is_grad_enabled()`` or no input requires grad) and no
-``torch.compile`` tracing under way. Otherwise the reference runs. When autograd is needed, the op's Autograd
-kernel runs the reference aten ops directly (recorded by autograd), so the result is differentiable; this is
-also why the ops are defined with `torch.library.Library` and not `torch.library.custom_op`, whose
-implementations always run with grad mode off and could not see that a gradient is wanted.
+``torch.compile`` tracing under way. Otherwise the reference runs. Both ops are `torch.library.custom_op`s,
+registered as every op of the library is; their gradient (`register_autograd`) is the reference's, recomputed
+from the saved inputs, so it is the eager module's bit for bit whichever implementation ran forward, and
+`alias_free_snake` itself runs the reference directly when a gradient is wanted.
 
 ``alias_free_snake_causal_conv1d(x, alpha, beta, taps, logscale, weight, bias, dilation, residual,
 x_bias=None)`` is the activation feeding a causal conv (``causal_conv1d(alias_free_snake(x + x_bias), ...)``,
@@ -114,13 +114,37 @@ def choose_implementation(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor) 
     return dispatch.choose("alias_free_snake", lambda: triton_unsupported_reason(x, alpha, beta, taps))
 
 
+# ---- gradients: the reference's, recomputed -------------------------------------------------------------
+def _reference_gradients(ctx, reference, inputs: tuple, grad: Tensor) -> tuple:
+    """The gradients of ``reference(*inputs)`` against ``grad``, for the inputs ``ctx.needs_input_grad`` names
+    (None for the others): the reference's aten ops run again under autograd, so the gradient is the eager
+    module's, bit for bit, whichever implementation computed the forward value."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(need) if isinstance(t, Tensor) and need else t
+                  for t, need in zip(inputs, ctx.needs_input_grad)]
+        wanted = [t for t, need in zip(leaves, ctx.needs_input_grad) if isinstance(t, Tensor) and need]
+        found = iter(torch.autograd.grad(reference(*leaves), wanted, grad, allow_unused=True))
+    return tuple(next(found) if isinstance(t, Tensor) and need else None
+                 for t, need in zip(inputs, ctx.needs_input_grad))
+
+
+def _save_inputs(ctx, inputs: tuple, output: Tensor) -> None:
+    tensors = [i for i, t in enumerate(inputs) if isinstance(t, Tensor)]
+    ctx.save_for_backward(*(inputs[i] for i in tensors))
+    ctx.tensor_slots, ctx.others = tensors, inputs
+
+
+def _saved_inputs(ctx) -> tuple:
+    inputs = list(ctx.others)
+    for i, t in zip(ctx.tensor_slots, ctx.saved_tensors):
+        inputs[i] = t
+    return tuple(inputs)
+
+
 # ---- the activation ----------------------------------------------------------------------------------
-_LIB = torch.library.Library("rewrite", "FRAGMENT")
-_LIB.define("alias_free_snake(Tensor x, Tensor alpha, Tensor beta, Tensor taps, bool logscale=True) -> Tensor")
-
-
-def _dispatch_impl(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool = True) -> Tensor:
-    """Backend kernel (every device): Triton when `choose_implementation` allows it, else the reference."""
+@torch.library.custom_op("rewrite::alias_free_snake", mutates_args=())
+def _alias_free_snake_op(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool = True) -> Tensor:
+    """Every device: Triton when `choose_implementation` allows it, else the reference."""
     validate(x, alpha, beta, taps)
     implementation, _ = choose_implementation(x, alpha, beta, taps)
     if implementation == "triton":
@@ -128,24 +152,15 @@ def _dispatch_impl(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscal
     return alias_free_snake_reference(x, alpha, beta, taps, logscale)
 
 
-def _autograd_impl(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool = True) -> Tensor:
-    """Autograd kernel: the reference's aten ops (recorded by autograd) when a gradient is needed, else
-    the backend kernel below autograd."""
-    if _autograd_needed(x, alpha, beta, taps):
-        validate(x, alpha, beta, taps)
-        return alias_free_snake_reference(x, alpha, beta, taps, logscale)
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.rewrite.alias_free_snake.default(x, alpha, beta, taps, logscale)
-
-
-_LIB.impl("alias_free_snake", _dispatch_impl, "CompositeExplicitAutograd")
-_LIB.impl("alias_free_snake", _autograd_impl, "Autograd")
-
-
-@torch.library.register_fake("rewrite::alias_free_snake")
+@_alias_free_snake_op.register_fake
 def _alias_free_snake_fake(x, alpha, beta, taps, logscale=True):
     validate(x, alpha, beta, taps)
     return x.new_empty(x.shape)
+
+
+_alias_free_snake_op.register_autograd(
+    lambda ctx, grad: _reference_gradients(ctx, alias_free_snake_reference, _saved_inputs(ctx), grad),
+    setup_context=_save_inputs)
 
 
 def alias_free_snake(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool = True) -> Tensor:
@@ -154,17 +169,20 @@ def alias_free_snake(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logsc
     ``alpha``/``beta``: the module's per-channel parameters as stored (log-scale when ``logscale``);
     ``taps``: its 12-tap filter buffer; all in ``x``'s dtype and device. Runs the Triton kernel when
     `choose_implementation` says so (exactness class ``tolerance``), else the reference (``torch.equal``
-    to the eager module).
+    to the eager module). When a gradient is wanted, the reference's aten ops run directly (recorded by
+    autograd).
     """
+    if _autograd_needed(x, alpha, beta, taps):
+        validate(x, alpha, beta, taps)
+        return alias_free_snake_reference(x, alpha, beta, taps, logscale)
     return torch.ops.rewrite.alias_free_snake.default(x, alpha, beta, taps, logscale)
 
 
 # ---- the activation feeding a causal conv: the conv's zero pad written by the activation kernel -----------
-_LIB.define("alias_free_snake_causal_conv1d(Tensor x, Tensor alpha, Tensor beta, Tensor taps, bool logscale, "
-            "Tensor weight, Tensor? bias, int[] dilation, Tensor? residual, Tensor? x_bias=None) -> Tensor")
-
-
-def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias=None):
+@torch.library.custom_op("rewrite::alias_free_snake_causal_conv1d", mutates_args=())
+def _snake_conv_op(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool, weight: Tensor,
+                   bias: Optional[Tensor], dilation: list[int], residual: Optional[Tensor],
+                   x_bias: Optional[Tensor] = None) -> Tensor:
     """Triton activation (adding ``x_bias`` as it reads x) writing ``[B, C, left + T]`` with the zero pad in
     place, the same conv1d as `causal_conv1d_reference` on that tensor, and with a residual on CUDA, the
     conv's bias and the residual added by one kernel with ATen's two roundings (ATen's CUDA conv adds its
@@ -190,21 +208,12 @@ def _snake_conv_impl(x, alpha, beta, taps, logscale, weight, bias, dilation, res
     return triton_epilogue.bias_residual(as5d(y), bias, as5d(residual))[:, :, 0, 0, :]
 
 
-def _snake_conv_autograd(x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias=None):
-    tensors = (x, alpha, beta, taps, weight, *(t for t in (bias, residual, x_bias) if t is not None))
-    if _autograd_needed(*tensors):
-        return alias_free_snake_causal_conv1d_reference(x, alpha, beta, taps, logscale, weight, bias, dilation,
-                                                        residual, x_bias)
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.rewrite.alias_free_snake_causal_conv1d.default(
-            x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias)
-
-
-_LIB.impl("alias_free_snake_causal_conv1d", _snake_conv_impl, "CompositeExplicitAutograd")
-_LIB.impl("alias_free_snake_causal_conv1d", _snake_conv_autograd, "Autograd")
-
-
-@torch.library.register_fake("rewrite::alias_free_snake_causal_conv1d")
+@_snake_conv_op.register_fake
 def _snake_conv_fake(x, alpha, beta, taps, logscale, weight, bias, dilation, residual, x_bias=None):
     validate(x, alpha, beta, taps)
     return x.new_empty((x.shape[0], weight.shape[0], x.shape[2]))
+
+
+_snake_conv_op.register_autograd(
+    lambda ctx, grad: _reference_gradients(ctx, alias_free_snake_causal_conv1d_reference, _saved_inputs(ctx), grad),
+    setup_context=_save_inputs)

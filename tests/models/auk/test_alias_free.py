@@ -177,6 +177,34 @@ def test_autograd_needed_falls_back_to_differentiable_reference(kernel_allowed_o
         assert torch.equal(got, t.grad)
 
 
+
+def test_the_ops_gradients_are_the_eager_modules():
+    """Called directly with inputs that need a gradient, both ops differentiate as the eager module does, bit
+    for bit (their `register_autograd` runs the reference's aten ops again), for every input that wants one."""
+    module, x = make_case(3, 20)
+    weight = torch.randn(4, 3, 3, generator=torch.Generator().manual_seed(1))
+    bias, residual = torch.randn(4), torch.randn(2, 4, 20)
+    inputs = (x, module.act.alpha, module.act.beta, weight, bias, residual)
+    for t in inputs:
+        t.requires_grad_(True)
+
+    def gradients(call):
+        for t in inputs:
+            t.grad = None
+        call().square().sum().backward()
+        return [t.grad.clone() for t in inputs[:3]]
+
+    assert all(torch.equal(a, b) for a, b in zip(
+        gradients(lambda: torch.ops.rewrite.alias_free_snake.default(x, *op_args(module), True)),
+        gradients(lambda: module(x))))
+    conv = lambda t: torch.nn.functional.conv1d(torch.nn.functional.pad(t, (4, 0)), weight, bias, dilation=[2])  # noqa: E731
+    fused = gradients(lambda: torch.ops.rewrite.alias_free_snake_causal_conv1d.default(
+        x, *op_args(module), True, weight, bias, [2], residual))
+    fused_rest = [weight.grad.clone(), bias.grad.clone(), residual.grad.clone()]
+    eager = gradients(lambda: residual + conv(module(x)))
+    assert all(torch.equal(a, b) for a, b in zip(fused, eager))
+    assert all(torch.equal(a, b) for a, b in zip(fused_rest, (weight.grad, bias.grad, residual.grad)))
+
 def test_unsupported_dtype_and_layout_reasons(kernel_allowed_on_cpu):
     with torch.no_grad():
         module, x = make_case(3, 8, dtype=torch.float64)
