@@ -7,8 +7,8 @@ views of Wan's fused qkv projection are)::
     out = softmax(q @ k^T * D ** -0.5) @ v        (per (n, h); `scaled_dot_product_attention`'s defaults)
 
 into a new contiguous ``[N, H, L, D]`` tensor. PyTorch's flash and cuDNN attention serve head dims up to 256, so
-a head of 384 runs in the memory-efficient sm80 kernel at about 140 TFLOP/s on the H200 (2.3 ms a 720p call;
-this kernel: 0.91 ms, docs/tuning.md section 1.13).
+a head of 384 runs in the slower memory-efficient kernel; this one serves it (timings: docs/tuning.md
+section 1.13).
 
 Kernel: one program holds ``BLOCK_M`` queries and runs over the keys ``BLOCK_N`` at a time with the online
 softmax (running max and sum in fp32, the logits in base 2 with the scale folded in). The head dim is held in
@@ -59,9 +59,8 @@ class AttentionTile(NamedTuple):
 def launch_config(head_dim: int) -> AttentionTile:
     """The tile for a head dim: 128 queries on 8 warps (two warpgroups of 64 rows; the 128 x 384 fp32 output is
     192 registers a thread, no spills on sm_90), 32 keys a step in 2 stages (Q and two stages of K and V: 192 KB
-    of shared memory at D = 384). H200, head dim 384 (docs/tuning.md section 1.13): 0.908 ms at 14400 tokens
-    against 1.83-3.05 for the 64-query tiles and 2.30 for scaled_dot_product_attention; 0.348 against 0.554 at
-    6240 tokens."""
+    of shared memory at D = 384). The fastest of the tiles swept at head dim 384 (docs/tuning.md section
+    1.13)."""
     return AttentionTile(128, 32, 8, 2)
 
 

@@ -812,10 +812,8 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
 
 
 # (in channels, out channels, kernel taps) of the narrow convs (fewer than MIN_OUT_CHANNELS outputs) that run as
-# `conv3d_channels_last_folded`, and how many trailing kernel dims it folds into the output channels. Measured
-# on the H200 (docs/tuning.md section 1.10), bf16, 4 frames: Wan 2.1's 96 -> 3 head 0.874 ms at 720 x 1280 with kh
-# and kw folded (1.119 with kw; the plain kernel 2.395, cuDNN 2.360), 0.389 at 480 x 832 (cuDNN 1.036); Wan 2.2's
-# 256 -> 12 head 0.755 at 360 x 640 (kw: 0.968; plain 1.501; cuDNN 1.587).
+# `conv3d_channels_last_folded`, and how many trailing kernel dims it folds into the output channels: the
+# fastest folding of each head conv against the plain kernel and cuDNN (docs/tuning.md section 1.10).
 _FOLDED_TAPS: dict = {(96, 3, 27): 2, (256, 12, 27): 2}
 
 
@@ -878,8 +876,7 @@ def conv3d_channels_last_folded(padded: Tensor, weight: Tensor, bias: Optional[T
 
 # Per output channel count, the program shape (pixels, block_n, n_rest, warps, stages) of the upsampler's phase
 # convs (their K loop is 4 taps long: smaller programs, two per SM, overlap one's epilogue with another's loop).
-# H200 sweep (docs/tuning.md section 1.11): 192 -> 96 @ 4 x 360 x 640 sources 1.489 ms for the four phases
-# against 1.854 with the 27-tap conv's tile; 384 -> 192 @ 4 x 180 x 320 1.306 against 1.476.
+# Each beat the 27-tap conv's tile for these phase convs (docs/tuning.md section 1.11).
 _PHASE_TILES = {96: (128, 64, 32, 4, 4), 192: (128, 128, 64, 4, 3)}
 
 

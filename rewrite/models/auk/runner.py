@@ -117,8 +117,8 @@ def _frame_counts(frames) -> tuple[int, ...] | None:
 def tile_batches(count: int, largest: int = MAX_TILE_BATCH) -> list[int]:
     """How `count` equal-width windows are stacked: one batch when `count` <= `largest`, else batches of
     `largest` and one of the rest (e.g. 5 -> [5], 13 -> [8, 5]). One replay of a batch of n windows costs
-    less than replays of smaller batches (H200, 640-frame windows: 4 stacked 71.7 ms, alone 21.3 ms each),
-    and a width has at most `largest` batch shapes."""
+    less than replays of smaller batches (docs/tuning.md section 5, "Notes moved from the runners"), and a width has at most
+    `largest` batch shapes."""
     return [largest] * (count // largest) + ([count % largest] if count % largest else [])
 
 
@@ -151,9 +151,9 @@ class AuKRunner(DecoderRunner):
         if cudnn_benchmark and not self.bucketed:
             raise ValueError(f"cudnn_benchmark=True needs level 'channels_last': at {level!r} the graphs run the "
                              "convolution algorithms eager decoding picks, which is what keeps them bit-identical")
-        # Off by default: on the H200 (torch 2.11) timing the algorithms chose nothing faster than cuDNN's
-        # heuristics (on vs off: 5 s clip 13.6 vs 13.1 ms, 12 s 23.0 vs 22.3 ms) while the trials' workspaces raised
-        # the peak memory of a warm-up to 48.8 GiB.
+        # Off by default: timing the algorithms chose nothing faster than cuDNN's heuristics while the trials'
+        # workspaces raised the peak memory of a warm-up many times over (docs/tuning.md section 5, "Notes moved
+        # from the runners").
         self.cudnn_benchmark = cudnn_benchmark
         super().__init__(level, rewrite_graph, {"compile_shapes": self.compile_shapes, "tile_frames": self.tile_frames,
                                                 "max_graphs": self.max_graphs, "cudnn_benchmark": self.cudnn_benchmark,

@@ -1,10 +1,9 @@
 """Steady-step graphs that write each new cache into its input buffer as soon as the old cache is dead.
 
 A Wan steady step takes ``(x, *caches)`` and returns ``(y, *new_caches)``; its CUDA graph then copies every
-new cache into the static cache buffers at the end (`rewrite.models.wan.runner`). So all the new caches (about
-2 GiB at 480x832 bf16 for Wan 2.1) are alive at once at the end of the step, on top of the old ones: that is
-what set the peak memory of a `lossless` decode (the capture of the steady graph, 5.35 GiB against 4.62 GiB
-for diffusers' own decode, H200). `write_caches_in_place` returns a copy of the graph in which each new cache
+new cache into the static cache buffers at the end (`rewrite.models.wan.runner`). So all the new caches are
+alive at once at the end of the step, on top of the old ones: that is what set the peak memory of a `lossless`
+decode above diffusers' own (docs/tuning.md section 1.16). `write_caches_in_place` returns a copy of the graph in which each new cache
 is copied into its cache input (``aten.copy_``) right after the last node that reads the old cache or a view
 of it, so it dies there; the graph then returns ``(y, *new caches it could not write early)``. Where the new
 cache comes from an op that can write it into the old cache's buffer itself (`rewrite.ops.cache_into`: the
@@ -117,8 +116,7 @@ def static_cache_formats(graph_module: fx.GraphModule, user_inputs: list[str]) -
 
     Why: chunk 0 may return such a cache in another layout (Wan's `time_conv` caches come out of it
     contiguous), and a static buffer in that layout makes every steady step copy the new cache across
-    layouts, an uncoalesced strided copy (0.3 ms a step for 384 x 2 x 180 x 320 bf16 on an H200 against
-    0.03 for a memcpy; docs/tuning.md section 1.16)."""
+    layouts, an uncoalesced strided copy ten times as slow as a memcpy (docs/tuning.md section 1.16)."""
     placeholders = {n.name: n for n in graph_module.graph.nodes if n.op == "placeholder"}
     output = next(n for n in graph_module.graph.nodes if n.op == "output")
     new = list(output.args[0])[1:]

@@ -3,8 +3,8 @@
 The channels-last conv ops (those declared with `rewrite.ops.op_info.reads_channels_last_weight`:
 `rewrite::causal_conv3d`, `rewrite::rms_norm_causal_conv3d`, `rewrite::upsample_conv2d`,
 `rewrite::upsample_conv2d_dup_up_add`) hand cuDNN an NDHWC/NHWC weight. Given the module's own (contiguous)
-weight they convert it on every call, and inside a CUDA graph that conversion is replayed on every step: for Wan 2.2
-about 1 GiB of weights copied per latent frame (2% of a 720p decode, H200). A `ChannelsLastWeights` store
+weight they convert it on every call, and inside a CUDA graph that conversion is replayed on every step (for
+Wan 2.2 about 1 GiB of weights copied per latent frame). A `ChannelsLastWeights` store
 keeps one channels-last copy per weight tensor and the graphs are called with the copies in place of the
 weights they replace (an op given a weight that is already channels-last converts nothing). The caller
 runs `refresh(pairs)` at the start of every decode (in the chunk-0 CUDA graph), so an in-place weight

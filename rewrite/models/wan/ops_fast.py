@@ -88,16 +88,14 @@ def one_pass_norm_chosen(x: Tensor) -> bool:
 
 
 # Channel counts whose one-pass norm (into the padded conv input) measured faster on the H200 than the exact
-# two-pass kernel at every Wan shape swept (docs/tuning.md section 1.8: 0.76 against 1.13 ms for 96 x 4 x 720
-# x 1280, 0.47 against 0.73 for 256 x 4 x 360 x 640, 0.25 against 0.39 for 512 x 4 x 180 x 320). Not Wan 2.2's
-# 1024: faster alone (0.098 against 0.134 ms at 2 x 90 x 160, on 8 warps) but the 720p decode did not move (2.055
-# against 2.057 s) while its max-abs against `off` went 0.023 -> 0.034, PSNR 54.0 -> 51.2 dB (tuning.md 1.14).
+# two-pass kernel at every Wan shape swept (docs/tuning.md section 1.8). Not Wan 2.2's 1024: faster alone, but
+# the 720p decode did not move while its error against `off` grew (tuning.md 1.14).
 _ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 256, 384, 512})
 # Of those, the counts whose one-pass norm also runs before a conv cuDNN keeps (the op then runs the lossless
-# op's conv on its padded input): Wan 2.2's 256 and 512 (720p 1.78x against 1.73x without, 54.4 dB). Not Wan
-# 2.1's 96 (`conv_out`) and 192 / 384 (its 90x160 level, 480p's 416 and 208 wide levels): with them one-pass,
-# Wan 2.1 720p's max-abs against `off` went 0.044 -> 0.063, past the level's 6e-2, for about 9 ms of 1.55 s
-# (docs/results.md, session 17); their norms keep the exact kernel, the lossless op's numbers.
+# op's conv on its padded input): Wan 2.2's 256 and 512. Not Wan 2.1's 96 (`conv_out`) and 192 / 384 (its
+# 90x160 level, 480p's 416 and 208 wide levels): with them one-pass, Wan 2.1 720p's max-abs against `off` went
+# past the level's 6e-2 for a few milliseconds (docs/tuning.md section 5, "Notes moved from the runners");
+# their norms keep the exact kernel, the lossless op's numbers.
 _ONE_PASS_BEFORE_CUDNN_CHANNELS = frozenset({256, 512})
 
 

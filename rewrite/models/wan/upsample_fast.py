@@ -52,8 +52,7 @@ rewrite_ops = torch.ops.rewrite
 _TRITON_PHASES_FASTER: frozenset = frozenset({(192, 96), (384, 192)})
 # (in channels, out channels) of Wan 2.2's up-block end convs -> the smallest source frame (pixels) at which the
 # cuDNN phase conv plus its gathering epilogue ran faster on the H200 than the ``lossless`` op (docs/tuning.md
-# section 1.12; 720p: 1024 @ 4 x 90 x 160 3.43-3.69 against 6.42-6.53 ms, 512 @ 4 x 180 x 320 3.50-3.63 against
-# 6.86-6.92; but 1024 @ 2 x 45 x 80 1.17-1.19 against 0.82: cuDNN's 2x2 conv is slow on small frames).
+# section 1.12: below these sizes cuDNN's 2x2 conv is slower on small frames).
 _CUDNN_PHASES_FASTER: dict = {(1024, 1024): 90 * 160, (512, 512): 180 * 320}
 
 
@@ -85,7 +84,7 @@ def upsample_reason(x_shape, weight_shape, stride, padding, dtype: torch.dtype) 
 def padded_source(x: Tensor) -> Tensor:
     """x [N, C, H, W] with a one-pixel zero border, channels-last (the phase kernels' input), in one pass: the
     pad kernel writes the frames as one clip [1, C, N, H + 2, W + 2] in NDHWC memory, which is that 4-D
-    tensor's NHWC memory. (ATen's border fill plus transposing copy measured 0.79 ms at 4 x 192 x 360 x 640.)"""
+    tensor's NHWC memory, instead of ATen's border fill plus a transposing copy."""
     clip = triton_pad.pad_channels_last(x.transpose(0, 1).unsqueeze(0), [1, 1, 1, 1, 0, 0])
     return clip.squeeze(0).transpose(0, 1)
 
