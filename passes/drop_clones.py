@@ -16,7 +16,6 @@ Ensures: the graph lints; no new nodes.
 
 from __future__ import annotations
 
-import operator
 
 import torch
 import torch.fx as fx

@@ -233,7 +233,7 @@ def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[s
         return f"expected [B, C, T, H, W] and [O, C, kt, kh, kw], got {tuple(in_shape)} and {tuple(weight_shape)}"
     if dtype not in SUPPORTED_DTYPES:
         return f"dtype {dtype} (the Triton conv3d serves {SUPPORTED_DTYPES}; fp32 keeps cuDNN's TF32 conv)"
-    out_channels, in_channels = weight_shape[0], weight_shape[1]
+    in_channels = weight_shape[1]
     if in_channels % 16:
         return f"{in_channels} input channels (a multiple of 16 is needed)"
     if any(s < k for s, k in zip(in_shape[2:], weight_shape[2:])):

@@ -36,7 +36,6 @@ from rewrite.kernels.norm import one_pass as triton_norm_fast
 from rewrite.kernels.pad import causal_pad as triton_pad
 from rewrite.models.wan import ops as _exact  # registers rewrite::rms_norm_causal_conv3d
 from rewrite.ops.cache_into import writes_next_caches
-from rewrite.ops.dispatch import use_kernel
 from rewrite.kernels.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
 
