@@ -1,7 +1,8 @@
 """An AuK residual unit's first conv bias, deferred into the activation kernel that reads it.
 
-Matches:  h = rewrite::alias_free_snake_causal_conv1d(x, a1, b1, t1, True, w1, bias1, d1, None)
-          y = rewrite::alias_free_snake_causal_conv1d(h, a2, b2, t2, True, w2, bias2, d2, x)
+Matches:  h = rewrite::alias_free_snake_causal_conv1d(x, alpha1, beta1, taps1, True, weight1, bias1, dilation1, None)
+          y = rewrite::alias_free_snake_causal_conv1d(h, alpha2, ..., bias2, dilation2, x)
+          (each stage's arguments named by `rewrite.models.auk.alias_free.SnakeConvStage`)
           (`AMPBlock`'s residual unit ``x + conv2(act2(conv1(act1(x))))`` after `snake_causal_conv1d` fused
           each act -> conv pair; variant `residual_unit=False`: the same pair without the residual)
 Replaces: the first conv without its bias, and the second op given ``x_bias=bias1``: its activation
@@ -14,7 +15,7 @@ Exactness: exact against the two ops it replaces: ATen's CUDA conv adds its bias
 Level: channels_last (it rewrites the channels_last-only fused op).
 Guard: a CUDA graph (`patterns._guards.conv_bias_deferrable`: a CPU conv may fold its bias into the sum,
           differently per instruction set and shape, so on the CPU the bias stays in the conv); bias1 is a
-          ``[C]`` tensor of w1's dtype (C: w1's output channels).
+          ``[C]`` tensor of weight1's dtype (C: weight1's output channels).
 """
 
 from __future__ import annotations
@@ -22,33 +23,38 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.models.auk import alias_free as _fused_op  # noqa: F401  (registers rewrite::alias_free_snake_causal_conv1d)
+from rewrite.models.auk.alias_free import SnakeConvStage  # (importing it registers the op)
 from rewrite.patterns.common.guards import conv_bias_deferrable
 
 snake_conv = torch.ops.rewrite.alias_free_snake_causal_conv1d.default
 
 
-def search(x, a1, b1, t1, w1, bias1, a2, b2, t2, w2, bias2, d1, d2, *, residual_unit):
-    h = snake_conv(x, a1, b1, t1, True, w1, bias1, d1, None)
-    return snake_conv(h, a2, b2, t2, True, w2, bias2, d2, x if residual_unit else None)
+def _snake_conv(x, stage: SnakeConvStage, bias, residual=None, *x_bias):
+    return snake_conv(x, stage.alpha, stage.beta, stage.taps, True, stage.weight, bias, stage.dilation, residual,
+                      *x_bias)
 
 
-def replace(x, a1, b1, t1, w1, bias1, a2, b2, t2, w2, bias2, d1, d2, *, residual_unit):
-    h = snake_conv(x, a1, b1, t1, True, w1, None, d1, None)
-    return snake_conv(h, a2, b2, t2, True, w2, bias2, d2, x if residual_unit else None, bias1)
+def search(x, stage1: SnakeConvStage, stage2: SnakeConvStage, *, residual_unit):
+    h = _snake_conv(x, stage1, stage1.bias)
+    return _snake_conv(h, stage2, stage2.bias, x if residual_unit else None)
+
+
+def replace(x, stage1: SnakeConvStage, stage2: SnakeConvStage, *, residual_unit):
+    h = _snake_conv(x, stage1, None)
+    return _snake_conv(h, stage2, stage2.bias, x if residual_unit else None, stage1.bias)
 
 
 def guard(match) -> str | None:
-    reason = conv_bias_deferrable(match, weight="w1", bias="bias1")
+    reason = conv_bias_deferrable(match, weight="weight1", bias="bias1")
     if reason is not None:
         return reason
     bias = match.inputs["bias1"].meta["val"]
-    weight = match.inputs["w1"].meta["val"]
+    weight = match.inputs["weight1"].meta["val"]
     if bias.dtype != weight.dtype:
-        return f"bias1 is {bias.dtype}, w1 {weight.dtype}"
+        return f"bias1 is {bias.dtype}, weight1 {weight.dtype}"
     return None
 
 
 PATTERNS = variants(search, replace, guard, name="deferred_conv_bias", exactness="exact", level="channels_last",
-                    scalars=("d1", "d2"), residual_unit=(True, False),
+                    residual_unit=(True, False),
                     module_types=("AliasFreeSnakeBeta", "CausalConv1d"))

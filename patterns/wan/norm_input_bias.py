@@ -24,58 +24,41 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.models.wan import ops as _ops  # noqa: F401  (registers torch.ops.rewrite.*)
+from rewrite.models.wan.ops import ConvStage  # (importing it registers torch.ops.rewrite.*)
 from rewrite.patterns.common.guards import conv_bias_deferrable  # the conditions on the conv whose bias moves
 
 rewrite_ops = torch.ops.rewrite
 
 
-def _chain(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias, scalars,
-           deferred: bool):
+def _chain(x, stage: ConvStage, stage2: ConvStage, residual, residual_bias, deferred: bool):
     """The two ops, with the first conv's bias in its own epilogue (`deferred` False) or in the second norm."""
-    (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2) = scalars
-    first = rewrite_ops.rms_norm_causal_conv3d.default(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode,
-                                                       weight, None if deferred else bias, None, None, None, deferred)
-    second = rewrite_ops.rms_norm_causal_conv3d.default(first[0], gamma2, scale2, norm_bias2, eps2, upcast2, act2,
-                                                        cache2, pad2, mode2, weight2, bias2, residual,
-                                                        bias if deferred else None, residual_bias, False)
+    first = rewrite_ops.rms_norm_causal_conv3d.default(x, *stage[:-1], None if deferred else stage.bias, None, None,
+                                                       None, deferred)
+    second = rewrite_ops.rms_norm_causal_conv3d.default(first[0], *stage2, residual,
+                                                        stage.bias if deferred else None, residual_bias, False)
     return first[1], second[0], second[1]
 
 
-def search(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias, scale, norm_bias,
-           eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2):
-    return _chain(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias,
-                  (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2),
-                  deferred=False)
+def search(x, stage: ConvStage, stage2: ConvStage, residual, residual_bias):
+    return _chain(x, stage, stage2, residual, residual_bias, deferred=False)
 
 
-def replace(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias, scale, norm_bias,
-            eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2):
-    return _chain(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias,
-                  (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2),
-                  deferred=True)
+def replace(x, stage: ConvStage, stage2: ConvStage, residual, residual_bias):
+    return _chain(x, stage, stage2, residual, residual_bias, deferred=True)
 
 
-def search_identity(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, scale, norm_bias, eps, upcast, act,
-                    pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2):
+def search_identity(x, stage: ConvStage, stage2: ConvStage):
     """The residual is the first norm's input (an identity shortcut): one graph node for two roles."""
-    return _chain(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, x, None,
-                  (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2),
-                  deferred=False)
+    return _chain(x, stage, stage2, x, None, deferred=False)
 
 
-def replace_identity(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, scale, norm_bias, eps, upcast, act,
-                     pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2):
-    return _chain(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, x, None,
-                  (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2),
-                  deferred=True)
+def replace_identity(x, stage: ConvStage, stage2: ConvStage):
+    return _chain(x, stage, stage2, x, None, deferred=True)
 
 
-_SCALARS = ("scale", "norm_bias", "eps", "upcast", "act", "pad", "mode", "scale2", "norm_bias2", "eps2", "upcast2",
-            "act2", "pad2", "mode2")
 PATTERNS = (variants(search_identity, replace_identity, conv_bias_deferrable, name="norm_input_bias_identity", exactness="exact",
-                     level="lossless", scalars=_SCALARS, optional=("bias2", "cache", "cache2"),
+                     level="lossless", optional=("bias2", "cache", "cache2"),
                      module_types=("WanResidualBlock",))
             + variants(search, replace, conv_bias_deferrable, name="norm_input_bias", exactness="exact", level="lossless",
-                       scalars=_SCALARS, optional=("residual_bias", "residual", "bias2", "cache", "cache2"),
+                       optional=("residual_bias", "residual", "bias2", "cache", "cache2"),
                        module_types=("WanResidualBlock",)))

@@ -19,20 +19,21 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.models.wan import ops as _ops  # noqa: F401  (registers torch.ops.rewrite.*)
+from rewrite.models.wan.ops import ConvStage  # (importing it registers torch.ops.rewrite.*)
 
 rewrite_ops = torch.ops.rewrite
 
 
-def search(x, gamma, cache, weight, bias, residual, scale, norm_bias, eps, upcast, act, pad, mode):
-    normalized = rewrite_ops.rms_norm.default(x, gamma, scale, norm_bias, eps, upcast, act)
-    out = rewrite_ops.causal_conv3d.default(normalized, cache, pad, mode, weight, bias, residual)
+def search(x, stage: ConvStage, residual):
+    normalized = rewrite_ops.rms_norm.default(x, stage.gamma, stage.scale, stage.norm_bias, stage.eps, stage.upcast,
+                                              stage.act)
+    out = rewrite_ops.causal_conv3d.default(normalized, stage.cache, stage.pad, stage.mode, stage.weight, stage.bias,
+                                            residual)
     return out[0], out[1]
 
 
-def replace(x, gamma, cache, weight, bias, residual, scale, norm_bias, eps, upcast, act, pad, mode):
-    out = rewrite_ops.rms_norm_causal_conv3d.default(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode,
-                                                     weight, bias, residual, None, None, False)
+def replace(x, stage: ConvStage, residual):
+    out = rewrite_ops.rms_norm_causal_conv3d.default(x, *stage, residual, None, None, False)
     return out[0], out[1]  # every argument spelled out: the deferred-bias patterns match on them
 
 
@@ -42,5 +43,4 @@ def guard(match) -> str | None:
 
 
 PATTERNS = variants(search, replace, guard, name="rms_norm_causal_conv3d", exactness="exact", level="lossless",
-                    scalars=("scale", "norm_bias", "eps", "upcast", "act", "pad", "mode"),
                     optional=("residual", "bias", "cache"), module_types=("WanResidualBlock", "WanCausalConv3d"))

@@ -23,26 +23,21 @@ import torch
 from rewrite.engine.pattern import variants
 from rewrite.kernels import layout
 from rewrite.models.wan import ops_fast as wan_fast
+from rewrite.models.wan.ops import ConvStage
 from rewrite.patterns.common.guards import triton_kernel_runs
 
 rewrite_ops = torch.ops.rewrite
-_ARGS = ("x", "gamma", "scale", "norm_bias", "eps", "upcast", "act", "cache", "pad", "mode", "weight", "bias",
-         "residual", "x_bias", "residual_bias", "channels_last_out")
 
 
-def _call(op, values):
-    out = op(*(values[name] for name in _ARGS))
+def search(x, stage: ConvStage, residual, x_bias, residual_bias, channels_last_out):
+    out = rewrite_ops.rms_norm_causal_conv3d.default(x, *stage, residual, x_bias, residual_bias, channels_last_out)
     return out[0], out[1]
 
 
-def search(x, gamma, cache, weight, bias, residual, x_bias, residual_bias, scale, norm_bias, eps, upcast, act, pad,
-           mode, channels_last_out):
-    return _call(rewrite_ops.rms_norm_causal_conv3d.default, locals())
-
-
-def replace(x, gamma, cache, weight, bias, residual, x_bias, residual_bias, scale, norm_bias, eps, upcast, act, pad,
-            mode, channels_last_out):
-    return _call(rewrite_ops.rms_norm_causal_conv3d_fast.default, locals())
+def replace(x, stage: ConvStage, residual, x_bias, residual_bias, channels_last_out):
+    out = rewrite_ops.rms_norm_causal_conv3d_fast.default(x, *stage, residual, x_bias, residual_bias,
+                                                          channels_last_out)
+    return out[0], out[1]
 
 
 def guard(match) -> str | None:
@@ -60,7 +55,6 @@ def guard(match) -> str | None:
 
 
 PATTERNS = variants(search, replace, guard, name="rms_norm_causal_conv3d_fast", exactness="tolerance",
-                    level="channels_last",
-                    scalars=("scale", "norm_bias", "eps", "upcast", "act", "pad", "mode", "channels_last_out"),
+                    level="channels_last", scalars=("channels_last_out",),
                     optional=("residual_bias", "x_bias", "residual", "bias", "cache"),
                     module_types=("WanResidualBlock", "WanCausalConv3d"))

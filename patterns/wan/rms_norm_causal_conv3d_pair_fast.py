@@ -27,50 +27,38 @@ import torch
 from rewrite.engine.pattern import variants
 from rewrite.kernels import layout
 from rewrite.models.wan import ops_fast as wan_fast
+from rewrite.models.wan.ops import ConvStage
 
 rewrite_ops = torch.ops.rewrite
 
 
-def _chain(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias, scalars):
-    (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2) = scalars
+def _chain(x, stage: ConvStage, stage2: ConvStage, residual, residual_bias):
     fast = rewrite_ops.rms_norm_causal_conv3d_fast.default
-    first = fast(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, None, None, None, None, True)
-    second = fast(first[0], gamma2, scale2, norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2,
-                  residual, bias, residual_bias, False)
+    first = fast(x, *stage[:-1], None, None, None, None, True)
+    second = fast(first[0], *stage2, residual, stage.bias, residual_bias, False)
     return first[1], second[0], second[1]
 
 
-def _pair(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias, scalars):
-    (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2) = scalars
-    out = rewrite_ops.rms_norm_causal_conv3d_pair_fast.default(
-        x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2, norm_bias2,
-        eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias)
+def _pair(x, stage: ConvStage, stage2: ConvStage, residual, residual_bias):
+    out = rewrite_ops.rms_norm_causal_conv3d_pair_fast.default(x, *stage, *stage2, residual, residual_bias)
     return out[1], out[0], out[2]
 
 
-def search(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias, scale, norm_bias,
-           eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2):
-    return _chain(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias,
-                  (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2))
+def search(x, stage: ConvStage, stage2: ConvStage, residual, residual_bias):
+    return _chain(x, stage, stage2, residual, residual_bias)
 
 
-def replace(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias, scale, norm_bias,
-            eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2):
-    return _pair(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, residual, residual_bias,
-                 (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2))
+def replace(x, stage: ConvStage, stage2: ConvStage, residual, residual_bias):
+    return _pair(x, stage, stage2, residual, residual_bias)
 
 
-def search_identity(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, scale, norm_bias, eps, upcast, act,
-                    pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2):
+def search_identity(x, stage: ConvStage, stage2: ConvStage):
     """The residual is the first norm's input (an identity shortcut): one graph node for two roles."""
-    return _chain(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, x, None,
-                  (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2))
+    return _chain(x, stage, stage2, x, None)
 
 
-def replace_identity(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, scale, norm_bias, eps, upcast, act,
-                     pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2):
-    return _pair(x, gamma, cache, weight, bias, gamma2, cache2, weight2, bias2, x, None,
-                 (scale, norm_bias, eps, upcast, act, pad, mode, scale2, norm_bias2, eps2, upcast2, act2, pad2, mode2))
+def replace_identity(x, stage: ConvStage, stage2: ConvStage):
+    return _pair(x, stage, stage2, x, None)
 
 
 def guard(match) -> str | None:
@@ -88,12 +76,10 @@ def guard(match) -> str | None:
                                 scalars["act2"])
 
 
-_SCALARS = ("scale", "norm_bias", "eps", "upcast", "act", "pad", "mode", "scale2", "norm_bias2", "eps2", "upcast2",
-            "act2", "pad2", "mode2")
 PATTERNS = (variants(search_identity, replace_identity, guard, name="rms_norm_causal_conv3d_pair_fast_identity",
-                     exactness="tolerance", level="channels_last", scalars=_SCALARS,
+                     exactness="tolerance", level="channels_last",
                      optional=("bias2", "cache", "cache2"), module_types=("WanResidualBlock",))
             + variants(search, replace, guard, name="rms_norm_causal_conv3d_pair_fast", exactness="tolerance",
-                       level="channels_last", scalars=_SCALARS,
+                       level="channels_last",
                        optional=("residual_bias", "residual", "bias2", "cache", "cache2"),
                        module_types=("WanResidualBlock",)))

@@ -6,7 +6,12 @@ a reader sees the math; ``replace`` has the same parameters and calls a custom o
 
 * a parameter named in ``scalars`` is a *literal placeholder*: it matches any literal at its position
   (number, bool, list/tuple of ints, dtype, None) and binds its value (e.g. the per-layer ``sqrt(C)``);
-* every other parameter matches a graph node (a tensor input of the subgraph).
+* every other parameter matches a graph node (a tensor input of the subgraph);
+* a parameter annotated with a `typing.NamedTuple` class (an op's arguments that travel together, such as
+  `rewrite.models.wan.ops.ConvStage`) stands for one placeholder per field, named by the field plus the
+  parameter name's trailing digits (``stage2: ConvStage`` -> ``gamma2``, ..., ``bias2``, so two stages of one
+  pattern bind distinct names), and the function receives the tuple of them; fields not typed as tensors
+  (``Tensor`` or ``Optional[Tensor]``) are literal placeholders.
 
 ``variants(...)`` generates the family of patterns a file needs instead of pasting copies: one pattern
 per value of each keyword axis (``act=("silu", None)`` passes ``act=...`` to ``search`` and
@@ -25,7 +30,9 @@ import functools
 import inspect
 import itertools
 import operator
+import re
 import sys
+import typing
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +82,15 @@ def trace(fn: Callable[..., Any], params: Sequence[str], scalars: Collection[str
         node = graph.placeholder(name)
         node.meta[SCALAR_META] = name in scalars
         proxies.append(fx.Proxy(node, tracer))
-    result = fn(**dict(zip(params, proxies)), **kwargs)
+    flat = {**dict(zip(params, proxies)), **kwargs}
+    arguments = {}
+    for parameter in parameter_groups(fn):
+        if parameter.group is None:
+            if parameter.name in flat:
+                arguments[parameter.name] = flat[parameter.name]
+        else:
+            arguments[parameter.name] = parameter.group(*(flat[name] for name in parameter.flat_names))
+    result = fn(**arguments)
     results = result if isinstance(result, tuple) else (result,)
     graph.output(tuple(r.node if isinstance(r, fx.Proxy) else r for r in results))
     for node in graph.nodes:
@@ -136,8 +151,52 @@ def apply_edits(graph: fx.Graph, edits: Iterable[tuple[str, int]]) -> fx.Graph:
 # --------------------------------------------------------------------------------------------- pattern
 
 
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One parameter of a search or replace function: plain (``group`` None, one placeholder of its own name)
+    or a group (a `typing.NamedTuple` class: one placeholder per field, `flat_names`; `literal_names` are
+    those of fields not typed as tensors)."""
+
+    name: str
+    group: type | None = None
+    flat_names: tuple[str, ...] = ()
+    literal_names: tuple[str, ...] = ()
+
+
+def _is_tensor_type(hint: Any) -> bool:
+    """``Tensor`` or ``Optional[Tensor]``."""
+    return hint is torch.Tensor or set(typing.get_args(hint)) == {torch.Tensor, type(None)}
+
+
+def _is_group(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields")
+
+
+@functools.lru_cache(maxsize=None)
+def parameter_groups(fn: Callable[..., Any]) -> tuple[Parameter, ...]:
+    """The parameters of ``fn`` in order, a `typing.NamedTuple` annotation making a parameter a group."""
+    hints = typing.get_type_hints(fn)
+    out = []
+    for name in inspect.signature(fn).parameters:
+        hint = hints.get(name)
+        if not _is_group(hint):
+            out.append(Parameter(name))
+            continue
+        suffix = re.search(r"\d*$", name).group()
+        fields = typing.get_type_hints(hint)
+        flat = tuple(field + suffix for field in hint._fields)
+        literals = tuple(field + suffix for field in hint._fields if not _is_tensor_type(fields[field]))
+        out.append(Parameter(name, hint, flat, literals))
+    return tuple(out)
+
+
 def _params(fn: Callable[..., Any]) -> tuple[str, ...]:
-    return tuple(inspect.signature(fn).parameters)
+    """The placeholder names of ``fn``: its parameters, each group's fields in its place."""
+    return tuple(name for p in parameter_groups(fn) for name in (p.flat_names if p.group else (p.name,)))
+
+
+def _group_literals(fn: Callable[..., Any]) -> tuple[str, ...]:
+    return tuple(name for p in parameter_groups(fn) for name in p.literal_names)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,6 +220,7 @@ class Pattern:
     def __post_init__(self) -> None:
         for field in ("scalars", "module_types", "variant", "absent", "edits"):
             object.__setattr__(self, field, tuple(getattr(self, field)))
+        object.__setattr__(self, "scalars", tuple(dict.fromkeys((*self.scalars, *_group_literals(self.search)))))
         if not self.family:
             object.__setattr__(self, "family", self.name)
         if self.exactness not in EXACTNESS:

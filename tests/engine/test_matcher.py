@@ -3,9 +3,11 @@ misses, optional inputs."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from rewrite.engine.matcher import find_matches
 from rewrite.engine.pattern import Pattern, variants
@@ -31,6 +33,35 @@ def test_one_pattern_matches_every_site_and_binds_each_scale():
     assert (first.module_path, first.module_type.rsplit(".", 1)[-1]) == ("blocks.0", "Block")
     assert first.cross_check()
 
+
+
+class NormArgs(NamedTuple):
+    """A norm's arguments as one typed parameter of a pattern: a tensor field and two literal ones."""
+
+    gamma: Tensor
+    scale: float
+    bias: float
+
+
+def test_a_named_tuple_parameter_is_one_placeholder_per_field_and_types_say_which_are_literals():
+    def grouped_search(x, norm: NormArgs, act):
+        return search(x, *norm, act)
+
+    def grouped_replace(x, norm: NormArgs, act):
+        return replace(x, *norm, act)
+
+    silu, _ = variants(grouped_search, grouped_replace, name="grouped", exactness="exact", level="lossless",
+                       act=("silu", None))
+    assert silu.inputs == ("x", "gamma", "scale", "bias") and silu.scalars == ("scale", "bias")
+    assert str(silu.search_graph) == str(NORM_SILU.search_graph)
+    gm = capture(Decoder(Block(scale=2.0), Block(scale=3.0)))
+    assert [m.scalars for m in find_matches(gm, silu).matches] == [m.scalars for m in find_matches(gm, NORM_SILU).matches]
+
+    def second(x, norm2: NormArgs):  # a trailing number names the fields of its group apart
+        return search(x, *norm2, None)
+
+    pattern = Pattern(name="second", search=second, replace=second, exactness="exact", level="lossless")
+    assert pattern.inputs == ("x", "gamma2", "scale2", "bias2") and pattern.scalars == ("scale2", "bias2")
 
 def test_cross_check_flags_a_match_from_an_unexpected_module():
     gm = capture(Decoder(Block()))

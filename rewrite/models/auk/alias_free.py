@@ -61,7 +61,7 @@ Ops know nothing of graphs, patterns or the API.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -77,6 +77,7 @@ from rewrite.kernels.alias_free.snake import SUPPORTED_DTYPES, rows_stride, run_
 __all__ = [
     "INTERPRETING",
     "SUPPORTED_DTYPES",
+    "SnakeConvStage",
     "alias_free_snake",
     "alias_free_snake_causal_conv1d_reference",
     "alias_free_snake_reference",
@@ -179,6 +180,19 @@ def alias_free_snake(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logsc
 
 
 # ---- the activation feeding a causal conv: the conv's zero pad written by the activation kernel -----------
+class SnakeConvStage(NamedTuple):
+    """One activation + causal conv of the AuK decoder as `alias_free_snake_causal_conv1d` takes it (log-scale
+    parameters): the activation's parameters and filter, then the conv's. The patterns name their arguments
+    with it (`rewrite.engine.pattern`: one placeholder per field)."""
+
+    alpha: Tensor
+    beta: Tensor
+    taps: Tensor
+    weight: Tensor
+    bias: Optional[Tensor]
+    dilation: list[int]
+
+
 @torch.library.custom_op("rewrite::alias_free_snake_causal_conv1d", mutates_args=())
 def _snake_conv_op(x: Tensor, alpha: Tensor, beta: Tensor, taps: Tensor, logscale: bool, weight: Tensor,
                    bias: Optional[Tensor], dilation: list[int], residual: Optional[Tensor],

@@ -13,7 +13,7 @@ Ops know nothing of graphs, patterns or the API.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -38,6 +38,24 @@ from rewrite.models.wan.reference import (CACHE_MODES, causal_conv3d_reference, 
 
 aten = torch.ops.aten
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class ConvStage(NamedTuple):
+    """One normalized causal conv: the RMS norm (+ `act`) of its input, and the conv reading the causally padded,
+    cached result, in `rms_norm_causal_conv3d`'s argument order. The pair and chain ops take their stages as
+    these; the patterns name their arguments with it (`rewrite.engine.pattern`: one placeholder per field)."""
+
+    gamma: Tensor
+    scale: float
+    norm_bias: float
+    eps: float
+    upcast: bool
+    act: Optional[str]
+    cache: Optional[Tensor]
+    pad: list[int]
+    mode: str
+    weight: Tensor
+    bias: Optional[Tensor]
 
 
 # The fakes give each output the layout the op returns (its reference's, but for the causal convs' next cache,

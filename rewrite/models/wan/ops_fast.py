@@ -24,7 +24,7 @@ against ``off``).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -35,6 +35,7 @@ from rewrite.kernels.conv3d import conv3d as triton_conv3d
 from rewrite.kernels.norm import one_pass as triton_norm_fast
 from rewrite.kernels.pad import causal_pad as triton_pad
 from rewrite.models.wan import ops as _exact  # registers rewrite::rms_norm_causal_conv3d
+from rewrite.models.wan.ops import ConvStage
 from rewrite.ops.cache_into import writes_next_caches
 from rewrite.kernels.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
@@ -192,24 +193,6 @@ def pair_reason(first_out_channels: int, first_in_channels: int, second_in_shape
         reason = (f"the fused norm epilogue measured slower than the conv plus the norm kernel for "
                   f"{first_in_channels} -> {first_out_channels} channels")
     return reason if reason is not None else conv_reason(second_in_shape, second_weight_shape, dtype)
-
-
-class ConvStage(NamedTuple):
-    """One normalized causal conv of a residual block, as the pair and chain ops take it: the RMS norm (+ `act`)
-    of its input, and the conv reading the causally padded, cached result (in `rms_norm_causal_conv3d`'s
-    argument order)."""
-
-    gamma: Tensor
-    scale: float
-    norm_bias: float
-    eps: float
-    upcast: bool
-    act: Optional[str]
-    cache: Optional[Tensor]
-    pad: list[int]
-    mode: str
-    weight: Tensor
-    bias: Optional[Tensor]
 
 
 def _first_op_args(x: Tensor, first: ConvStage) -> tuple:
