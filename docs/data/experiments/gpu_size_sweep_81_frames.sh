@@ -11,7 +11,7 @@ for model in wan2.1 wan2.2; do
   limit=$([ $model = wan2.1 ] && echo 250 || echo 265)
   timeout $limit python3 -m rewrite.tools.sweep_sizes --models $model --sizes $SIZES --frames 81 --levels off,lossless \
     --repeat 1 --json $OUT/size_sweep_${model/./}_81_frames.json > $OUT/sweep_$model.log 2>&1
-  grep -E "^(wan|qwen)[0-9.]* +[0-9]+x|BELOW|meets|Error" $OUT/sweep_$model.log | tail -14
+  grep -E "^(wan|off|lossless)|BELOW|meets|Error" $OUT/sweep_$model.log | tail -24
 done
 timeout 60 rewrite-bench --size 720x1280 --frames 21 --levels off,channels_last --repeat 2 --warmup 0 \
   --json $OUT/wan21_720x1280x21_channels_last.json 2>&1 | grep -v "decodes:" | tail -4
