@@ -19,9 +19,21 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = {"rewrite": ROOT / "rewrite", "rewrite.patterns": ROOT / "patterns", "rewrite.passes": ROOT / "passes",
                 "rewrite.tools": ROOT / "tools"}
-FAMILIES = ("wan", "auk", "qwenimage")
-#: families built on another's public pieces (Qwen-Image's VAE is Wan 2.1's blocks: Wan's capture and runner)
-FAMILY_BASES = {"qwenimage": ("wan",)}
+#: the model families: the folders of rewrite/models
+FAMILIES = tuple(sorted(d.name for d in (ROOT / "rewrite" / "models").iterdir() if (d / "__init__.py").is_file()))
+
+
+def _built_on(family: str) -> tuple[str, ...]:
+    """The families whose public pieces `family` uses, as its package declares (``BUILT_ON`` in its
+    ``__init__.py``; Qwen-Image's VAE is Wan 2.1's blocks: Wan's capture and runner)."""
+    tree = ast.parse((ROOT / "rewrite" / "models" / family / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILT_ON" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    return ()
+
+
+FAMILY_BASES = {family: _built_on(family) for family in FAMILIES}
 
 # For each module of the package, which other packages its import brought in first (cumulative: a module
 # imported later may find a package already loaded by an earlier one, so an empty union clears them all).
@@ -121,7 +133,7 @@ def test_a_pattern_imports_no_other_patterns_module_but_the_shared_ones():
 
 def test_a_model_family_imports_no_other_family():
     """A family's code (`rewrite/models/<family>/`, `patterns/<family>/`) names no other family's modules but
-    those of the family it is built on (`FAMILY_BASES`)."""
+    those of the families it is built on (``BUILT_ON`` in its package)."""
     for name, path in _library_modules().items():
         parts = name.split(".")
         if len(parts) < 3 or parts[1] not in ("models", "patterns") or parts[2] not in FAMILIES:
