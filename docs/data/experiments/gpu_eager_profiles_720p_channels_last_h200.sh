@@ -5,5 +5,5 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
   && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 \
   && python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
 echo "code: $(cat .gpu/commit)"
-timeout 200 python3 .gpu/s21_eager_profile.py wan2.1 720x1280 21 channels_last $OUT/eager21.json 2>&1 | grep -v Warn | tee $OUT/eager21.log
-timeout 250 python3 .gpu/s21_eager_profile.py wan2.2 720x1280 21 channels_last $OUT/eager22.json 2>&1 | grep -v Warn | tee $OUT/eager22.log
+timeout 200 python3 .gpu/eager_profile_by_launching_op.py wan2.1 720x1280 21 channels_last $OUT/eager21.json 2>&1 | grep -v Warn | tee $OUT/eager21.log
+timeout 250 python3 .gpu/eager_profile_by_launching_op.py wan2.2 720x1280 21 channels_last $OUT/eager22.json 2>&1 | grep -v Warn | tee $OUT/eager22.log
