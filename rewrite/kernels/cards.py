@@ -2,10 +2,12 @@
 
 The `channels_last` tables that pick our Triton kernels over cuDNN's or ATen's per shape (the conv3d's
 `_FASTER_THAN_CUDNN` and `_NORM_EPILOGUE_FASTER`, the Wan ops' one-pass norm, chain and upsample tables, the
-attention head dims) were measured on the H200 (docs/tuning.md). Which kernel wins depends on the card (SM
-count, clocks, power cap, memory bandwidth), so those tables serve only the cards listed here; on any other
-CUDA card the patterns that would use them decline, and the graph keeps the `lossless` ops and cuDNN's convs:
-slower than a measured table could make it, never a guess. A card is added after its own sweep
+attention head dims; AuK's `_CUDNN_FASTER_UNDILATED` conv1d table) were measured on the H200
+(docs/tuning.md). Which kernel wins depends on the card (SM count, clocks, power cap, memory bandwidth), so
+those tables serve only the cards listed here; on any other CUDA card the Wan patterns that would use them
+decline, and the graph keeps the `lossless` ops and cuDNN's convs, and AuK's fused activation keeps cuDNN's
+conv after it (`rewrite.kernels.conv1d.conv1d.chosen`): slower than a measured table could make it, never a
+guess. A card is added after its own sweep
 (`python -m rewrite.tools.sweep_conv3d` and the other `tools/sweep_*` scripts), one line here.
 """
 

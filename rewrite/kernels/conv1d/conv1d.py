@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from rewrite.ops import run_context
-from rewrite.kernels import valid_length
+from rewrite.kernels import cards, valid_length
 from rewrite.kernels.launch import launch
 
 try:  # Triton is optional: without it the callers keep ATen's conv.
@@ -120,8 +120,10 @@ def aten_is_faster(in_channels: int, ksize: int, dilation: int) -> bool:
 
 
 def chosen(weight: Tensor, dtype: torch.dtype, dilation: int) -> bool:
-    """Whether the fused AuK activation+conv op runs its conv here: supported and not `aten_is_faster`."""
-    return unsupported_reason(weight, dtype) is None and not aten_is_faster(weight.shape[1], weight.shape[2], dilation)
+    """Whether the fused AuK activation+conv op runs its conv here: supported, not `aten_is_faster`, and on a
+    card whose choices were measured (`rewrite.kernels.cards`; any other card keeps cuDNN's conv)."""
+    return (unsupported_reason(weight, dtype) is None and cards.unmeasured_card_reason(weight.device) is None
+            and not aten_is_faster(weight.shape[1], weight.shape[2], dilation))
 
 
 def pack_weight(weight: Tensor, out: Optional[Tensor] = None) -> Tensor:

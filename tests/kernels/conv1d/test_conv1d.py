@@ -153,6 +153,15 @@ def test_dispatch_rule_keeps_cudnn_for_its_fast_cases():
     assert not chosen(torch.zeros(1, 24, 7), torch.float32, 1)  # conv_post: one output channel
 
 
+
+def test_a_card_without_measured_choices_keeps_cudnns_conv(monkeypatch):
+    from rewrite.kernels import cards
+
+    weight = torch.zeros(48, 48, 11)
+    assert chosen(weight, torch.float32, 1)
+    monkeypatch.setattr(cards, "unmeasured_card_reason", lambda device: "no kernel choices were measured on it")
+    assert not chosen(weight, torch.float32, 1)
+
 def test_launch_configs_cover_every_channel_count():
     for out_channels in (16, 24, 40, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1536):
         for ksize in (1, 3, 7, 11):
