@@ -6,7 +6,7 @@ random-init full-size decoder per model and size, seeded latents, best of ``--re
 ``lossless`` must be bit-identical and at least `TARGETS` times as fast as ``off``. Needs CUDA for numbers
 that mean anything (on a CPU it checks exactness only, as ``rewrite-bench`` does).
 
-    python -m rewrite.tools.sweep_sizes --json docs/data/size_sweep.json
+    python -m rewrite.tools.sweep_sizes --json docs/data/benchmarks/size_sweep_81_frames_h100/wan21.json --models wan2.1
     python -m rewrite.tools.sweep_sizes --models wan2.1 --sizes 1088x1920,1920x1088 --frames 21
     python -m rewrite.tools.sweep_sizes --sizes 480x832 --frames 81,161,241   # long clips: s per latent frame
 """
