@@ -3,7 +3,8 @@
 For each model and size this runs what ``rewrite-bench --model M --size S --frames F --levels L`` runs (one
 random-init full-size decoder per model and size, seeded latents, best of ``--repeat`` calls, ratios against
 ``off`` measured in the same run) and writes one JSON with every bench summary and a verdict per row:
-``lossless`` must be bit-identical and at least `TARGETS` times as fast as ``off``. Needs CUDA for numbers
+``lossless`` must be bit-identical and at least `TARGETS` times as fast as ``off``, and no level's peak memory
+above ``off``'s (``peaks_within_off``; the long clips' target). Needs CUDA for numbers
 that mean anything (on a CPU it checks exactness only, as ``rewrite-bench`` does).
 
     python -m rewrite.tools.sweep_sizes --json docs/data/benchmarks/size_sweep_81_frames_h100/wan21.json --models wan2.1
@@ -54,6 +55,9 @@ def verdict(model: str, summary: dict) -> dict:
     if lossless is not None:
         row["target"] = TARGETS[model]
         row["meets_target"] = bool(lossless["bit_identical"]) and lossless["speedup"] >= TARGETS[model]
+    off_peak = levels["off"]["peak_gib"] if "off" in levels else None
+    if off_peak is not None:  # issue 37: no level's peak above off's (None on a CPU, where peaks are not read)
+        row["peaks_within_off"] = all(r["peak_gib"] <= off_peak for r in levels.values() if r["peak_gib"] is not None)
     return row
 
 
@@ -91,7 +95,8 @@ def summary_line(row: dict) -> str:
     ratios = "  ".join(f"{level} " + (f"{row[key]:.2f}x" if key in row else "n/a")
                        for level, key in (("lossless", "lossless_speedup"), ("channels_last", "channels_last_speedup")))
     mark = "" if "meets_target" not in row else ("meets" if row["meets_target"] else "BELOW") + f" {row['target']}x"
-    return f"{row['model']:<7} {row['size']:>10}x{row['frames']:<4} {ratios}  {mark}".rstrip()
+    peaks = {True: "  peaks <= off", False: "  a PEAK ABOVE off's", None: ""}[row.get("peaks_within_off")]
+    return f"{row['model']:<7} {row['size']:>10}x{row['frames']:<4} {ratios}  {mark}{peaks}".rstrip()
 
 
 if __name__ == "__main__":

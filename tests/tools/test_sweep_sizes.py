@@ -23,6 +23,16 @@ def test_lossless_meets_its_target_only_bit_identical_and_fast_enough(model, spe
     assert row["off_s_per_latent_frame"] == 10.0 / 21  # 81 frames: 21 latent frames
     line = sweep_sizes.summary_line(row)
     assert ("meets" if meets else "BELOW") in line and "channels_last n/a" in line
+    assert row["peaks_within_off"] is True and "peaks <= off" in line
+
+
+def test_a_level_whose_peak_passes_offs_is_flagged():
+    summary = _summary(2.0, True)
+    summary["levels"][1]["peak_gib"] = 31.0
+    row = sweep_sizes.verdict("wan2.1", summary)
+    assert row["peaks_within_off"] is False and "PEAK ABOVE" in sweep_sizes.summary_line(row)
+    summary["levels"][0]["peak_gib"] = None  # a CPU run reads no peaks
+    assert "peaks_within_off" not in sweep_sizes.verdict("wan2.1", summary)
 
 
 def test_an_unknown_model_is_refused_before_anything_runs(capsys):
