@@ -76,9 +76,11 @@ class WanEncoderChunk0Step(nn.Module):
         slots: list = [None] * cache_slot_count(self.encoder)
         index = [0]
         time_slots: list[int] = []  # the slot a time_conv keeps: the cache index when its downsampler starts
-        hooks = [m.register_forward_pre_hook(lambda _m, _args, kwargs: time_slots.append(kwargs["feat_idx"][0]),
-                                             with_kwargs=True)
-                 for m in _time_downsamplers(self.encoder)]
+
+        def note_slot(_module, args, kwargs):  # called as (x, feat_cache, feat_idx), by keyword (Wan) or not (Qwen)
+            time_slots.append((kwargs["feat_idx"] if "feat_idx" in kwargs else args[2])[0])
+
+        hooks = [m.register_forward_pre_hook(note_slot, with_kwargs=True) for m in _time_downsamplers(self.encoder)]
         try:
             out = _forward(self.encoder, x, slots, index)
         finally:
@@ -119,7 +121,7 @@ def stepped_encode(vae: nn.Module, video: torch.Tensor, chunk0, steady) -> torch
     graphs bound to weights): patchify where the model has a ``patch_size``, the first frame, the chunks of 4,
     `quant_conv` over the outputs joined in time. ``[B, 2 * z_dim, T', H', W']``, the value `_encode` returns."""
     check_frames(video.shape[2])
-    if vae.config.patch_size is not None:
+    if getattr(vae.config, "patch_size", None) is not None:  # Wan 2.2; Qwen-Image's config has no such key
         from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
 
         video = patchify(video, patch_size=vae.config.patch_size)
