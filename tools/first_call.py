@@ -11,7 +11,7 @@ to $OUT, or the current directory without it):
 Each case runs in a new Python process (bf16, lossless, 720x1280, 81 frames = 21 latent frames of 90x160 for Wan 2.1, 45x80 for Wan 2.2):
 
   cold                   empty Triton cache, no disk cache (what a new container pays today)
-  triton_warm            Triton's cache warm (from `cold`), no disk cache (the 37.4 s of issue 20)
+  triton_warm            Triton's cache warm (from `cold`), no disk cache (issue 20's case)
   disk_cold              Triton warm, an empty REWRITE cache dir: the first call also writes the entry
   disk_warm              Triton warm, the disk cache from `disk_cold`: export, passes and self-checks skipped;
                          also checks the decode is torch.equal to level "off" (the graphs read back from disk)

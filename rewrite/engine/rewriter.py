@@ -59,8 +59,8 @@ def _val(arg: Any, pattern: str) -> Any:
 
 def fake_value(node: fx.Node, fake_mode: Any, pattern: str) -> Any:
     """The node's value on its inputs' fakes. Without the fake mode's dispatch cache: with symbolic sizes
-    nearly every call misses, and a miss still builds and checks an entry (the passes ran about 1.6x faster
-    without it on full Wan 2.1's steady graph, giving the same values: docs/tuning.md)."""
+    nearly every call misses, and a miss still builds and checks an entry (the passes run faster without it,
+    giving the same values: docs/tuning.md section 5, "The pattern engine")."""
     args, kwargs = fx.node.map_aggregate((node.args, node.kwargs), lambda a: _val(a, pattern))
     with fake_mode, disable_fake_tensor_cache(fake_mode), torch.no_grad():
         return node.target(*args, **kwargs)

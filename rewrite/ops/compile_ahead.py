@@ -1,7 +1,7 @@
 """Compile a graph's Triton kernels in parallel before its first real run.
 
 A decode graph launches dozens of distinct Triton kernel specializations (the AuK ``channels_last`` graph:
-about 40 variants of the conv and activation kernels, 1-2 s of compiling each on a cold cache), and an eager
+about 40 variants of the conv and activation kernels, each seconds of compiling on a cold cache), and an eager
 run compiles them one after the other as it reaches them. Inside `compile_ahead`, the launches made through
 `launch` only *submit* their compile to a thread pool (Triton's ``AsyncCompileMode``, which deduplicates
 by Triton's own cache key) and run nothing; on exit the context waits for all of them. So a caller runs its
