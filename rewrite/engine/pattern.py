@@ -174,8 +174,10 @@ def _is_group(hint: Any) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def parameter_groups(fn: Callable[..., Any]) -> tuple[Parameter, ...]:
-    """The parameters of ``fn`` in order, a `typing.NamedTuple` annotation making a parameter a group."""
-    hints = typing.get_type_hints(fn)
+    """The parameters of ``fn`` in order, a `typing.NamedTuple` annotation making a parameter a group. Raises
+    ValueError where two parameters would bind the same placeholder name (two groups without distinct trailing
+    digits, or a plain parameter named like a group's field)."""
+    hints = typing.get_type_hints(fn) if inspect.isfunction(fn) or inspect.ismethod(fn) else {}
     out = []
     for name in inspect.signature(fn).parameters:
         hint = hints.get(name)
@@ -187,6 +189,11 @@ def parameter_groups(fn: Callable[..., Any]) -> tuple[Parameter, ...]:
         flat = tuple(field + suffix for field in hint._fields)
         literals = tuple(field + suffix for field in hint._fields if not _is_tensor_type(fields[field]))
         out.append(Parameter(name, hint, flat, literals))
+    names = [n for p in out for n in (p.flat_names if p.group else (p.name,))]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{fn.__qualname__}: parameters bind the same placeholder names {repeated}; give each "
+                         "group of one type its own trailing digits (stage, stage2)")
     return tuple(out)
 
 

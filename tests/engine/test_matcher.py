@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -62,6 +63,12 @@ def test_a_named_tuple_parameter_is_one_placeholder_per_field_and_types_say_whic
 
     pattern = Pattern(name="second", search=second, replace=second, exactness="exact", level="lossless")
     assert pattern.inputs == ("x", "gamma2", "scale2", "bias2") and pattern.scalars == ("scale2", "bias2")
+
+    def ambiguous(x, norm: NormArgs, other: NormArgs):  # both would bind gamma, scale, bias
+        return search(x, *norm, None)
+
+    with pytest.raises(ValueError, match="same placeholder names"):
+        Pattern(name="ambiguous", search=ambiguous, replace=ambiguous, exactness="exact", level="lossless")
 
 def test_cross_check_flags_a_match_from_an_unexpected_module():
     gm = capture(Decoder(Block()))
