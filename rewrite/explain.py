@@ -580,14 +580,14 @@ def format_ops(reports: Sequence[GraphFindings]) -> str:
 
 def format_sizes(reports: Sequence[GraphFindings]) -> str | None:
     """What the graphs' symbolic sizes are, by name only: ``sizes: batch, height, width are symbolic (any
-    value); chunk0 and steady take the latent [batch, 4, 1, height, width]``. None when no size is symbolic."""
+    value); chunk0 and steady take their input [batch, 4, 1, height, width]``. None when no size is symbolic."""
     named = list(dict.fromkeys(name for report in reports for name in report.sizes.values()))
     if not named:
         return None
     by_shape: dict[str, list[str]] = {}
     for report in reports:
         by_shape.setdefault(report.input_shape, []).append(report.name)
-    inputs = "; ".join(f"{' and '.join(names)} take{'s' if len(names) == 1 else ''} the latent {shape}"
+    inputs = "; ".join(f"{' and '.join(names)} take{'s its' if len(names) == 1 else ' their'} input {shape}"
                        for shape, names in by_shape.items())
     return f"sizes: {', '.join(named)} {'is' if len(named) == 1 else 'are'} symbolic (any value); {inputs}"
 

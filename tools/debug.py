@@ -21,7 +21,9 @@ same whole graphs with ``pattern`` and ``match`` attributes on matched nodes. A 
 early (``| head``) ends the run quietly with exit status 141 (`rewrite.tools.cli_output`).
 
 Usage: ``rewrite-debug wan2.1 [--config full] [--pattern rms_norm --near-misses] [--details] [--json]``,
-``rewrite-debug auk [--config full] [--level channels_last]`` (one graph, ``decode``).
+``rewrite-debug auk [--config full] [--level channels_last]`` (one graph, ``decode``), ``rewrite-debug wan2.1
+--encoder`` (the encoder's step graphs, ``encode_chunk0`` and ``encode_steady``: captured and matched, not yet
+served by `optimize`).
 
 ``--aten-activations`` (AuK) captures each alias-free activation as its 15 ATen ops, the
 ``alias_free_activation[..., aten]`` patterns' form, instead of the one op node `optimize` captures.
@@ -78,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print one JSON object (everything --details shows, and more) instead of the text")
     parser.add_argument("--aten-activations", action="store_true",
                         help="auk: capture each alias-free activation as its ATen ops, not as one op node")
+    parser.add_argument("--encoder", action="store_true",
+                        help="the encoder's step graphs instead of the decoder's (Wan, Qwen-Image; not served yet)")
     return parser
 
 
@@ -85,7 +89,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                model: supported.SupportedModel) -> list[Pattern]:
     """Every argument checked before the capture (exit 2 with the usage); returns the patterns picked."""
     picked, error = explain.select_patterns(args.pattern, args.level, every_level=args.all_patterns)
-    error = error or explain.graph_name_error(args.graph, model.graph_names)
+    if args.encoder and model.encoder is None:
+        parser.error(f"--encoder: {args.model} has no encoder capture (models with one: "
+                     f"{', '.join(m.name for m in supported.MODELS if m.encoder is not None)})")
+    graph_names = model.encoder.graph_names if args.encoder else model.graph_names
+    error = error or explain.graph_name_error(args.graph, graph_names)
     if error:
         parser.error(error)
     if args.aten_activations and "activations_as_ops" not in model.capture_options:
@@ -102,19 +110,24 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def capture_graphs(model: supported.SupportedModel, config: str, dtype: torch.dtype,
-                   aten_activations: bool = False) -> list[CapturedGraph]:
+                   aten_activations: bool = False, encoder: bool = False) -> list[CapturedGraph]:
     """The model's graphs as `optimize` captures them (random weights), on the CPU or, where the model
-    captures from the meta device, there for the full config (no weights allocated)."""
+    captures from the meta device, there for the full config (no weights allocated); with `encoder`, its
+    encoder's step graphs (`SupportedModel.encoder`)."""
     device = torch.device("meta" if config == "full" and model.meta_capture else "cpu")
     module = model.build(config, device=device, dtype=dtype)
+    if encoder:
+        return model.encoder.capture_graphs(module, dtype, device)
     options = {"activations_as_ops": False} if aten_activations else {}
     return model.capture(module, dtype, device, **options)
 
 
 def capture(args: argparse.Namespace, model: supported.SupportedModel) -> list[CapturedGraph]:
     start = time.perf_counter()
-    progress(f"capturing {args.model} ({args.config}, {args.dtype}) on the CPU ...")
-    graphs = capture_graphs(model, args.config, supported.DTYPES[args.dtype], aten_activations=args.aten_activations)
+    what = f"{args.model}'s encoder" if args.encoder else args.model
+    progress(f"capturing {what} ({args.config}, {args.dtype}) on the CPU ...")
+    graphs = capture_graphs(model, args.config, supported.DTYPES[args.dtype], aten_activations=args.aten_activations,
+                            encoder=args.encoder)
     progress(f"captured {', '.join(f'{g.name} ({op_count(g.graph_module.graph)} tensor ops)' for g in graphs)} "
              f"in {time.perf_counter() - start:.1f} s")
     return [g for g in graphs if not args.graph or g.name in args.graph]
@@ -133,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # whatever the libraries print stays off the report
         graphs = capture(args, model)
         try:
-            reports = [explain.explain_graph(graph, args.level, wanted, model.latent_dims) for graph in graphs]
+            dims = model.encoder.input_dims if args.encoder else model.latent_dims
+            reports = [explain.explain_graph(graph, args.level, wanted, dims) for graph in graphs]
         except PassError as failure:
             traceback.print_exception(failure.__cause__ or failure, file=sys.stderr)
             progress(str(failure))
@@ -152,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.graphml:
             explain.write_graphml(args.graphml, reports)
             progress(f"wrote {args.graphml}")
-    heading = explain.Heading(args.model, args.config, args.dtype, args.level)
+    heading = explain.Heading(f"{args.model} encoder" if args.encoder else args.model, args.config, args.dtype,
+                              args.level)
     if args.json:
         emit(explain.to_json(heading, reports, reasons))
     else:

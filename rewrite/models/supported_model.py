@@ -47,6 +47,16 @@ def _cast(module: nn.Module, device: torch.device | None, dtype: torch.dtype | N
 
 
 @dataclasses.dataclass(frozen=True)
+class EncoderCapture:
+    """How the tools capture a model's encoder as step graphs (issue 39: `rewrite-debug --encoder` shows them;
+    no runner serves `encode` yet)."""
+
+    capture_graphs: Callable[[nn.Module, torch.dtype, torch.device], list[CapturedGraph]]  # (module, dtype, device)
+    graph_names: tuple[str, ...]  # the names of the captured graphs, in capture order
+    input_dims: tuple[str, ...]  # names of the dims of the graphs' first input (the video's)
+
+
+@dataclasses.dataclass(frozen=True)
 class SupportedModel:
     """One supported model: how to recognise, drive, build and capture it."""
 
@@ -62,6 +72,7 @@ class SupportedModel:
     latent_dims: tuple[str, ...]  # names of the dims of the graphs' first input
     capture_options: tuple[str, ...] = ()  # keyword options `capture` takes
     meta_capture: bool = False  # captures from a model on the meta device (no weights allocated)
+    encoder: EncoderCapture | None = None  # its encoder's step graphs, where the tools can capture them
 
     def runner_class(self) -> type:
         """The runner class (its module imported now, not when the table is)."""

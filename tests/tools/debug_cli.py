@@ -21,7 +21,7 @@ from tests.captures import copy_graph
 aten = torch.ops.aten
 GRAPHS = ["chunk0", "steady"]
 CAPTURE = debug.capture_graphs  # the real capture (the fixture below swaps in the cached one)
-_CAPTURED: dict[tuple[str, str, torch.dtype, bool], list[CapturedGraph]] = {}
+_CAPTURED: dict[tuple[str, str, torch.dtype, bool, bool], list[CapturedGraph]] = {}
 _OUTPUTS: dict[tuple[str, ...], str] = {}  # argv -> stdout of a run with the real registry (`run_text`)
 REAL_REGISTRY = pattern_registry.registry
 SYMBOL = re.compile(r"\bs\d+\b")  # a torch size symbol (s77): never printed in the text
@@ -31,19 +31,20 @@ SYMBOL = re.compile(r"\bs\d+\b")  # a torch size symbol (s77): never printed in 
 
 
 def captured(model: str, config: str = "tiny", dtype: torch.dtype = torch.float32,
-             aten_activations: bool = False) -> list[CapturedGraph]:
-    """Fresh copies of the model's graphs, captured once per session."""
-    key = (model, config, dtype, aten_activations)
+             aten_activations: bool = False, encoder: bool = False) -> list[CapturedGraph]:
+    """Fresh copies of the model's graphs (its encoder's with `encoder`), captured once per session."""
+    key = (model, config, dtype, aten_activations, encoder)
     if key not in _CAPTURED:
-        _CAPTURED[key] = CAPTURE(supported.get(model), config, dtype, aten_activations=aten_activations)
+        _CAPTURED[key] = CAPTURE(supported.get(model), config, dtype, aten_activations=aten_activations,
+                                 encoder=encoder)
     return [copy_graph(g) for g in _CAPTURED[key]]
 
 
 @pytest.fixture(autouse=True)
 def cached_models(monkeypatch):
     """The CLI's capture serves the session's cached capture of every model."""
-    monkeypatch.setattr(debug, "capture_graphs", lambda model, config, dtype, aten_activations=False:
-                        captured(model.name, config, dtype, aten_activations))
+    monkeypatch.setattr(debug, "capture_graphs", lambda model, config, dtype, aten_activations=False, encoder=False:
+                        captured(model.name, config, dtype, aten_activations, encoder))
 
 
 @pytest.fixture

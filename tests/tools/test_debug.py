@@ -221,12 +221,12 @@ def test_symbolic_sizes_are_named_by_what_they_are_and_never_printed_as_symbols(
     assert set(auk["sizes"]) == {"batch", "frames"} and auk["input"] == "[batch, frames, 8]"
     summary, details = run_text(capsys, "wan2.1"), run_text(capsys, "wan2.1", "--details")
     for out in (summary, details):
-        assert ("sizes: batch, height, width are symbolic (any value); chunk0 and steady take the latent "
+        assert ("sizes: batch, height, width are symbolic (any value); chunk0 and steady take their input "
                 "[batch, 4, 1, height, width]") in out.splitlines()
         assert not SYMBOL.search(out)
     assert "[batch, 16, 1, height, width]" in details
     auk_text = run_text(capsys, "auk", "--near-misses", "--details")
-    assert "sizes: batch, frames are symbolic (any value); decode takes the latent [batch, frames, 8]" in auk_text
+    assert "sizes: batch, frames are symbolic (any value); decode takes its input [batch, frames, 8]" in auk_text
     assert not SYMBOL.search(auk_text)
 
 
@@ -361,3 +361,16 @@ def test_auk_full_config_at_channels_last(capsys):
                                 "alias_free_activation[fused, aten]": 0, "alias_free_activation[exact, aten]": 0}
     first = graph["subgraphs"][0]
     assert first["pattern"] == "alias_free_activation[fused]" and first["module"] == "decoder.resblocks.0.activations.0"
+
+
+# --------------------------------------------------------------------------------------------- the encoder
+
+
+@pytest.mark.parametrize("model", ["wan2.1", pytest.param("qwenimage", marks=quick.slow)])
+def test_encoder_shows_the_encoders_step_graphs_and_what_matched_there(model, capsys):
+    report = run_json(capsys, model, "--encoder")
+    assert report["model"] == f"{model} encoder"
+    assert [g["name"] for g in report["graphs"]] == ["encode_chunk0", "encode_steady"]
+    for graph in report["graphs"]:
+        norm_convs = sum(n for name, n in graph["matches"].items() if name.split("[", 1)[0] == "rms_norm_causal_conv3d")
+        assert norm_convs == 13 and graph["input"].startswith("[batch, 3, ")

@@ -19,6 +19,16 @@ from tests.tools.debug_cli import (  # noqa: F401  (cached_models: autouse in th
     GRAPHS, cached_models, captured, no_capture, run_json, run_text, test_patterns)
 
 
+
+def test_encoder_of_a_model_without_one_is_refused_before_the_capture(no_capture, capsys):
+    with pytest.raises(SystemExit) as exited:
+        debug.main(["auk", "--encoder"])
+    assert exited.value.code == 2 and "auk has no encoder capture (models with one: wan2.1, wan2.2, qwenimage)" in (
+        capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        debug.main(["wan2.1", "--encoder", "--graph", "steady"])  # the encoder's graphs have other names
+    assert "encode_steady" in capsys.readouterr().err
+
 # --------------------------------------------------------------------------------------------- filters
 
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from rewrite.models.supported_model import SupportedModel, instance_of
+from rewrite.models.supported_model import EncoderCapture, SupportedModel, instance_of
+from rewrite.models.wan import rows as wan_rows
 
 if TYPE_CHECKING:
     from rewrite.capture.export import CapturedGraph
@@ -33,10 +34,17 @@ def _capture(module: nn.Module, dtype: torch.dtype, device: torch.device) -> lis
     return capture_qwenimage(module, dtype, device)
 
 
+def _capture_encoder(module: nn.Module, dtype: torch.dtype, device: torch.device) -> list[CapturedGraph]:
+    from rewrite.models.qwenimage import runner as _runner  # noqa: F401  (registers the family's class names)
+
+    return wan_rows.ENCODER.capture_graphs(module, dtype, device)
+
+
 ROWS: tuple[SupportedModel, ...] = (SupportedModel(
     name="qwenimage", family="wan", type_name="diffusers.AutoencoderKLQwenImage", label=None,
     load_runner=_runner,
     recognise=lambda module: instance_of(module, "diffusers.models.autoencoders.autoencoder_kl_qwenimage",
                                          "AutoencoderKLQwenImage"),
     make=_make, capture_graphs=_capture,
-    graph_names=("chunk0", "steady"), latent_dims=("batch", "channels", "frames", "height", "width")),)
+    graph_names=("chunk0", "steady"), latent_dims=("batch", "channels", "frames", "height", "width"),
+    encoder=EncoderCapture(_capture_encoder, wan_rows.ENCODER.graph_names, wan_rows.ENCODER.input_dims)),)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from rewrite.models.supported_model import SupportedModel, instance_of
+from rewrite.models.supported_model import EncoderCapture, SupportedModel, instance_of
 
 if TYPE_CHECKING:
     from rewrite.capture.export import CapturedGraph
@@ -30,6 +30,17 @@ def _runner() -> type:
     return WanRunner
 
 
+def _capture_encoder(module: nn.Module, dtype: torch.dtype, device: torch.device) -> list[CapturedGraph]:
+    from rewrite.models.wan.encoder_capture import capture_wan_encoder
+
+    return list(capture_wan_encoder(module.encoder, dtype, device))
+
+
+#: the encoder's step graphs (`rewrite.models.wan.encoder_capture`), for the tools; the same for Qwen-Image's
+ENCODER = EncoderCapture(capture_graphs=_capture_encoder, graph_names=("encode_chunk0", "encode_steady"),
+                         input_dims=("batch", "channels", "frames", "height", "width"))
+
+
 def _row(version: str, label: str) -> SupportedModel:
     def make(config: str, seed: int) -> nn.Module:
         from rewrite.models.wan.config import build_wan
@@ -46,7 +57,7 @@ def _row(version: str, label: str) -> SupportedModel:
         load_runner=_runner,
         recognise=lambda module: _is_wan(module) and _wan_version(module) == version,
         make=make, capture_graphs=capture, graph_names=("chunk0", "steady"),
-        latent_dims=("batch", "channels", "frames", "height", "width"))
+        latent_dims=("batch", "channels", "frames", "height", "width"), encoder=ENCODER)
 
 
 ROWS: tuple[SupportedModel, ...] = (_row("wan2.1", "Wan 2.1"), _row("wan2.2", "Wan 2.2"))
