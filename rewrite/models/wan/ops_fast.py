@@ -17,8 +17,8 @@ reproduced for x where the exact norm kernel would run), the ``lossless`` op run
 Tolerance (measured: docs/results.md, tests/models/wan/test_ops_fast.py): the conv's fp32 sum runs in another order
 than cuDNN's and bias and residual are added before one rounding, so outputs differ from ``lossless`` by
 about one bf16/fp16 ulp per conv; the one-pass norm computes in fp32 and rounds once (ATen rounds after each
-op): about one ulp of its output; the full-decode contract is the README's (max-abs <= 6e-2, PSNR >= 45 dB
-against ``off``).
+op): about one ulp of its output; the full-decode contract is `rewrite.contract`'s (PSNR >= 45 dB and a
+max-abs that grows with the video, against ``off``).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ _ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 256, 384, 512})
 # Of those, the counts whose one-pass norm also runs before a conv cuDNN keeps (the op then runs the lossless
 # op's conv on its padded input): Wan 2.2's 256 and 512. Not Wan 2.1's 96 (`conv_out`) and 192 / 384 (its
 # 90x160 level, 480p's 416 and 208 wide levels): with them one-pass, Wan 2.1 720p's max-abs against `off` went
-# past the level's 6e-2 for a few milliseconds (docs/tuning.md section 5, "Notes moved from the runners");
+# past the level's bound of the time, 6e-2, for a few milliseconds (docs/tuning.md section 5, "Notes moved from the runners");
 # their norms keep the exact kernel, the lossless op's numbers.
 _ONE_PASS_BEFORE_CUDNN_CHANNELS = frozenset({256, 512})
 

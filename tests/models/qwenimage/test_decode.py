@@ -1,24 +1,22 @@
 """Qwen-Image's VAE (diffusers `AutoencoderKLQwenImage`, tiny random-init config) through `optimize` on the CPU.
 
 `lossless` is `torch.equal` to diffusers' own decode in bf16, fp16 and fp32, for images (one latent frame),
-batches of 2, odd latent sizes and a few-frame clip; `channels_last` keeps the Wan contract (bf16/fp16 max-abs
-<= 6e-2 and PSNR >= 45 dB against `off`, fp32 `torch.equal`); calls the graphs cannot serve run diffusers' code
+batches of 2, odd latent sizes and a few-frame clip; `channels_last` keeps the Wan contract (`rewrite.contract`
+against `off`, fp32 `torch.equal`); calls the graphs cannot serve run diffusers' code
 with a logged reason; `group=` (the sharded Wan decode) is refused before anything is installed.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 
 import pytest
 import torch
 
 from rewrite import optimize, report
+from rewrite.contract import video_difference
 from rewrite.models.qwenimage.config import build_qwenimage, latent_shape
 
-MAX_ABS = 6e-2
-MIN_PSNR_DB = 45.0
 
 _PAIRS: dict = {}
 
@@ -86,10 +84,8 @@ def test_channels_last_keeps_the_wan_contract(dtype):
         if dtype == torch.float32:  # fp32 keeps the lossless ops
             assert torch.equal(actual, expected)
             continue
-        diff = actual.float() - expected.float()
-        mse = diff.square().mean().item()
-        psnr = math.inf if mse == 0 else 10 * math.log10(4.0 / mse)
-        assert diff.abs().max().item() <= MAX_ABS and psnr >= MIN_PSNR_DB
+        difference = video_difference(actual, expected)
+        assert difference.violation() is None, f"{difference}: {difference.violation()}"
 
 
 def test_a_call_the_graphs_cannot_serve_runs_diffusers_code_with_a_logged_reason(caplog):
