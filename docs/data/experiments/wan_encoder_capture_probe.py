@@ -15,7 +15,6 @@ import collections
 import sys
 
 import torch
-from torch import nn
 
 from rewrite import supported
 from rewrite.capture.export import concrete_shape, export_step, tracing_copy
@@ -25,62 +24,9 @@ model_name = sys.argv[1] if len(sys.argv) > 1 else "wan2.1"
 config = sys.argv[2] if len(sys.argv) > 2 else "tiny"
 
 
-def causal_convs(encoder):
-    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
-    return sum(isinstance(m, WanCausalConv3d) for m in encoder.modules())
-
-
-def time_convs(encoder):
-    from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
-    return sum(isinstance(m, WanResample) and m.mode == "downsample3d" for m in encoder.modules())
-
-
-def forward(encoder, x, slots, index):
-    from diffusers.models.autoencoders.autoencoder_kl_wan import WanEncoder3d
-    return WanEncoder3d.forward(encoder, x, feat_cache=slots, feat_idx=index)
-
-
-class EncoderChunk0Step(nn.Module):
-    """`x (1 frame) -> (out, *steady caches)`."""
-
-    def __init__(self, encoder):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, x):
-        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
-        slots = [None] * (causal_convs(self.encoder) + time_convs(self.encoder))
-        index = [0]
-        time_slots = []  # the slot a downsampler's time_conv keeps: its index when the downsampler starts
-        hooks = [m.register_forward_pre_hook(lambda _m, args, kwargs: time_slots.append(kwargs["feat_idx"][0]),
-                                             with_kwargs=True)
-                 for m in self.encoder.modules() if isinstance(m, WanResample) and m.mode == "downsample3d"]
-        try:
-            out = forward(self.encoder, x, slots, index)
-        finally:
-            for h in hooks:
-                h.remove()
-        caches = []
-        for i, slot in enumerate(slots[: index[0]]):
-            if i not in time_slots and slot.shape[2] == 1:
-                slot = torch.cat([torch.zeros_like(slot), slot], 2)
-            caches.append(slot)
-        return (out, *caches)
-
-
-class EncoderSteadyStep(nn.Module):
-    """`(x (4 frames), caches) -> (out, *caches)`."""
-
-    def __init__(self, encoder):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, x, caches):
-        slots = list(caches)
-        index = [0]
-        out = forward(self.encoder, x, slots, index)
-        assert index[0] == len(caches)
-        return (out, *slots[: index[0]])
+# The step modules began here and moved, as they were, to rewrite/models/wan/encoder_capture.py (session 26).
+from rewrite.models.wan.encoder_capture import WanEncoderChunk0Step as EncoderChunk0Step  # noqa: E402
+from rewrite.models.wan.encoder_capture import WanEncoderSteadyStep as EncoderSteadyStep  # noqa: E402
 
 
 def reference_encode(vae, x):
