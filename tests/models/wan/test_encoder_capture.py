@@ -115,3 +115,17 @@ def test_chunk0_returns_a_cache_for_each_slot_diffusers_fills(version):
 def test_frame_counts_other_than_one_plus_four_k_are_refused(frames):
     with pytest.raises(ValueError, match="1 \\+ 4k"):
         check_frames(frames)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", VERSIONS)
+def test_full_size_encoders_rewritten_graphs_are_encode(version):
+    """The full-size encoders (random init, perturbed norms): 21 norm + conv pairs per step match, and the
+    `lossless` graphs give `_encode`'s value bit for bit (fp32, CPU, a small 5-frame video)."""
+    vae = build_wan(version, "full")
+    chunk0, steady = capture_wan_encoder(vae.encoder, torch.float32, torch.device("cpu"))
+    for graph in (chunk0, steady):
+        rewrite_graph(graph, "lossless")
+        assert sum(n for name, n in graph.matches.items() if name.split("[", 1)[0] == "rms_norm_causal_conv3d") == 21
+    video = _video(version, 1, 5, 64, 96)
+    assert torch.equal(_graph_encode(vae, video, chunk0, steady), _reference(vae, video))
