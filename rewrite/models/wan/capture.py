@@ -44,16 +44,17 @@ def add_decoder_family(module_name: str, prefix: str) -> None:
     DECODER_FAMILIES[module_name] = prefix
 
 
-def family_class(decoder: nn.Module, role: str) -> type:
-    """The diffusers class `role` ("Decoder3d", "Resample", "CausalConv3d") of `decoder`'s family, read from the
-    module that defines the decoder's class (or the first base class of `DECODER_FAMILIES`)."""
+def family_class(module: nn.Module, role: str) -> type:
+    """The diffusers class `role` ("Decoder3d", "Encoder3d", "Resample", "CausalConv3d") of the family of
+    `module`, a decoder or an encoder of it, read from the module that defines its class (or the first base class
+    of `DECODER_FAMILIES`)."""
     import sys
 
-    for cls in type(decoder).__mro__:
+    for cls in type(module).__mro__:
         prefix = DECODER_FAMILIES.get(cls.__module__)
-        if prefix is not None and cls.__name__ == f"{prefix}Decoder3d":
+        if prefix is not None and cls.__name__ in (f"{prefix}Decoder3d", f"{prefix}Encoder3d"):
             return getattr(sys.modules[cls.__module__], f"{prefix}{role}")
-    raise TypeError(f"not a Wan-family decoder: {type(decoder).__qualname__}")
+    raise TypeError(f"not a Wan-family decoder or encoder: {type(module).__qualname__}")
 
 
 def _temporal_upsamplers(decoder: nn.Module) -> list[nn.Module]:
@@ -75,10 +76,11 @@ def _takes_first_chunk(forward) -> bool:
     return "first_chunk" in inspect.signature(forward).parameters
 
 
-def cache_slot_count(decoder: nn.Module) -> int:
-    """Upper bound for the slots the decoder uses: one per causal conv (the real count comes from capture)."""
-    causal_conv = family_class(decoder, "CausalConv3d")
-    return sum(isinstance(m, causal_conv) for m in decoder.modules())
+def cache_slot_count(module: nn.Module) -> int:
+    """Upper bound for the slots a decoder or encoder uses: one per causal conv, as diffusers' `clear_cache`
+    sizes its lists (the real count comes from capture: 1x1x1 shortcuts leave theirs empty)."""
+    causal_conv = family_class(module, "CausalConv3d")
+    return sum(isinstance(m, causal_conv) for m in module.modules())
 
 
 class WanChunk0Step(nn.Module):

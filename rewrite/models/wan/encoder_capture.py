@@ -23,13 +23,11 @@ Preconditions: the encoder of an `AutoencoderKLWan` (or of a family registered w
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
 from rewrite.capture.export import CapturedGraph, concrete_shape, export_step, tracing_copy
-from rewrite.models.wan.capture import DECODER_FAMILIES
+from rewrite.models.wan.capture import cache_slot_count, family_class
 
 #: input dims that stay symbolic in the exported graphs: batch, height, width (frames: 1 or 4 per step)
 DYNAMIC_DIMS = (0, 3, 4)
@@ -39,30 +37,14 @@ EXAMPLE_BATCH, EXAMPLE_HEIGHT, EXAMPLE_WIDTH = 2, 32, 48
 FIRST_FRAMES, STEP_FRAMES = 1, 4
 
 
-def encoder_class(encoder: nn.Module, role: str) -> type:
-    """The diffusers class `role` ("Encoder3d", "Resample", "CausalConv3d") of `encoder`'s family."""
-    for cls in type(encoder).__mro__:
-        prefix = DECODER_FAMILIES.get(cls.__module__)
-        if prefix is not None and cls.__name__ == f"{prefix}Encoder3d":
-            return getattr(sys.modules[cls.__module__], f"{prefix}{role}")
-    raise TypeError(f"not a Wan-family encoder: {type(encoder).__qualname__}")
-
-
 def _time_downsamplers(encoder: nn.Module) -> list[nn.Module]:
-    resample = encoder_class(encoder, "Resample")
+    resample = family_class(encoder, "Resample")
     return [m for m in encoder.modules() if isinstance(m, resample) and m.mode == "downsample3d"]
-
-
-def cache_slot_count(encoder: nn.Module) -> int:
-    """The size of the cache list, as `AutoencoderKLWan.clear_cache` sizes its own: one slot per causal conv
-    (`time_conv` is one; the 1x1x1 shortcuts leave theirs empty, so the steps return fewer caches)."""
-    causal_conv = encoder_class(encoder, "CausalConv3d")
-    return sum(isinstance(m, causal_conv) for m in encoder.modules())
 
 
 def _forward(encoder: nn.Module, x: torch.Tensor, slots: list, index: list[int]) -> torch.Tensor:
     """The encoder class's own forward (not a caller's instance forward) over `slots`."""
-    return encoder_class(encoder, "Encoder3d").forward(encoder, x, feat_cache=slots, feat_idx=index)
+    return family_class(encoder, "Encoder3d").forward(encoder, x, feat_cache=slots, feat_idx=index)
 
 
 class WanEncoderChunk0Step(nn.Module):
