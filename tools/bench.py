@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from rewrite import supported
+from rewrite.contract import video_difference
 from rewrite.tools import bench_distributed
 from rewrite.tools.cli_output import emit, quiet_when_stdout_closes
 
@@ -75,11 +76,10 @@ class Case:
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, float]:
-    """torch.equal, max-abs difference and PSNR (peak-to-peak 2: outputs are clamped to [-1, 1])."""
-    diff = out.float() - ref.float()
-    mse = diff.pow(2).mean().item()
-    psnr = math.inf if mse == 0 else 10 * math.log10(4.0 / mse)
-    return torch.equal(out, ref), diff.abs().max().item(), psnr
+    """torch.equal, max-abs difference and PSNR (peak-to-peak 2: outputs are clamped to [-1, 1]), as the
+    `channels_last` contract measures them (`rewrite.contract.video_difference`)."""
+    difference = video_difference(out, ref)
+    return torch.equal(out, ref), difference.max_abs, difference.psnr_db
 
 
 def compare_audio(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, float]:

@@ -4,12 +4,13 @@ the runner, builder and capture are imported when the row is used."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from rewrite.models.supported_model import EncoderCapture, SupportedModel, instance_of
+from rewrite.models.supported_model import SupportedModel, instance_of
 from rewrite.models.wan import rows as wan_rows
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def _capture(module: nn.Module, dtype: torch.dtype, device: torch.device) -> lis
 
 
 def _capture_encoder(module: nn.Module, dtype: torch.dtype, device: torch.device) -> list[CapturedGraph]:
-    from rewrite.models.qwenimage import runner as _runner  # noqa: F401  (registers the family's class names)
+    from rewrite.models.qwenimage import runner as family  # noqa: F401  (registers the family's class names)
 
     return wan_rows.ENCODER.capture_graphs(module, dtype, device)
 
@@ -47,4 +48,4 @@ ROWS: tuple[SupportedModel, ...] = (SupportedModel(
                                          "AutoencoderKLQwenImage"),
     make=_make, capture_graphs=_capture,
     graph_names=("chunk0", "steady"), latent_dims=("batch", "channels", "frames", "height", "width"),
-    encoder=EncoderCapture(_capture_encoder, wan_rows.ENCODER.graph_names, wan_rows.ENCODER.input_dims)),)
+    encoder=dataclasses.replace(wan_rows.ENCODER, capture_graphs=_capture_encoder)),)
