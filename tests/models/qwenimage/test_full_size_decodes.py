@@ -34,6 +34,7 @@ def test_full_size_images(height, width):
             assert torch.equal(actual, expected)
         else:
             difference = video_difference(actual, expected)
+            print(f"{tuple(actual.shape)} {actual.dtype}: {difference}")  # the measured values, kept by `pytest -rA`
             assert difference.violation() is None, f"{difference}: {difference.violation()}"
         del vae
         torch.cuda.empty_cache()

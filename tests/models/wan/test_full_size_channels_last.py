@@ -21,6 +21,7 @@ pytestmark = pytest.mark.gpu
 
 def _assert_within_contract(actual: torch.Tensor, expected: torch.Tensor) -> None:
     difference = video_difference(actual, expected)
+    print(f"{tuple(actual.shape)} {actual.dtype}: {difference}")  # the measured values, kept by `pytest -rA`
     assert difference.violation() is None, f"{difference}: {difference.violation()}"
 
 
