@@ -168,6 +168,33 @@ def test_a_streamed_clip_paused_in_the_shared_caches_survives_a_decode_of_anothe
         assert torch.equal(streamed, reference.decode(clip).sample)
 
 
+def test_single_frame_decodes_capture_chunk_0_alone_until_the_size_has_full_steps():
+    reference, optimized, backend = _optimized_tiny()
+    image, clip = torch.randn(1, 4, 1, 6, 8), _latents(6, 8, 0)
+    with torch.no_grad():
+        assert torch.equal(optimized.decode(image).sample, reference.decode(image).sample)
+        assert len(backend.captured) == 1  # chunk 0 alone: no steady step, no static caches
+        (steps,) = installed_runner(optimized).cuda_graphs.entries()
+        assert steps.caches == [] and report(optimized).graph_memory.sizes[0].size == "1x6x8 float32 cpu one frame"
+        with pytest.raises(RuntimeError, match="single-frame"):
+            steps.next(image)
+        assert torch.equal(optimized.decode(clip).sample, reference.decode(clip).sample)
+        assert len(backend.captured) == 3  # the clip's own chunk 0 and steady step
+        assert torch.equal(optimized.decode(image).sample, reference.decode(image).sample)
+        assert len(backend.captured) == 3  # the size's full steps serve a single frame too
+    assert report(optimized).last_path == "graphs"
+
+
+def test_warmup_of_single_frames_captures_chunk_0_alone():
+    reference, optimized, backend = _optimized_tiny()
+    vae_runner = installed_runner(optimized)
+    with torch.no_grad():
+        vae_runner.warmup(CPU, torch.float32, shapes=[(6, 8)], frames=1)
+        assert len(backend.captured) == 1
+        vae_runner.warmup(CPU, torch.float32, shapes=[(4, 6)], frames=[1, 3])
+        assert len(backend.captured) == 3  # chunk 0 and steady
+
+
 def test_a_budget_below_one_size_decodes_without_cuda_graphs_and_says_so():
     reference, optimized, backend = _optimized_tiny(graph_memory_budget=0)
     z = _latents(4, 6, 0)

@@ -40,6 +40,9 @@ from rewrite.models.wan.frames import (
 
 logger = logging.getLogger("rewrite")
 
+#: the last part of the graph-memory key of steps captured for single-frame decodes (chunk 0 alone)
+ONE_FRAME = "one frame"
+
 
 class WanRunner(DecoderRunner):
     """Captured graphs of one Wan VAE and the code that runs them.
@@ -155,10 +158,11 @@ class WanRunner(DecoderRunner):
         Without `shapes` only the step graphs are captured (the result says so).
 
         The sizes are captured largest first (they share one pool and cache block, `rewrite.runtime.graph_memory`).
-        `frames`: the latent frame count(s) later decodes of those sizes will have (an int or a list). Nothing
-        captured depends on it (one graph per step, CUDA graphs per batch and size); on CUDA the output video of
-        the largest count is allocated once and given back to the caching allocator, so a later decode finds
-        that memory reserved. Returns the shapes, seconds and the breakdown of what the captures cost."""
+        `frames`: the latent frame count(s) later decodes of those sizes will have (an int or a list). The step
+        graphs do not depend on it; the CUDA graphs do only in that single-frame decodes get chunk 0's alone
+        (`cuda_steps`): frames=1 captures those (a one-frame zero latent) instead of the two-frame decode (whose
+        steps serve single frames too). On CUDA the output video of the largest count is allocated once and
+        given back to the caching allocator, so a later decode finds that memory reserved. Returns the shapes, seconds and the breakdown of what the captures cost."""
         pairs = _latent_sizes(shapes)
         counts = _latent_frame_counts(frames)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -179,8 +183,9 @@ class WanRunner(DecoderRunner):
             logger.info("warmup: %s", note)
             return WarmupResult([], time.perf_counter() - start, note, breakdown=self.timings.records(mark))
         # largest first: later sizes are captured into the memory of the first (`rewrite.runtime.graph_memory`)
+        latent_frames = 1 if counts and max(counts) == 1 else 2  # 2: chunk 0 and one steady step
         for height, width in sorted(pairs, key=lambda pair: -pair[0] * pair[1]):  # kernels compiled ahead in the decode
-            z = torch.zeros(batch, self.z_dim, 2, height, width, device=device, dtype=dtype)
+            z = torch.zeros(batch, self.z_dim, latent_frames, height, width, device=device, dtype=dtype)
             sample = self.vae._decode(z).sample
             if self.fallbacks.last_path != "graphs":
                 raise RuntimeError(f"warmup: the graphs cannot serve {tuple(z.shape)} {dtype} on {device}: "
@@ -191,13 +196,15 @@ class WanRunner(DecoderRunner):
                             breakdown=self.timings.records(mark))
 
     def _compile_kernels_ahead(self, batch: int, height: int, width: int, dtype: torch.dtype,
-                               device: torch.device) -> None:
+                               device: torch.device, *, with_steady: bool = True) -> None:
         """Before the first CUDA-graph capture of a size (`cuda_steps`): one chunk-0 and one steady step of the graphs in which
         every Triton launch only submits its compile to a thread pool (`rewrite.ops.compile_ahead`), so the
         kernels compile in parallel instead of one by one in the capture's warm-up. Nothing is computed (the
-        outputs are dropped), nothing is changed: a variant it missed is compiled by the warm-up as before."""
-        key = (batch, height, width, dtype, device)
-        if device.type != "cuda" or not compile_ahead.available() or key in self._compiled_ahead or key in self.cuda_graphs:
+        outputs are dropped), nothing is changed: a variant it missed is compiled by the warm-up as before.
+        `with_steady=False`: chunk 0 alone (graphs for single-frame decodes)."""
+        key = (batch, height, width, dtype, device) + (ONE_FRAME,) * (not with_steady)
+        if (device.type != "cuda" or not compile_ahead.available() or key in self._compiled_ahead
+                or key in self.cuda_graphs or key[:5] in self._compiled_ahead):
             return
         x = torch.zeros(batch, self.z_dim, 1, height, width, device=device, dtype=dtype)
         decoder = self.vae.decoder
@@ -212,7 +219,8 @@ class WanRunner(DecoderRunner):
                     if active:  # the steady step as captured: its new caches are not all alive at once
                         _, *caches = chunk0(chunk0.weights(decoder), x)
                         del _
-                        steady_in_place(steady)[0](steady.weights(decoder), x, *caches)
+                        if with_steady:
+                            steady_in_place(steady)[0](steady.weights(decoder), x, *caches)
             except Exception as error:  # noqa: BLE001 - only a speed-up: the capture compiles what is missing
                 logger.warning("compiling the Triton kernels ahead failed (%s: %s); they compile during the "
                                "capture", type(error).__name__, error)
@@ -307,7 +315,7 @@ class WanRunner(DecoderRunner):
         failed, the graph modules run eagerly with the caches passed from step to step. The caller holds
         `lock` (the CUDA graphs' static buffers are this module's).
         """
-        steps = self.cuda_steps(decoder, x)
+        steps = self.cuda_steps(decoder, x, one_frame=x.shape[2] == 1)
         if steps is None:
             chunk0, steady = self.graphs[self.graph_key(x)]
             steps = _WanEagerSteps(chunk0, steady, chunk0.weights(decoder), steady.weights(decoder))
@@ -317,21 +325,28 @@ class WanRunner(DecoderRunner):
             store_frames(video, steps.next(x[:, :, i : i + 1]), i, frames, self.temporal_factor)
         return video
 
-    def cuda_steps(self, decoder: nn.Module, x: torch.Tensor) -> _WanCudaGraphs | None:
+    def cuda_steps(self, decoder: nn.Module, x: torch.Tensor, *, one_frame: bool = False) -> _WanCudaGraphs | None:
         """The CUDA-graph steps of `x`'s (batch, h, w, dtype, device), shared by every call of that shape and
         captured on first use; None where the graphs run eagerly (not CUDA, or a capture failed before).
-        The caller holds `lock`; a step's static caches hold one clip at a time (`_WanCudaGraphs.holder`)."""
+        `one_frame`: the call decodes a single latent frame (an image), so chunk 0 alone serves it: the size's full
+        steps where they are held, else steps of chunk 0 alone (`_WanCudaGraphs`, `steady=False`), which hold
+        neither the steady step's working set nor static caches. The caller holds `lock`; a step's static
+        caches hold one clip at a time (`_WanCudaGraphs.hold`)."""
         if not (self.use_cuda_graphs and self.graph_backend.can_capture(x.device)):
             return None
         chunk0, steady = self.graphs[self.graph_key(x)]
-        weights0, weights = chunk0.weights(decoder), steady.weights(decoder)
         b, _, _, h, w = x.shape
-        self._compile_kernels_ahead(b, h, w, x.dtype, x.device)  # a first decode of a size: compiles in parallel
+        key = (b, h, w, x.dtype, x.device)
+        one_frame = one_frame and key not in self.cuda_graphs
+        weights0 = chunk0.weights(decoder)
+        weights = [] if one_frame else steady.weights(decoder)
+        self._compile_kernels_ahead(b, h, w, x.dtype, x.device, with_steady=not one_frame)  # in parallel, first decode
         try:
             return self.cuda_graphs.get(
-                (b, h, w, x.dtype, x.device), x.device, b * h * w * x.element_size(), weights0 + weights,
-                lambda pool, arena: _WanCudaGraphs(chunk0, steady, weights0, weights, x[:, :, 0:1],
-                                                   self.channels_last_weights, self.graph_backend, pool, arena))
+                key + (ONE_FRAME,) * one_frame, x.device, b * h * w * x.element_size(), weights0 + weights,
+                lambda pool, arena: _WanCudaGraphs(chunk0, None if one_frame else steady, weights0, weights,
+                                                   x[:, :, 0:1], self.channels_last_weights, self.graph_backend,
+                                                   pool, arena))
         except torch.OutOfMemoryError:
             raise  # not a failed capture: the decode frees memory and tries again (`within_memory`)
         except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
@@ -408,21 +423,30 @@ class _WanCudaGraphs:
     pauses between calls with its state left here (`hold`: the cache block's occupant); whoever uses the
     caches next calls `release()` first, which hands the clip a copy of them (`first` does it itself: chunk 0
     overwrites every cache, and so does a capture).
+
+    `steady=None` captures chunk 0 alone, for single-frame decodes (an image): no static caches (chunk 0's new
+    caches die inside its graph) and no steady step, whose working set (four output frames per latent frame
+    against chunk 0's one) would otherwise set the pool's size; `next` is refused.
     """
 
     def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor,
                  layout_store: ChannelsLastWeights, backend, pool, arena: CacheArena):
         self.arena = arena  # the static caches are views into its block, shared with the module's other sizes
+        self.caches: list[torch.Tensor] = []
         weights0, pairs0 = layout_store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
-        weights, pairs = layout_store.substitute(channels_last_weight_slots(steady.graph_module), weights)
+        pairs = []
+        if steady is not None:
+            weights, pairs = layout_store.substitute(channels_last_weight_slots(steady.graph_module), weights)
         refresh_pairs = layout_store.distinct(pairs0 + pairs)
-        arena.release()  # the warm-up below writes the shared buffers' memory
+        if steady is not None:
+            arena.release()  # the warm-up below writes the shared buffers' memory
         with static_buffer_mode():
             self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
-            _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
-            formats = static_cache_formats(steady.graph_module, steady.user_input_names)
-            self.caches = arena.buffers(caches, formats)
-            del _, caches  # not kept alive through the captures below (they would count twice in the peak)
+            if steady is not None:
+                _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
+                formats = static_cache_formats(steady.graph_module, steady.user_input_names)
+                self.caches = arena.buffers(caches, formats)
+                del _, caches  # not kept alive through the captures below (they would count twice in the peak)
 
         def first(x):
             layout_store.refresh(refresh_pairs)
@@ -430,6 +454,11 @@ class _WanCudaGraphs:
             for static, value in zip(self.caches, new):
                 static.copy_(value)
             return [y]
+
+        self._first = backend.capture(first, [self.x], pool)
+        self._next = None
+        if steady is None:
+            return
 
         step_in_place, late = steady_in_place(steady)
 
@@ -439,13 +468,13 @@ class _WanCudaGraphs:
                 caches[index].copy_(value)
             return [y]
 
-        self._first = backend.capture(first, [self.x], pool)
         self._next = backend.capture(following, [self.x, *self.caches], pool)
 
     def release(self) -> None:
         """Give the paused clip whose state the shared static caches hold (if any, and alive; its steps may be
-        another size's) its copy of them."""
-        self.arena.release()
+        another size's) its copy of them. Steps of chunk 0 alone write no shared buffer: nothing to do."""
+        if self._next is not None:
+            self.arena.release()
 
     def hold(self, state) -> None:
         """`state`, a paused streamed clip, stays in these steps' static caches until someone else needs them."""
@@ -463,6 +492,8 @@ class _WanCudaGraphs:
         return self._first.replay()[0]
 
     def next(self, x: torch.Tensor) -> torch.Tensor:
+        if self._next is None:
+            raise RuntimeError("these CUDA graphs were captured for single-frame decodes: chunk 0 alone")
         self.x.copy_(x)
         return self._next.replay()[0]
 
