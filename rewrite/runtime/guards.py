@@ -57,14 +57,14 @@ def hook_reason(region: nn.Module, region_name: str, allowed_forward: object = N
     return f"hooks or forward wrappers inside the captured region: {_listed(hooked, 5)}"
 
 
-def uniform_parameters_reason(module: nn.Module, x: torch.Tensor) -> str | None:
+def uniform_parameters_reason(module: nn.Module, x: torch.Tensor, region_name: str = "decoder") -> str | None:
     """Graphs are captured per (dtype, device): mixed parameters or mismatched input go to the reference."""
     kinds = {(p.dtype, p.device) for p in module.parameters()}
     if len(kinds) != 1:
-        return f"decoder parameters have mixed dtypes/devices {sorted(map(str, kinds))}"
+        return f"{region_name} parameters have mixed dtypes/devices {sorted(map(str, kinds))}"
     dtype, device = kinds.pop()
     if x.dtype != dtype or x.device != device:
-        return f"decoder input is {x.dtype} on {x.device}, parameters are {dtype} on {device}"
+        return f"{region_name} input is {x.dtype} on {x.device}, parameters are {dtype} on {device}"
     return None
 
 

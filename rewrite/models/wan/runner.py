@@ -1,6 +1,6 @@
 """Decode driver for an optimized `AutoencoderKLWan`: the frame loop around the captured step graphs.
 
-`WanRunner.install(vae)` sets five instance attributes and nothing else (no parameter, buffer or submodule
+`WanRunner.install(vae)` sets six instance attributes and nothing else (no parameter, buffer or submodule
 changes, so `state_dict()` is untouched):
   * `vae._decode`: post_quant_conv, chunk 0 graph, steady graph per later frame written into a
     preallocated video, unpatchify, clamp. Tiling and slicing stay diffusers' own code paths.
@@ -8,6 +8,7 @@ changes, so `state_dict()` is untouched):
     same graphs, keeping the feat_cache list protocol; any call it cannot serve goes to the class forward.
   * `vae.decode_stream`: the same decode yielding each latent frame's frames as they are decoded
     (`rewrite.models.wan.stream`, which also holds `rewrite.stream` sessions);
+  * `vae._encode`: the encoder's step graphs over its caches, then quant_conv (`rewrite.models.wan.encode`);
   * `vae._rewrite_runner` and `vae.decoder._rewrite_runner`: this runner.
 `WanRunner.uninstall(vae)` removes them. Every call first runs the guards of `rewrite.runtime.guards`;
 when one objects, the call runs diffusers' reference code and the reason is logged and reported. Calls
@@ -91,10 +92,11 @@ class WanRunner(DecoderRunner):
     # ---- installation -------------------------------------------------------------------------------
     @classmethod
     def entry_points(cls, vae: nn.Module):
-        from rewrite.models.wan.stream import decode_stream  # built on this module
+        from rewrite.models.wan.encode import optimized_encode  # built on this module
+        from rewrite.models.wan.stream import decode_stream
 
         return [(vae, "_decode", _optimized_decode), (vae, "decode_stream", decode_stream),
-                (vae.decoder, "forward", _routed_decoder_forward)]
+                (vae.decoder, "forward", _routed_decoder_forward), (vae, "_encode", optimized_encode)]
 
     def install(self, vae: nn.Module) -> None:
         self.vae = vae
@@ -105,6 +107,11 @@ class WanRunner(DecoderRunner):
         """diffusers' own `_decode` (its decoder calls reach the class forward directly, counted once)."""
         with self.serving_reference():
             return type(self.vae)._decode(self.vae, z, return_dict=return_dict)
+
+    def reference_encode(self, x: torch.Tensor) -> torch.Tensor:
+        """diffusers' own `_encode`."""
+        with self.serving_reference():
+            return type(self.vae)._encode(self.vae, x)
 
     # ---- capture ------------------------------------------------------------------------------------
     def graph_key(self, x: torch.Tensor, *, symbolic: bool = False) -> tuple:
@@ -256,31 +263,37 @@ class WanRunner(DecoderRunner):
         use; `symbolic`: the symbolic graphs). A call whose full checks passed leaves a `guards.AcceptedState`:
         the next call of that key only re-checks cheaply that nothing those checks look at has changed."""
         key = self.graph_key(x, symbolic=symbolic)
+        return self.checked_region(decoder, "decoder", x, key, self.graphs_for, self._installed_forward)
+
+    def checked_region(self, region: nn.Module, name: str, x: torch.Tensor, key: tuple, graphs_for,
+                       allowed_forward=None) -> str | None:
+        """Why input `x` of `region` (the decoder, or the encoder: `name`) cannot run through the graphs of
+        `key`, which ``graphs_for(region, key, listing)`` captures on first use, or None (`region_reason`)."""
         accepted = self._accepted.get(key)
-        if accepted is not None and accepted.holds(decoder) and self._call_reason(decoder, x) is None:
+        if accepted is not None and accepted.holds(region) and self._call_reason(region, x) is None:
             return None
         self._accepted.pop(key, None)
-        listing = list(decoder.named_modules(prefix="decoder"))
+        listing = list(region.named_modules(prefix=name))
         reason = (
-            guards.hook_reason(decoder, "decoder", allowed_forward=self._installed_forward, modules=listing)
+            guards.hook_reason(region, name, allowed_forward=allowed_forward, modules=listing)
             or guards.training_reason(listing)
             or guards.tensor_attribute_reason(listing)
-            or guards.uniform_parameters_reason(decoder, x)
-            or self._call_reason(decoder, x)
+            or guards.uniform_parameters_reason(region, x, name)
+            or self._call_reason(region, x)
         )
         if reason is not None:
             return reason
-        graphs = self.graphs_for(decoder, key, listing)
+        graphs = graphs_for(region, key, listing)
         if graphs is None:
             return self.graphs.errors[key]
         try:
             for graph in graphs:
-                graph.weights(decoder)
+                graph.weights(region)
         except AttributeError as error:  # e.g. a parametrization, or a parameter replaced by a plain tensor
             return f"a graph weight is no longer a parameter or buffer of that name: {error}"
-        locations = [graph.weight_locations(decoder) for graph in graphs]
+        locations = [graph.weight_locations(region) for graph in graphs]
         if all(part is not None for part in locations):
-            self._accepted[key] = guards.AcceptedState(decoder, listing, WeightLocations.joined(locations))
+            self._accepted[key] = guards.AcceptedState(region, listing, WeightLocations.joined(locations))
         return None
 
     @staticmethod
@@ -405,7 +418,10 @@ class _WanEagerSteps:
 
 
 class _WanCudaGraphs:
-    """The chunk-0 and steady graphs of one shape, over a static latent buffer and static caches.
+    """The chunk-0 and steady graphs of one shape, over static input buffers and static caches.
+
+    Serves the decoder's steps (one latent frame each) and the encoder's (`rewrite.models.wan.encode`: chunk 0
+    takes one frame, the steady step four, so `next_example` gives its input a buffer of its own).
 
     Each captured step copies its new caches into the static cache buffers (after every read of the old
     ones: a T=1 stage's new cache holds its old last frame), so consecutive replays advance the decode exactly
@@ -430,7 +446,8 @@ class _WanCudaGraphs:
     """
 
     def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor,
-                 layout_store: ChannelsLastWeights, backend, pool, arena: CacheArena):
+                 layout_store: ChannelsLastWeights, backend, pool, arena: CacheArena,
+                 next_example: torch.Tensor | None = None):
         self.arena = arena  # the static caches are views into its block, shared with the module's other sizes
         self.caches: list[torch.Tensor] = []
         weights0, pairs0 = layout_store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
@@ -442,6 +459,7 @@ class _WanCudaGraphs:
             arena.release()  # the warm-up below writes the shared buffers' memory
         with static_buffer_mode():
             self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
+            self.x_next = self.x if next_example is None else torch.zeros_like(next_example)
             if steady is not None:
                 _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
                 formats = static_cache_formats(steady.graph_module, steady.user_input_names)
@@ -468,7 +486,7 @@ class _WanCudaGraphs:
                 caches[index].copy_(value)
             return [y]
 
-        self._next = backend.capture(following, [self.x, *self.caches], pool)
+        self._next = backend.capture(following, [self.x_next, *self.caches], pool)
 
     def release(self) -> None:
         """Give the paused clip whose state the shared static caches hold (if any, and alive; its steps may be
@@ -484,7 +502,8 @@ class _WanCudaGraphs:
         """Bytes of the static buffers outside the shared cache block (the latent frame; caches that did not fit)."""
         block = self.arena.block
         shared = None if block is None else block.untyped_storage().data_ptr()
-        return self.x.nbytes + sum(c.nbytes for c in self.caches if c.untyped_storage().data_ptr() != shared)
+        inputs = self.x.nbytes + (self.x_next.nbytes if self.x_next is not self.x else 0)
+        return inputs + sum(c.nbytes for c in self.caches if c.untyped_storage().data_ptr() != shared)
 
     def first(self, x: torch.Tensor) -> torch.Tensor:
         self.release()
@@ -494,7 +513,7 @@ class _WanCudaGraphs:
     def next(self, x: torch.Tensor) -> torch.Tensor:
         if self._next is None:
             raise RuntimeError("these CUDA graphs were captured for single-frame decodes: chunk 0 alone")
-        self.x.copy_(x)
+        self.x_next.copy_(x)
         return self._next.replay()[0]
 
 
