@@ -154,7 +154,8 @@ def warmup(module: nn.Module, device=None, dtype=None, batch: int = 1, **shapes)
     `device`/`dtype` default to the parameters'. AuK: `frames=[...]` exact lengths in latent frames
     (default: every bucket at `channels_last`, nothing more at `lossless`). Wan: `shapes=[(latent_h,
     latent_w), ...]` (without it only the step graphs are captured) and `frames=` the latent frame count(s)
-    of the later decodes (nothing captured depends on it; on CUDA their output memory is reserved). Returns
+    of the later decodes (1: chunk 0's CUDA graph alone; on CUDA their output memory is reserved);
+    `encode_shapes=[(height, width), ...]` (video pixels) and `encode_frames=` the same for `vae.encode`. Returns
     what it captured, how long it took and what each stage cost (`WarmupResult.breakdown`). Raises
     TypeError/ValueError for bad sizes, RuntimeError when the module is not optimized or the graphs cannot
     serve that dtype/device.

@@ -176,3 +176,29 @@ def optimized_encode(vae: nn.Module, x: torch.Tensor):
     enc = vae.quant_conv(out)
     vae.clear_cache()  # the reference leaves empty caches behind; keep that observable state the same
     return enc
+
+
+@torch.no_grad()
+def warmup_encode(runner, device: torch.device, dtype: torch.dtype, batch: int, shapes, frames) -> list[tuple]:
+    """`warmup(..., encode_shapes=[(height, width), ...], encode_frames=...)`: encode a zero video of each size
+    (video pixels, largest first: they share the decoder's graph memory) through the graphs, capturing what the
+    first encode of that size would: 5 frames (chunk 0 and one steady step), or 1 where every count in
+    `frames` (video frames) is 1, which gets chunk 0's CUDA graph alone. Returns ``(batch, height, width,
+    "encode")`` per size; RuntimeError where the graphs cannot serve a size."""
+    from rewrite.models.wan.runner import _latent_frame_counts, _latent_sizes
+
+    pairs = _latent_sizes(shapes, "encode_shapes must be a list of (height, width) pairs of positive ints in video "
+                                  "pixels, e.g. [(480, 832)]")
+    counts = _latent_frame_counts(frames, "encode_frames must be a positive video frame count or a list of them, "
+                                          "e.g. 81 or [1, 81]")
+    if not pairs:
+        raise ValueError("warmup: encode_frames= needs encode_shapes=[(height, width), ...]: the encoder's CUDA graphs "
+                         "are per video size")
+    count = FIRST_FRAMES if counts and max(counts) == FIRST_FRAMES else FIRST_FRAMES + STEP_FRAMES
+    for height, width in sorted(pairs, key=lambda pair: -pair[0] * pair[1]):
+        video = torch.zeros(batch, video_channels(runner.vae), count, height, width, device=device, dtype=dtype)
+        runner.vae._encode(video)
+        if runner.fallbacks.last_path != "graphs":
+            raise RuntimeError(f"warmup: the encoder's graphs cannot serve {tuple(video.shape)} {dtype} on {device}: "
+                               f"{runner.fallbacks.last_reason}")
+    return [(batch, height, width, ENCODE) for height, width in pairs]

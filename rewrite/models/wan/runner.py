@@ -157,7 +157,7 @@ class WanRunner(DecoderRunner):
 
     @torch.no_grad()  # captures for no-grad decodes, whatever the caller's grad mode
     def warmup(self, device: torch.device, dtype: torch.dtype, batch: int = 1, shapes=None,
-               frames=None) -> WarmupResult:
+               frames=None, encode_shapes=None, encode_frames=None) -> WarmupResult:
         """Capture what the first decodes of these sizes would: the step graphs for `dtype`/`device` and, on CUDA,
         the chunk-0/steady CUDA graphs of each latent size in `shapes`, a list of `(latent_height, latent_width)`
         pairs, by decoding a two-frame zero latent of that size (chunk 0 and one steady step). On CUDA, before a
@@ -169,7 +169,11 @@ class WanRunner(DecoderRunner):
         graphs do not depend on it; the CUDA graphs do only in that single-frame decodes get chunk 0's alone
         (`cuda_steps`): frames=1 captures those (a one-frame zero latent) instead of the two-frame decode (whose
         steps serve single frames too). On CUDA the output video of the largest count is allocated once and
-        given back to the caching allocator, so a later decode finds that memory reserved. Returns the shapes, seconds and the breakdown of what the captures cost."""
+        given back to the caching allocator, so a later decode finds that memory reserved.
+
+        `encode_shapes`, `encode_frames`: the same for `vae.encode` (`rewrite.models.wan.encode.warmup_encode`),
+        in video pixels and frames; given alone, only the encoder is warmed up. Returns the shapes (an encoder's
+        end in "encode"), seconds and the breakdown of what the captures cost."""
         pairs = _latent_sizes(shapes)
         counts = _latent_frame_counts(frames)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -178,6 +182,13 @@ class WanRunner(DecoderRunner):
             raise ValueError("warmup: frames= needs shapes=[(latent_height, latent_width), ...]: the CUDA graphs and "
                              "the output video are per latent size")
         start, mark = time.perf_counter(), len(self.timings)
+        encoded = []
+        if encode_shapes is not None or encode_frames is not None:
+            from rewrite.models.wan.encode import warmup_encode
+
+            encoded = warmup_encode(self, device, dtype, batch, encode_shapes, encode_frames)
+            if shapes is None:
+                return WarmupResult(encoded, time.perf_counter() - start, breakdown=self.timings.records(mark))
         if not pairs:
             x = torch.zeros(batch, self.z_dim, 1, 1, 1, device=device, dtype=dtype)
             with self.lock.holding(device), CAPTURE_GATE.running():
@@ -199,7 +210,7 @@ class WanRunner(DecoderRunner):
                                    f"{self.fallbacks.last_reason}")
             if counts and device.type == "cuda":
                 self._reserve_video(sample, max(counts))
-        return WarmupResult([(batch, h, w) for h, w in pairs], time.perf_counter() - start,
+        return WarmupResult(encoded + [(batch, h, w) for h, w in pairs], time.perf_counter() - start,
                             breakdown=self.timings.records(mark))
 
     def _compile_kernels_ahead(self, batch: int, height: int, width: int, dtype: torch.dtype,
@@ -369,9 +380,9 @@ class WanRunner(DecoderRunner):
             return None
 
 
-def _latent_sizes(shapes) -> list[tuple[int, int]]:
-    """`warmup`'s `shapes` as (height, width) pairs of positive ints; a clear error for anything else."""
-    expected = "shapes must be a list of (latent_height, latent_width) pairs of positive ints, e.g. [(60, 104)]"
+def _latent_sizes(shapes, expected: str = "shapes must be a list of (latent_height, latent_width) pairs of "
+                                          "positive ints, e.g. [(60, 104)]") -> list[tuple[int, int]]:
+    """`warmup`'s `shapes` as (height, width) pairs of positive ints; a clear error (`expected`) for anything else."""
     if shapes is None:
         return []
     if isinstance(shapes, (str, bytes)) or not isinstance(shapes, (list, tuple)):
@@ -387,9 +398,10 @@ def _latent_sizes(shapes) -> list[tuple[int, int]]:
     return pairs
 
 
-def _latent_frame_counts(frames) -> list[int]:
-    """`warmup`'s `frames`: None, a positive int or a list of them (latent frames); a clear error for anything else."""
-    expected = "frames must be a positive latent frame count or a list of them, e.g. 21 or [21, 31]"
+def _latent_frame_counts(frames, expected: str = "frames must be a positive latent frame count or a list of them, "
+                                                 "e.g. 21 or [21, 31]") -> list[int]:
+    """`warmup`'s `frames`: None, a positive int or a list of them (latent frames); a clear error (`expected`) for
+    anything else."""
     if frames is None:
         return []
     values = [frames] if isinstance(frames, int) and not isinstance(frames, bool) else frames

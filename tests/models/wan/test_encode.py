@@ -13,7 +13,7 @@ import functools
 import pytest
 import torch
 
-from rewrite import optimize, report
+from rewrite import optimize, report, warmup
 from rewrite.models.qwenimage import runner as _qwenimage  # noqa: F401  (registers the family's class names)
 from rewrite.models.qwenimage.config import build_qwenimage
 from rewrite.models.wan.config import build_wan
@@ -152,4 +152,26 @@ def test_encode_and_decode_share_one_graph_memory_and_replay_exactly():
     assert len({pool for _, pool in backend.captured}) == 1
     sizes = [size.size for size in report(optimized).graph_memory.sizes]
     assert sizes == ["1x4x6 float32 cpu", "1x32x48 float32 cpu encode", "1x16x16 float32 cpu encode one frame"]
+    assert report(optimized).last_path == "graphs"
+
+
+def test_warmup_captures_the_encoder_sizes_largest_first():
+    optimized = _optimized("wan2.1")
+    backend = installed_runner(optimized).graph_backend = FakeGraphs()
+    result = warmup(optimized, encode_shapes=[(16, 16), (32, 48)])
+    assert result.shapes == [(1, 16, 16, "encode"), (1, 32, 48, "encode")]
+    assert [shape[-2:] for shape, _ in backend.captured] == [(32, 48), (32, 48), (16, 16), (16, 16)]
+    warmup(optimized, encode_shapes=[(24, 24)], encode_frames=1)
+    assert backend.captured[-1][0] == (1, 3, 1, 24, 24) and len(backend.captured) == 5  # chunk 0 alone
+    _assert_encodes_equal(optimized, _reference("wan2.1"), _video((1, 3, 5, 32, 48)))
+    assert len(backend.captured) == 5  # the warmed-up size replays
+    with pytest.raises(ValueError, match="encode_shapes must be a list of"):
+        warmup(optimized, encode_shapes=[(0, 16)])
+    with pytest.raises(ValueError, match="encode_frames= needs encode_shapes"):
+        warmup(optimized, encode_frames=5)
+
+
+def test_channels_last_encodes_fp32_on_its_exact_ops():
+    optimized = _optimized("wan2.1", level="channels_last")
+    _assert_encodes_equal(optimized, _reference("wan2.1"), _video((1, 3, 5, 32, 48)))
     assert report(optimized).last_path == "graphs"
