@@ -207,8 +207,36 @@ class AuKBench:
                 "dtype": args.dtype, **head, "clips": cases}
 
 
+class WanEncodeBench(WanBench):
+    """``--encode``: the encoder of a Wan-family VAE on one seeded video of `--frames` x `--size`; output the
+    posterior's mean (`encode(x).latent_dist.mean`, from which `.mode()` and `.sample()` follow), compared as
+    a decoded video is (max-abs; PSNR over a peak-to-peak of 2, which the latents' range does not have: read it
+    as a relative measure between levels). `rewrite.warmup` is not called (it warms the decoder up): the first
+    call includes the encoder's capture."""
+
+    skips_warmup = True
+
+    def cases(self) -> list[Case]:
+        from rewrite.models.wan.encode import video_channels
+
+        args = self.args
+        shape = (args.batch, video_channels(self.vae), args.frames, args.height, args.width)
+        return [Case(_seeded_latents(shape, self.device, self.dtype), {"video": list(shape)})]
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vae.encode(x).latent_dist.mean
+
+    def summary(self, head: dict, cases: list[dict]) -> dict:
+        return {**super().summary(head, cases), "direction": "encode"}
+
+
 #: the bench adapter of each supported model, by the model's family
 ADAPTERS = {model.name: {"wan": WanBench, "auk": AuKBench}[model.family] for model in supported.MODELS}
+
+
+def adapter_for(model: str, encode: bool = False) -> type:
+    """The bench adapter of `model`, its encoder's with `encode` (Wan family)."""
+    return WanEncodeBench if encode else ADAPTERS[model]
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -228,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", default=None,
                         help="AuK: comma-separated clip lengths in seconds (default 5); frames = round(seconds * 50)")
     parser.add_argument("--batch", type=int, default=1, help="latents per decode (default 1)")
+    parser.add_argument("--encode", action="store_true",
+                        help="Wan family: time vae.encode of a seeded --size x --frames video instead of the decode "
+                             "(output: the posterior's mean; default off)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default: bfloat16 for Wan, float32 for AuK")
     parser.add_argument("--levels", default="off,lossless",
@@ -272,9 +303,13 @@ def parse_args(argv):
         if level not in LEVELS:
             parser.error(f"unknown level {level!r} in --levels; expected from {', '.join(LEVELS)}")
     adapter = ADAPTERS[args.model]
+    if args.encode and adapter is not WanBench:
+        parser.error(f"--encode is for the Wan family only ({', '.join(m for m, a in ADAPTERS.items() if a is WanBench)})")
     args.dtype = adapter.default_dtype if args.dtype is None else args.dtype
     adapter.check_args(parser, args)
     bench_distributed.check_args(parser, args)
+    if args.encode and bench_distributed.under_torchrun():
+        parser.error("--encode runs on one device: not under torchrun")
     if args.repeat < 1 or args.warmup < 0 or args.batch < 1:
         parser.error("--repeat and --batch must be >= 1, --warmup >= 0")
     return args
@@ -372,7 +407,7 @@ def bench_levels(bench, case: Case, args, device: torch.device, dtype: torch.dty
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         warmup_s = None
-        if level != "off" and warmup is not None:
+        if level != "off" and warmup is not None and not getattr(bench, "skips_warmup", False):
             _, warmup_s = _timed(lambda: warmup(vae, device=device, dtype=dtype, batch=args.batch), device)
         out, first = _timed(decode, device)
         progress.update()
@@ -407,7 +442,7 @@ MODEL_SEED = 0
 def build_bench(args, device: torch.device, dtype: torch.dtype):
     """The model's adapter with its random-init decoder built from `MODEL_SEED`: the same weights in every
     run (SNR and max-abs depend on them), the caller's random state untouched (`SupportedModel.build`)."""
-    return ADAPTERS[args.model](args, device, dtype, MODEL_SEED)
+    return adapter_for(args.model, getattr(args, "encode", False))(args, device, dtype, MODEL_SEED)
 
 
 def run(args) -> dict:
@@ -494,10 +529,12 @@ def _distributed_line(d: dict) -> str:
 def format_table(summary: dict) -> str:
     """The printed results of one run: a heading, a row per level (AuK: per clip and level), the CPU note on a
     CPU, the distributed line and the profiles."""
-    bench = ADAPTERS[summary["model"]]
+    bench = adapter_for(summary["model"], summary.get("direction") == "encode")
     on = f"on {summary['device']} (torch {summary['torch']}, triton {summary['triton']})"
     if "clips" not in summary:  # Wan: one video shape
-        head = f"{summary['model']} {summary['config']} {summary['size']}x{summary['frames']} {summary['dtype']} {on}"
+        what = " encode" if summary.get("direction") == "encode" else ""
+        head = (f"{summary['model']}{what} {summary['config']} {summary['size']}x{summary['frames']} {summary['dtype']} "
+                f"{on}")
         rows = [_level_header(bench)] + [_level_cells(r, bench) for r in summary["levels"]]
         lines = [head, *aligned(rows, left=1)]
     else:
@@ -549,7 +586,7 @@ def plot_results(summaries: list[dict], path: Path) -> None:
     figure = Figure(figsize=(max(6.0, 1.6 * max(widths) + 2), 4.2 * len(summaries)))
     axes = figure.subplots(len(summaries), 1, squeeze=False)[:, 0]
     for ax, summary in zip(axes, summaries):
-        bench = ADAPTERS[summary["model"]]
+        bench = adapter_for(summary["model"], summary.get("direction") == "encode")
         cases = _cases(summary)
         levels = list(dict.fromkeys(r["level"] for _, results in cases for r in results))
         width = min(0.8 / len(levels), 0.28)

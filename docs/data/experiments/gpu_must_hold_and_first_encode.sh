@@ -2,7 +2,7 @@
 # Session 27 (issue 38's Must hold, issue 40 item 3's bound, issue 39's first GPU encode), in priority order within
 # one 10-minute call (device starts were scarce): Wan's full-size channels_last decodes (rewrite.contract),
 # Qwen-Image's full-size decodes and its 1328x1328 bench with single-frame decodes on chunk 0's CUDA graph alone,
-# the stream/session, first-call and remaining 1080p lossless tests, then a first lossless encode at 480x832x81.
+# the stream/session, first-call and remaining 1080p lossless tests, then a first encode bench at 480x832x81 (three levels).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 \
   && python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
@@ -20,5 +20,5 @@ timeout 210 python3 -m pytest -m gpu -p no:cacheprovider -rA --durations=0 \
   tests/models/wan/test_stream.py tests/api/test_first_call.py tests/models/wan/test_full_size_decodes.py \
   -k "stream or session or first_call or warmup or 1080p and not 1088x1920-wan2.1" > $OUT/pytest_rest.log 2>&1
 echo "rc $?"; summary $OUT/pytest_rest.log 14
-timeout 60 python3 docs/data/experiments/encode_lossless_probe.py wan2.1 480x832 81 $OUT/encode_wan21_480x832x81.json \
-  > $OUT/encode.log 2>&1; tail -18 $OUT/encode.log
+timeout 90 rewrite-bench --encode --size 480x832 --frames 81 --levels off,lossless,channels_last --repeat 2 --warmup 0 \
+  --json $OUT/encode_wan21_480x832x81.json 2>&1 | grep -v "decodes:" | tail -6 | tee $OUT/bench_encode.log
