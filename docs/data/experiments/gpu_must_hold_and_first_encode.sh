@@ -9,16 +9,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee -a $OUT/gpu.txt
 summary() { grep -E "^(PASSED|FAILED|ERROR)|passed|failed|PSNR|Error" "$1" | tail -${2:-20}; }
-timeout 200 python3 -m pytest -m gpu -p no:cacheprovider -rA --durations=0 \
+timeout 190 python3 -m pytest -m gpu -p no:cacheprovider -rA --durations=0 \
   tests/models/wan/test_full_size_channels_last.py > $OUT/pytest_channels_last.log 2>&1; echo "rc $?"
 summary $OUT/pytest_channels_last.log
 timeout 60 python3 -m pytest -m gpu -p no:cacheprovider -rA tests/models/qwenimage/test_full_size_decodes.py \
   > $OUT/pytest_qwenimage.log 2>&1; echo "rc $?"; summary $OUT/pytest_qwenimage.log 8
-timeout 50 rewrite-bench --model qwenimage --size 1328x1328 --frames 1 --levels off,lossless --repeat 3 \
+timeout 45 rewrite-bench --model qwenimage --size 1328x1328 --frames 1 --levels off,lossless --repeat 3 \
   --json $OUT/qwenimage_1328x1328.json 2>&1 | grep -v "decodes:" | tail -8 | tee $OUT/bench_qwenimage.log
-timeout 210 python3 -m pytest -m gpu -p no:cacheprovider -rA --durations=0 \
+timeout 190 python3 -m pytest -m gpu -p no:cacheprovider -rA --durations=0 \
   tests/models/wan/test_stream.py tests/api/test_first_call.py tests/models/wan/test_full_size_decodes.py \
   -k "stream or session or first_call or warmup or 1080p and not 1088x1920-wan2.1" > $OUT/pytest_rest.log 2>&1
 echo "rc $?"; summary $OUT/pytest_rest.log 14
-timeout 90 rewrite-bench --encode --size 480x832 --frames 81 --levels off,lossless,channels_last --repeat 2 --warmup 0 \
+timeout 80 rewrite-bench --encode --size 480x832 --frames 81 --levels off,lossless,channels_last --repeat 2 --warmup 0 \
   --json $OUT/encode_wan21_480x832x81.json 2>&1 | grep -v "decodes:" | tail -6 | tee $OUT/bench_encode.log
