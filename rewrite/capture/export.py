@@ -41,7 +41,7 @@ class CapturedGraph:
     #: from `rewrite.runtime.disk_cache`
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     #: what the runtime derives from this graph once (the steady step that writes its caches in place,
-    #: `rewrite.models.wan.runner.steady_in_place`), by name: kept here so that it lives and dies with the graph (a
+    #: `rewrite.models.wan.steps.steady_in_place`), by name: kept here so that it lives and dies with the graph (a
     #: module-level cache keyed by the graph kept every optimized Wan module alive, issue 37)
     derived: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     _binding: "_WeightBinding | None" = dataclasses.field(default=None, repr=False, compare=False)

@@ -63,7 +63,7 @@ def budget_option(value) -> int | None:
 
 
 class HeldGraphs(Protocol):
-    """What `GraphMemory` keeps per size (e.g. `rewrite.models.wan.runner._WanCudaGraphs`)."""
+    """What `GraphMemory` keeps per size (e.g. `rewrite.models.wan.steps.CudaGraphSteps`)."""
 
     def own_bytes(self) -> int:
         """Bytes of its static buffers outside the shared pool and the shared cache block."""

@@ -20,6 +20,7 @@ from rewrite.models.auk.capture import reference_decode
 from rewrite.models.auk.model import AuKConfig, AuKVAE
 from rewrite.models.wan.config import build_wan
 from rewrite.models.wan import runner as wan_runtime
+from rewrite.models.wan import steps as wan_steps
 from rewrite.runtime.runner import OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
 from tests import quick
 from tests.graph_fakes import FakeGraphs, FakeStep
@@ -63,8 +64,8 @@ def _inject_wan(monkeypatch, where: str, times: int) -> OutOfMemory:
         fake = OutOfMemory(FakeStep.replay, times)
         monkeypatch.setattr(FakeStep, "replay", lambda self: fake(self))
     else:  # the rewritten graphs run eagerly (no CUDA graphs)
-        fake = OutOfMemory(wan_runtime._WanEagerSteps.first, times)
-        monkeypatch.setattr(wan_runtime._WanEagerSteps, "first", lambda self, x: fake(self, x))
+        fake = OutOfMemory(wan_steps.EagerSteps.first, times)
+        monkeypatch.setattr(wan_steps.EagerSteps, "first", lambda self, x: fake(self, x))
     return fake
 
 
@@ -150,7 +151,7 @@ def test_errors_other_than_out_of_memory_are_not_retried(monkeypatch):
     _, optimized, z = _wan_pair()
     runner = installed_runner(optimized)
     runner.use_cuda_graphs = False
-    monkeypatch.setattr(wan_runtime._WanEagerSteps, "first", lambda self, x: (_ for _ in ()).throw(ValueError("bug")))
+    monkeypatch.setattr(wan_steps.EagerSteps, "first", lambda self, x: (_ for _ in ()).throw(ValueError("bug")))
     with torch.no_grad(), pytest.raises(ValueError, match="bug"):
         optimized.decode(z)
 

@@ -4,7 +4,7 @@
 (patchify where the model has a ``patch_size``, the encoder on the first frame and then on chunks of 4 frames
 over its caches, `quant_conv` over the chunks' outputs joined in time) from the step graphs of
 `rewrite.models.wan.encoder_capture`, rewritten at the module's level by the decoder's passes and patterns. On
-CUDA the steps replay CUDA graphs per (batch, height, width, dtype): the decoder's `_WanCudaGraphs`, in the same
+CUDA the steps replay CUDA graphs per (batch, height, width, dtype): the decoder's `CudaGraphSteps`, in the same
 `GraphMemory` as the decoder's sizes (one pool, one cache block, one budget per module and device); elsewhere
 the graph modules run eagerly with the caches handed from step to step. `encode()` (its hooks, slicing) and
 `DiagonalGaussianDistribution` stay diffusers' own: only `_encode`'s value is computed here.
@@ -27,6 +27,8 @@ import torch
 from torch import nn
 
 from rewrite.models.wan.encoder_capture import FIRST_FRAMES, STEP_FRAMES, capture_wan_encoder
+from rewrite.models.wan.steps import ONE_FRAME, CudaGraphSteps, EagerSteps
+from rewrite.models.wan.warmup_sizes import frame_counts, latent_sizes
 from rewrite.runtime import guards
 from rewrite.runtime.locks import CAPTURE_GATE
 from rewrite.runtime.runner import OUT_OF_MEMORY_REASON, installed_runner
@@ -95,11 +97,9 @@ def encode_reason(runner, vae: nn.Module, x: torch.Tensor) -> str | None:
 
 
 def cuda_steps(runner, encoder: nn.Module, x: torch.Tensor):
-    """The CUDA-graph steps of `x`'s (batch, height, width, dtype, device) (`_WanCudaGraphs`, the steady step
+    """The CUDA-graph steps of `x`'s (batch, height, width, dtype, device) (`CudaGraphSteps`, the steady step
     taking 4 frames; chunk 0 alone for a one-frame video), in the runner's `GraphMemory`; None where the graphs
     run eagerly. The caller holds the runner's lock."""
-    from rewrite.models.wan.runner import ONE_FRAME, _WanCudaGraphs
-
     if not (runner.use_cuda_graphs and runner.graph_backend.can_capture(x.device)):
         return None
     chunk0, steady = runner.graphs[graph_key(x)]
@@ -112,7 +112,7 @@ def cuda_steps(runner, encoder: nn.Module, x: torch.Tensor):
     try:
         return runner.cuda_graphs.get(
             key + (ONE_FRAME,) * one_frame, x.device, rank, weights0 + weights,
-            lambda pool, arena: _WanCudaGraphs(
+            lambda pool, arena: CudaGraphSteps(
                 chunk0, None if one_frame else steady, weights0, weights, x[:, :, :FIRST_FRAMES],
                 runner.channels_last_weights, runner.graph_backend, pool, arena,
                 next_example=None if one_frame else x[:, :, FIRST_FRAMES: FIRST_FRAMES + STEP_FRAMES]))
@@ -128,12 +128,10 @@ def cuda_steps(runner, encoder: nn.Module, x: torch.Tensor):
 def encode_frames(runner, encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The encoder's output for every chunk of the (patchified) video `x` of ``1 + 4k`` frames, joined in time
     (preallocated: no growing `cat`). The caller holds the runner's lock."""
-    from rewrite.models.wan.runner import _WanEagerSteps
-
     steps = cuda_steps(runner, encoder, x)
     if steps is None:
         chunk0, steady = runner.graphs[graph_key(x)]
-        steps = _WanEagerSteps(chunk0, steady, chunk0.weights(encoder), [] if x.shape[2] == 1 else steady.weights(encoder))
+        steps = EagerSteps(chunk0, steady, chunk0.weights(encoder), [] if x.shape[2] == 1 else steady.weights(encoder))
     y = steps.first(x[:, :, :FIRST_FRAMES])
     chunks = 1 + (x.shape[2] - FIRST_FRAMES) // STEP_FRAMES
     out = y.new_empty((*y.shape[:2], chunks * y.shape[2], *y.shape[3:]))
@@ -185,11 +183,9 @@ def warmup_encode(runner, device: torch.device, dtype: torch.dtype, batch: int, 
     first encode of that size would: 5 frames (chunk 0 and one steady step), or 1 where every count in
     `frames` (video frames) is 1, which gets chunk 0's CUDA graph alone. Returns ``(batch, height, width,
     "encode")`` per size; RuntimeError where the graphs cannot serve a size."""
-    from rewrite.models.wan.runner import _latent_frame_counts, _latent_sizes
-
-    pairs = _latent_sizes(shapes, "encode_shapes must be a list of (height, width) pairs of positive ints in video "
+    pairs = latent_sizes(shapes, "encode_shapes must be a list of (height, width) pairs of positive ints in video "
                                   "pixels, e.g. [(480, 832)]")
-    counts = _latent_frame_counts(frames, "encode_frames must be a positive video frame count or a list of them, "
+    counts = frame_counts(frames, "encode_frames must be a positive video frame count or a list of them, "
                                           "e.g. 81 or [1, 81]")
     if not pairs:
         raise ValueError("warmup: encode_frames= needs encode_shapes=[(height, width), ...]: the encoder's CUDA graphs "

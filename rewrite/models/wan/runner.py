@@ -30,10 +30,11 @@ from rewrite.models.wan.capture import capture_wan_decoder, reference_forward
 from rewrite.ops import compile_ahead
 from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import disk_cache, guards
-from rewrite.models.wan.cache_writes import static_cache_formats, write_caches_in_place
-from rewrite.models.wan.conv_weights import ChannelsLastWeights, channels_last_weight_slots
-from rewrite.runtime.graph_memory import CacheArena, GraphMemory, budget_option
-from rewrite.runtime.graphs import CudaGraphBackend, describe_key, static_buffer_mode
+from rewrite.models.wan.conv_weights import ChannelsLastWeights
+from rewrite.models.wan.steps import ONE_FRAME, CudaGraphSteps, EagerSteps, steady_in_place
+from rewrite.models.wan.warmup_sizes import frame_counts, latent_sizes
+from rewrite.runtime.graph_memory import GraphMemory, budget_option
+from rewrite.runtime.graphs import CudaGraphBackend, describe_key
 from rewrite.runtime.locks import CAPTURE_GATE
 from rewrite.runtime.runner import EVERY_LEVEL, OUT_OF_MEMORY_REASON, DecoderRunner, installed_runner
 from rewrite.models.wan.frames import (
@@ -41,8 +42,6 @@ from rewrite.models.wan.frames import (
 
 logger = logging.getLogger("rewrite")
 
-#: the last part of the graph-memory key of steps captured for single-frame decodes (chunk 0 alone)
-ONE_FRAME = "one frame"
 
 
 class WanRunner(DecoderRunner):
@@ -174,8 +173,8 @@ class WanRunner(DecoderRunner):
         `encode_shapes`, `encode_frames`: the same for `vae.encode` (`rewrite.models.wan.encode.warmup_encode`),
         in video pixels and frames; given alone, only the encoder is warmed up. Returns the shapes (an encoder's
         end in "encode"), seconds and the breakdown of what the captures cost."""
-        pairs = _latent_sizes(shapes)
-        counts = _latent_frame_counts(frames)
+        pairs = latent_sizes(shapes)
+        counts = frame_counts(frames)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"warmup: batch must be a positive int, got {batch!r}")
         if counts and not pairs:
@@ -342,20 +341,20 @@ class WanRunner(DecoderRunner):
         steps = self.cuda_steps(decoder, x, one_frame=x.shape[2] == 1)
         if steps is None:
             chunk0, steady = self.graphs[self.graph_key(x)]
-            steps = _WanEagerSteps(chunk0, steady, chunk0.weights(decoder), steady.weights(decoder))
+            steps = EagerSteps(chunk0, steady, chunk0.weights(decoder), steady.weights(decoder))
         frames = x.shape[2]
         video = store_frames(None, steps.first(x[:, :, 0:1]), 0, frames, self.temporal_factor)
         for i in range(1, frames):
             store_frames(video, steps.next(x[:, :, i : i + 1]), i, frames, self.temporal_factor)
         return video
 
-    def cuda_steps(self, decoder: nn.Module, x: torch.Tensor, *, one_frame: bool = False) -> _WanCudaGraphs | None:
+    def cuda_steps(self, decoder: nn.Module, x: torch.Tensor, *, one_frame: bool = False) -> CudaGraphSteps | None:
         """The CUDA-graph steps of `x`'s (batch, h, w, dtype, device), shared by every call of that shape and
         captured on first use; None where the graphs run eagerly (not CUDA, or a capture failed before).
         `one_frame`: the call decodes a single latent frame (an image), so chunk 0 alone serves it: the size's full
-        steps where they are held, else steps of chunk 0 alone (`_WanCudaGraphs`, `steady=False`), which hold
+        steps where they are held, else steps of chunk 0 alone (`CudaGraphSteps`, `steady=False`), which hold
         neither the steady step's working set nor static caches. The caller holds `lock`; a step's static
-        caches hold one clip at a time (`_WanCudaGraphs.hold`)."""
+        caches hold one clip at a time (`CudaGraphSteps.hold`)."""
         if not (self.use_cuda_graphs and self.graph_backend.can_capture(x.device)):
             return None
         chunk0, steady = self.graphs[self.graph_key(x)]
@@ -368,7 +367,7 @@ class WanRunner(DecoderRunner):
         try:
             return self.cuda_graphs.get(
                 key + (ONE_FRAME,) * one_frame, x.device, b * h * w * x.element_size(), weights0 + weights,
-                lambda pool, arena: _WanCudaGraphs(chunk0, None if one_frame else steady, weights0, weights,
+                lambda pool, arena: CudaGraphSteps(chunk0, None if one_frame else steady, weights0, weights,
                                                    x[:, :, 0:1], self.channels_last_weights, self.graph_backend,
                                                    pool, arena))
         except torch.OutOfMemoryError:
@@ -378,167 +377,6 @@ class WanRunner(DecoderRunner):
             self.cuda_graphs.clear()
             self.fallbacks.note(f"CUDA graph capture failed, running the graphs eagerly: {type(error).__name__}: {error}")
             return None
-
-
-def _latent_sizes(shapes, expected: str = "shapes must be a list of (latent_height, latent_width) pairs of "
-                                          "positive ints, e.g. [(60, 104)]") -> list[tuple[int, int]]:
-    """`warmup`'s `shapes` as (height, width) pairs of positive ints; a clear error (`expected`) for anything else."""
-    if shapes is None:
-        return []
-    if isinstance(shapes, (str, bytes)) or not isinstance(shapes, (list, tuple)):
-        raise TypeError(f"warmup: {expected}; got {shapes!r}")
-    if len(shapes) == 2 and all(isinstance(v, int) for v in shapes):
-        raise TypeError(f"warmup: {expected}; got the flat pair {tuple(shapes)!r} (did you mean [{tuple(shapes)!r}]?)")
-    pairs = []
-    for pair in shapes:
-        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair)):
-            raise ValueError(f"warmup: {expected}; got the entry {pair!r}")
-        pairs.append((int(pair[0]), int(pair[1])))
-    return pairs
-
-
-def _latent_frame_counts(frames, expected: str = "frames must be a positive latent frame count or a list of them, "
-                                                 "e.g. 21 or [21, 31]") -> list[int]:
-    """`warmup`'s `frames`: None, a positive int or a list of them (latent frames); a clear error (`expected`) for
-    anything else."""
-    if frames is None:
-        return []
-    values = [frames] if isinstance(frames, int) and not isinstance(frames, bool) else frames
-    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
-        raise TypeError(f"warmup: {expected}; got {frames!r}")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"warmup: {expected}; got the entry {value!r}")
-    return list(values)
-
-
-class _WanEagerSteps:
-    """The chunk-0 and steady graph modules run eagerly, the caches handed from one step to the next."""
-
-    def __init__(self, chunk0, steady, weights0, weights):
-        self.chunk0, self.steady, self.weights0, self.weights = chunk0, steady, weights0, weights
-        self.caches: list[torch.Tensor] = []
-
-    def first(self, x: torch.Tensor) -> torch.Tensor:
-        y, *self.caches = self.chunk0(self.weights0, x)
-        return y
-
-    def next(self, x: torch.Tensor) -> torch.Tensor:
-        y, *self.caches = self.steady(self.weights, x, *self.caches)
-        return y
-
-
-class _WanCudaGraphs:
-    """The chunk-0 and steady graphs of one shape, over static input buffers and static caches.
-
-    Serves the decoder's steps (one latent frame each) and the encoder's (`rewrite.models.wan.encode`: chunk 0
-    takes one frame, the steady step four, so `next_example` gives its input a buffer of its own).
-
-    Each captured step copies its new caches into the static cache buffers (after every read of the old
-    ones: a T=1 stage's new cache holds its old last frame), so consecutive replays advance the decode exactly
-    as the uncaptured loop does. The steady graph does it inside, each cache as soon as the old one is dead
-    (`rewrite.models.wan.cache_writes`: the new caches are not all alive at once, which set the peak memory);
-    chunk 0 copies at its end. The graphs of every size of the module share one memory pool and their static
-    caches are views into one block (`rewrite.runtime.graph_memory`: they never run concurrently).
-
-    The conv weights that channels-last ops read are passed as channels-last copies from `layout_store`
-    (`rewrite.models.wan.conv_weights`), refreshed from the live weights at the start of chunk 0, i.e. once per
-    decode instead of once per op call in every step.
-
-    The static caches are shared by every call of every size, so they hold one clip at a time: a plain decode
-    runs its whole clip in one hold of the runner's lock, but a streamed clip (`rewrite.models.wan.stream`)
-    pauses between calls with its state left here (`hold`: the cache block's occupant); whoever uses the
-    caches next calls `release()` first, which hands the clip a copy of them (`first` does it itself: chunk 0
-    overwrites every cache, and so does a capture).
-
-    `steady=None` captures chunk 0 alone, for single-frame decodes (an image): no static caches (chunk 0's new
-    caches die inside its graph) and no steady step, whose working set (four output frames per latent frame
-    against chunk 0's one) would otherwise set the pool's size; `next` is refused.
-    """
-
-    def __init__(self, chunk0, steady, weights0, weights, x_example: torch.Tensor,
-                 layout_store: ChannelsLastWeights, backend, pool, arena: CacheArena,
-                 next_example: torch.Tensor | None = None):
-        self.arena = arena  # the static caches are views into its block, shared with the module's other sizes
-        self.caches: list[torch.Tensor] = []
-        weights0, pairs0 = layout_store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
-        pairs = []
-        if steady is not None:
-            weights, pairs = layout_store.substitute(channels_last_weight_slots(steady.graph_module), weights)
-        refresh_pairs = layout_store.distinct(pairs0 + pairs)
-        if steady is not None:
-            arena.release()  # the warm-up below writes the shared buffers' memory
-        with static_buffer_mode():
-            self.x = torch.zeros(x_example.shape, dtype=x_example.dtype, device=x_example.device)
-            self.x_next = self.x if next_example is None else torch.zeros_like(next_example)
-            if steady is not None:
-                _, *caches = chunk0(weights0, self.x)  # eager: cache shapes, and the first warm-up
-                formats = static_cache_formats(steady.graph_module, steady.user_input_names)
-                self.caches = arena.buffers(caches, formats)
-                del _, caches  # not kept alive through the captures below (they would count twice in the peak)
-
-        def first(x):
-            layout_store.refresh(refresh_pairs)
-            y, *new = chunk0(weights0, x)
-            for static, value in zip(self.caches, new):
-                static.copy_(value)
-            return [y]
-
-        self._first = backend.capture(first, [self.x], pool)
-        self._next = None
-        if steady is None:
-            return
-
-        step_in_place, late = steady_in_place(steady)
-
-        def following(x, *caches):
-            y, *new = step_in_place(weights, x, *caches)  # writes the other caches itself
-            for index, value in zip(late, new):
-                caches[index].copy_(value)
-            return [y]
-
-        self._next = backend.capture(following, [self.x_next, *self.caches], pool)
-
-    def release(self) -> None:
-        """Give the paused clip whose state the shared static caches hold (if any, and alive; its steps may be
-        another size's) its copy of them. Steps of chunk 0 alone write no shared buffer: nothing to do."""
-        if self._next is not None:
-            self.arena.release()
-
-    def hold(self, state) -> None:
-        """`state`, a paused streamed clip, stays in these steps' static caches until someone else needs them."""
-        self.arena.hold(state, self.caches)
-
-    def own_bytes(self) -> int:
-        """Bytes of the static buffers outside the shared cache block (the latent frame; caches that did not fit)."""
-        block = self.arena.block
-        shared = None if block is None else block.untyped_storage().data_ptr()
-        inputs = self.x.nbytes + (self.x_next.nbytes if self.x_next is not self.x else 0)
-        return inputs + sum(c.nbytes for c in self.caches if c.untyped_storage().data_ptr() != shared)
-
-    def first(self, x: torch.Tensor) -> torch.Tensor:
-        self.release()
-        self.x.copy_(x)
-        return self._first.replay()[0]
-
-    def next(self, x: torch.Tensor) -> torch.Tensor:
-        if self._next is None:
-            raise RuntimeError("these CUDA graphs were captured for single-frame decodes: chunk 0 alone")
-        self.x_next.copy_(x)
-        return self._next.replay()[0]
-
-
-def steady_in_place(steady):
-    """`steady` with its new caches written into its cache inputs early (`write_caches_in_place`), and the
-    indices of the caches it still returns; built once per steady graph and kept on it (`CapturedGraph.derived`:
-    the capture and the compile-ahead pass run the same step, so the pass's peak memory is the capture's)."""
-    built = steady.derived.get("in_place")
-    if built is None:
-        module, late = write_caches_in_place(steady.graph_module, steady.user_input_names)
-        in_place = dataclasses.replace(steady, graph_module=module, derived={}, _binding=None)
-        built = steady.derived["in_place"] = (in_place, late)
-    return built
 
 
 @torch.compiler.disable  # torch.compile on top runs this as it is: the graphs are already compiled

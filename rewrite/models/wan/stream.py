@@ -15,10 +15,10 @@ The pieces concatenated along dim 2 are `torch.equal` to `vae.decode(z).sample` 
 State and concurrency. A clip's state is its causal convs' caches (`ClipState`, one per batch slice), owned
 by the clip: a session or a stream holds the runner's lock per call (a push, a piece), never between
 calls, and nothing another call does changes it. On the CUDA-graph path the caches live between calls in
-the static cache buffers of the shape's `_WanCudaGraphs` (`ClipState.resident`; the buffers are views into one
+the static cache buffers of the shape's `CudaGraphSteps` (`ClipState.resident`; the buffers are views into one
 block shared by the module's sizes, whose occupant the clip is: `rewrite.runtime.graph_memory.CacheArena`),
 and whoever uses that block next (a plain decode, another clip, a capture) first hands the paused clip a copy
-of them (`_WanCudaGraphs.release` -> `ClipState.save`); the clip copies them back in before its next step.
+of them (`CudaGraphSteps.release` -> `ClipState.save`); the clip copies them back in before its next step.
 A clip alone on its shape copies nothing. Memory is the caches (plus one saved copy once another call took
 the buffers): no video is kept between calls.
 """
@@ -47,16 +47,16 @@ STREAMED = "streamed"  # the report's detail for a call a stream or session serv
 class ClipState:
     """One batch slice of a streamed clip between calls: how many latent frames it has decoded and its
     causal convs' caches, either in diffusers' cache-list form (`feat_map`, which the reference decoder and
-    the eager graphs take) or in the static caches of the `_WanCudaGraphs` it last ran on (`resident`)."""
+    the eager graphs take) or in the static caches of the `CudaGraphSteps` it last ran on (`resident`)."""
 
     def __init__(self, slots: int) -> None:
         self.frames = 0
         self.feat_map: list = [None] * slots
-        self.resident = None  # the _WanCudaGraphs whose static caches hold this state (its block's occupant is us)
+        self.resident = None  # the CudaGraphSteps whose static caches hold this state (its block's occupant is us)
         self._saved: list[Tensor] | None = None  # where `save` copies them (kept for the next time)
 
     def save(self, caches: list[Tensor]) -> None:
-        """Copy the static caches this state is resident in into its own buffers (`_WanCudaGraphs.release`
+        """Copy the static caches this state is resident in into its own buffers (`CudaGraphSteps.release`
         calls it, under the runner's lock, before anything else writes them)."""
         if self._saved is None or [s.shape for s in self._saved] != [c.shape for c in caches]:
             with static_buffer_mode():  # plain tensors: a later save may write them in any mode

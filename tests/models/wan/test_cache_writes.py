@@ -99,7 +99,7 @@ def test_a_copy_waits_for_readers_of_views_of_its_cache():
 def test_the_in_place_steady_step_is_built_once_per_graph():
     """`steady_in_place` (what the CUDA-graph capture and the compile-ahead pass both run) returns the same
     in-place step for the same steady graph, and a step whose graph copies every new cache into its input."""
-    from rewrite.models.wan.runner import steady_in_place
+    from rewrite.models.wan.steps import steady_in_place
 
     _, (_, steady) = tiny_wan("wan2.1")
     step, late = steady_in_place(steady)

@@ -43,7 +43,7 @@ def push_all(session: StreamSession, z: torch.Tensor, sizes) -> torch.Tensor:
 
 @pytest.fixture
 def static_steps(wan_pair):
-    """`static_steps(version)`: the pair's optimized VAE running `_WanCudaGraphs` with `FakeGraphs` (undone after)."""
+    """`static_steps(version)`: the pair's optimized VAE running `CudaGraphSteps` with `FakeGraphs` (undone after)."""
     touched = []
 
     def get(version):
