@@ -23,19 +23,18 @@ from rewrite.models.input_casts import autocast_on, input_may_be_cast, plain_wei
 Listing = Sequence[tuple[str, nn.Module]]  # ``region.named_modules(prefix=...)``, listed ahead
 
 
-def autograd_reason(module: nn.Module, *inputs: torch.Tensor) -> str | None:
-    """Autograd would record the decode: graphs run without building a backward graph, so refuse."""
+def autograd_reason(module: nn.Module, *inputs: torch.Tensor, call: str = "decode") -> str | None:
+    """Autograd would record the call (a ``decode`` of latents or an ``encode`` of a video): graphs run without
+    building a backward graph, so refuse."""
     if not torch.is_grad_enabled():
         return None
+    advice = (f"for the graphs, {call} under torch.no_grad() or torch.inference_mode(), or call "
+              "vae.requires_grad_(False)")
     if any(t.requires_grad for t in inputs):
-        return f"autograd enabled and the latents require grad ({_FOR_THE_GRAPHS})"
+        return f"autograd enabled and the {'video' if call == 'encode' else 'latents'} require grad ({advice})"
     if any(p.requires_grad for p in module.parameters()):
-        return f"autograd enabled and the decoder parameters require grad ({_FOR_THE_GRAPHS})"
+        return f"autograd enabled and the {'VAE' if call == 'encode' else 'decoder'} parameters require grad ({advice})"
     return None
-
-
-_FOR_THE_GRAPHS = ("for the graphs, decode under torch.no_grad() or torch.inference_mode(), or call "
-                   "vae.requires_grad_(False)")
 
 
 def hook_reason(region: nn.Module, region_name: str, allowed_forward: object = None,

@@ -87,7 +87,7 @@ def encoder_graphs_for(runner, encoder: nn.Module, key: tuple, listing=None):
 
 def encode_reason(runner, vae: nn.Module, x: torch.Tensor) -> str | None:
     """Why the (patchified) video `x` cannot be encoded through the graphs, or None (captures on first use)."""
-    reason = guards.autograd_reason(vae, x) or guards.autocast_reason(x.device)
+    reason = guards.autograd_reason(vae, x, call="encode") or guards.autocast_reason(x.device)
     if reason is None:
         reason = runner.checked_region(vae.encoder, "encoder", x, graph_key(x),
                                        lambda region, key, listing: encoder_graphs_for(runner, region, key, listing))
