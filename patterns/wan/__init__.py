@@ -6,6 +6,8 @@ PATTERN_MODULES: tuple[str, ...] = (
     "rms_norm", "causal_conv_input", "conv_residual", "upsample_nearest", "temporal_interleave", "dup_up_add",
     # after the families they combine
     "causal_conv3d", "upsample_conv2d",
+    # the encoder's downsamplers
+    "pad_conv2d",
     # after causal_conv3d, whose op it feeds
     "rms_norm_causal_conv3d",
     # after upsample_conv2d and dup_up_add, which it chains

@@ -41,6 +41,7 @@ from rewrite.kernels.norm import rms_norm as triton_norm
 _RESULTS: dict[tuple[str, torch.dtype], bool] = {}
 _CONV_RESULTS: dict[tuple, bool] = {}
 _FRAME_CONV_RESULTS: dict[tuple, bool] = {}
+_STRIDED_CONV_RESULTS: dict[tuple, bool] = {}
 
 #: the check kinds, as `stats` and the verdict records name them
 KINDS = ("silu", "channels_last_conv", "frame_conv")
@@ -125,15 +126,16 @@ def _seeded_conv_operands(input_shape: tuple[int, ...], weight_shape: tuple[int,
 
 
 def channels_last_conv_check(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype: torch.dtype,
-                             device: torch.device, padding: tuple[int, ...] = (0, 0, 0)) -> bool:
-    """Whether conv2d/conv3d (by the weight's rank; stride 1, `padding`) of seeded random contiguous operands
+                             device: torch.device, padding: tuple[int, ...] = (0, 0, 0), stride: int | tuple = 1) -> bool:
+    """Whether conv2d/conv3d (by the weight's rank; `stride`, `padding`) of seeded random contiguous operands
     equals the same conv of the same values in channels-last memory (no bias)."""
     conv = torch.nn.functional.conv3d if len(weight_shape) == 5 else torch.nn.functional.conv2d
     memory_format = torch.channels_last_3d if len(weight_shape) == 5 else torch.channels_last
+    stride = stride if isinstance(stride, int) else list(stride)
     x, weight = _seeded_conv_operands(input_shape, weight_shape, dtype, device)
-    expected = conv(x, weight, None, 1, list(padding))
+    expected = conv(x, weight, None, stride, list(padding))
     x = x.contiguous(memory_format=memory_format)  # the contiguous copy is freed here
-    actual = conv(x, weight.contiguous(memory_format=memory_format), None, 1, list(padding))
+    actual = conv(x, weight.contiguous(memory_format=memory_format), None, stride, list(padding))
     return torch.equal(actual, expected)
 
 
@@ -142,6 +144,16 @@ def channels_last_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tupl
     key = (tuple(input_shape), tuple(weight_shape), tuple(padding), dtype, str(device), _conv_settings())
     return _cached_conv_check(_CONV_RESULTS, "channels_last_conv", device, key, lambda: channels_last_conv_check(
         tuple(input_shape), tuple(weight_shape), dtype, device, tuple(padding)))
+
+
+def strided_channels_last_conv_is_exact(input_shape: tuple[int, ...], weight_shape: tuple[int, ...],
+                                        stride: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
+    """`channels_last_conv_is_exact` for an unpadded conv of `stride` (the encoder's downsamplers, whose zero pad is
+    written ahead of the conv: `rewrite.models.wan.downsample`)."""
+    key = (tuple(input_shape), tuple(weight_shape), tuple(stride), dtype, str(device), _conv_settings())
+    return _cached_conv_check(_STRIDED_CONV_RESULTS, "strided_channels_last_conv", device, key,
+                              lambda: channels_last_conv_check(tuple(input_shape), tuple(weight_shape), dtype, device,
+                                                               (0,) * (len(weight_shape) - 2), tuple(stride)))
 
 
 def _cached_conv_check(results: dict[tuple, bool], kind: str, device: torch.device, key: tuple, check) -> bool:
@@ -185,6 +197,8 @@ def results() -> dict[str, bool]:
         found[f"channels-last conv {list(x_shape)} * {list(w_shape)} padding {list(padding)} {dtype} on {device}"] = ok
     for (x_shape, w_shape, dtype, device, _), ok in _FRAME_CONV_RESULTS.items():
         found[f"frame-major 1x1x1 conv {list(x_shape)} * {list(w_shape)} {dtype} on {device}"] = ok
+    for (x_shape, w_shape, stride, dtype, device, _), ok in _STRIDED_CONV_RESULTS.items():
+        found[f"channels-last conv {list(x_shape)} * {list(w_shape)} stride {list(stride)} {dtype} on {device}"] = ok
     return found
 
 
@@ -204,6 +218,9 @@ def verdicts(device: torch.device) -> list[dict]:
     records += [{"check": "frame_conv", "input": list(x), "weight": list(w), "dtype": str(dtype),
                  "settings": list(settings), "exact": ok}
                 for (x, w, dtype, where, settings), ok in list(_FRAME_CONV_RESULTS.items()) if where == name]
+    records += [{"check": "strided_channels_last_conv", "input": list(x), "weight": list(w), "stride": list(st),
+                 "dtype": str(dtype), "settings": list(settings), "exact": ok}
+                for (x, w, st, dtype, where, settings), ok in list(_STRIDED_CONV_RESULTS.items()) if where == name]
     return records
 
 
@@ -227,6 +244,9 @@ def adopt(device: torch.device, records: list[dict]) -> int:
                 entries.append((_CONV_RESULTS, (*shapes, tuple(_ints(record["padding"])), dtype, name, settings), ok))
             elif check == "frame_conv":
                 entries.append((_FRAME_CONV_RESULTS, (*shapes, dtype, name, settings), ok))
+            elif check == "strided_channels_last_conv":
+                entries.append((_STRIDED_CONV_RESULTS, (*shapes, tuple(_ints(record["stride"])), dtype, name, settings),
+                                ok))
             else:
                 raise KeyError(check)
         except (KeyError, TypeError, ValueError) as error:

@@ -299,7 +299,7 @@ def test_readers_see_a_whole_entry_while_two_processes_rewrite_it(tmp_path):
 # ---- self-check verdicts ----------------------------------------------------------------------------------------
 def test_self_check_verdicts_round_trip_through_the_cache_and_a_corrupt_file_is_ignored(tmp_path, monkeypatch, caplog):
     device = torch.device("cpu")  # verdicts are only ever computed on CUDA; records are device-agnostic
-    for name in ("_RESULTS", "_CONV_RESULTS", "_FRAME_CONV_RESULTS"):
+    for name in ("_RESULTS", "_CONV_RESULTS", "_FRAME_CONV_RESULTS", "_STRIDED_CONV_RESULTS"):
         monkeypatch.setattr(selftest, name, {})
     records = [
         {"check": "silu", "dtype": "torch.bfloat16", "exact": True},
@@ -307,13 +307,15 @@ def test_self_check_verdicts_round_trip_through_the_cache_and_a_corrupt_file_is_
          "dtype": "torch.float32", "settings": [True, False, False, True], "exact": False},
         {"check": "frame_conv", "input": [1, 8, 2, 4, 4], "weight": [16, 8, 1, 1, 1], "dtype": "torch.float16",
          "settings": [True, False, False, True], "exact": True},
+        {"check": "strided_channels_last_conv", "input": [4, 8, 9, 11], "weight": [8, 8, 3, 3], "stride": [2, 2],
+         "dtype": "torch.bfloat16", "settings": [True, False, False, True], "exact": True},
     ]
-    assert selftest.adopt(device, records) == 3 and selftest.adopt(device, records) == 0
+    assert selftest.adopt(device, records) == 4 and selftest.adopt(device, records) == 0
     cache = disk_cache.DiskCache(tmp_path)
-    assert cache.save_verdicts(device) == 3 and cache.save_verdicts(device) == 0  # nothing new: not written again
-    for name in ("_RESULTS", "_CONV_RESULTS", "_FRAME_CONV_RESULTS"):
+    assert cache.save_verdicts(device) == 4 and cache.save_verdicts(device) == 0  # nothing new: not written again
+    for name in ("_RESULTS", "_CONV_RESULTS", "_FRAME_CONV_RESULTS", "_STRIDED_CONV_RESULTS"):
         monkeypatch.setattr(selftest, name, {})
-    assert disk_cache.DiskCache(tmp_path).load_verdicts(device) == 3
+    assert disk_cache.DiskCache(tmp_path).load_verdicts(device) == 4
     assert sorted(map(json.dumps, selftest.verdicts(device))) == sorted(map(json.dumps, records))
     assert selftest._CONV_RESULTS[((1, 8, 3, 6, 8), (8, 8, 3, 3, 3), (0, 1, 1), torch.float32, "cpu",
                                    (True, False, False, True))] is False

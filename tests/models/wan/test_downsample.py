@@ -1,0 +1,79 @@
+"""The encoder downsamplers' `rewrite::pad_conv2d` (`rewrite.models.wan.downsample`, `patterns/wan/pad_conv2d.py`):
+the op's paths against the replaced ops, its self-check's gate, and the pattern on the Wan encoders' graphs.
+
+CPU: the reference path is `torch.equal` to ``conv2d(pad(x))``; the channels-last path runs under the Triton
+interpreter with its GPU-only gate opened, within fp32 1e-5 (CPU convs of the two layouts may sum ~70 products in
+other orders: a few ulp of outputs up to ~5); on the GPU it serves only shapes its self-check found exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rewrite.models.wan import downsample
+from rewrite.models.wan.config import build_wan
+from rewrite.models.wan.encoder_capture import capture_wan_encoder
+from rewrite.ops import selftest
+from rewrite.ops.dispatch import use_backend
+from rewrite.pipeline import rewrite_graph
+from tests.kernels.norm.test_rms_norm import needs_interpreter
+
+PAD, STRIDE = [0, 1, 0, 1], [2, 2]
+
+
+def _operands(seed: int = 0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 8, 9, 12, generator=g).to(dtype)
+    weight, bias = (0.2 * torch.randn(8, 8, 3, 3, generator=g)).to(dtype), torch.randn(8, generator=g).to(dtype)
+    return x, weight, bias
+
+
+@pytest.mark.parametrize("with_bias", (True, False))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_the_reference_path_is_the_replaced_ops(with_bias, dtype):
+    x, weight, bias = _operands(1, dtype)
+    bias = bias if with_bias else None
+    expected = torch.nn.functional.conv2d(torch.nn.functional.pad(x, PAD), weight, bias, STRIDE)
+    assert torch.equal(torch.ops.rewrite.pad_conv2d(x, PAD, weight, bias, STRIDE), expected)
+    cl_weight = weight.contiguous(memory_format=torch.channels_last)  # what the runtime may pass
+    assert torch.equal(torch.ops.rewrite.pad_conv2d(x, PAD, cl_weight, bias, STRIDE), expected)
+
+
+@pytest.mark.parametrize("pad", ([0, 1, 0, 1], [2, 0, 1, 3]))
+def test_the_channels_last_pad_is_atens_pad(pad):
+    x = _operands(2)[0]
+    padded = downsample._padded_channels_last(x, pad)
+    assert padded.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(padded, torch.nn.functional.pad(x, pad))
+
+
+def test_the_self_check_is_off_the_gpu():
+    assert not selftest.strided_channels_last_conv_is_exact((3, 8, 10, 13), (8, 8, 3, 3), (2, 2), torch.float32,
+                                                            torch.device("cpu"))
+
+
+@needs_interpreter
+def test_the_channels_last_path_on_cpu(monkeypatch):
+    monkeypatch.setattr(selftest, "strided_channels_last_conv_is_exact", lambda *args, **kwargs: True)
+    served = []
+    original = downsample._padded_channels_last
+    monkeypatch.setattr(downsample, "_padded_channels_last", lambda *a: served.append(1) or original(*a))
+    x, weight, bias = _operands(3)
+    with use_backend("reference"):
+        expected = torch.ops.rewrite.pad_conv2d(x, PAD, weight, bias, STRIDE)
+    with use_backend("triton"):
+        actual = torch.ops.rewrite.pad_conv2d(x, PAD, weight, bias, STRIDE)
+    assert served == [1] and actual.shape == expected.shape and actual.stride() == expected.stride()
+    assert torch.allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("version", ("wan2.1", "wan2.2"))
+def test_the_pattern_takes_every_encoder_downsampler(version):
+    encoder = build_wan(version, "tiny").encoder
+    for graph in capture_wan_encoder(encoder, torch.float32, torch.device("cpu")):
+        rewrite_graph(graph, "lossless")
+        targets = [n.target for n in graph.graph_module.graph.nodes if n.op == "call_function"]
+        assert targets.count(torch.ops.rewrite.pad_conv2d.default) == 3  # one per downsampling stage
+        assert torch.ops.aten.pad.default not in targets or all(
+            n.args[1] != PAD for n in graph.graph_module.graph.nodes if n.target == torch.ops.aten.pad.default)
