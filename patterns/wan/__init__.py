@@ -7,7 +7,7 @@ PATTERN_MODULES: tuple[str, ...] = (
     # after the families they combine
     "causal_conv3d", "upsample_conv2d",
     # the encoder's downsamplers
-    "pad_conv2d",
+    "pad_conv2d", "time_conv",
     # after causal_conv3d, whose op it feeds
     "rms_norm_causal_conv3d",
     # after upsample_conv2d and dup_up_add, which it chains

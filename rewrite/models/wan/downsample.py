@@ -1,6 +1,6 @@
-"""The Wan encoder's spatial downsample as one op: a zero pad and a strided conv2d over the frames folded into the
-batch (`WanResample` in ``downsample2d`` / ``downsample3d`` mode: ``ZeroPad2d((0, 1, 0, 1))`` and a 3x3 conv of
-stride 2).
+"""The Wan encoder's downsamplers as ops (`WanResample` in ``downsample2d`` / ``downsample3d`` mode): the spatial
+zero pad + strided conv2d over the frames folded into the batch (``ZeroPad2d((0, 1, 0, 1))``, a 3x3 conv of
+stride 2), and the temporal `time_conv` of ``downsample3d``.
 
 `rewrite::pad_conv2d(x, pad, weight, bias, stride)` is ``conv2d(pad(x, pad), weight, bias, stride)``. Kernel path
 (CUDA, where `selftest.strided_channels_last_conv_is_exact` found cuDNN's channels-last conv of this shape and
@@ -9,6 +9,13 @@ channels-last memory (ATen's strided copy; the reference pads into NCHW and cuDN
 convolves it with the channels-last weight without bias, and `conv_epilogue` adds the bias with ATen's rounding
 (ATen's cuDNN path adds it separately: docs/design.md section 6.5) while writing the layout the replaced conv
 gives. Anywhere else the replaced ops run. Exactness: exact.
+
+`rewrite::time_conv(x, cache, pad, weight, bias, stride) -> (y, next cache)` is the steady step's ``time_conv``:
+``conv3d(pad(cat([cache[:, :, -1:], x], 2), pad), weight, bias, stride)`` (a 3x1x1 conv of stride 2 in time,
+whose causal pad is all zeros) and the next cache ``x[:, :, -1:].clone()``. Kernel path, under the same kind
+of self-check: the cached frame and x are written once into channels-last memory (the reference copies them
+by `cat`, again by the pad and once more in cuDNN's transposes), cuDNN convolves them channels-last without
+bias and `conv_epilogue` adds the bias. Exactness: exact.
 """
 
 from __future__ import annotations
@@ -83,3 +90,57 @@ def pad_conv2d(x: Tensor, pad: list[int], weight: Tensor, bias: Optional[Tensor]
 @pad_conv2d.register_fake
 def _(x, pad, weight, bias, stride):
     return pad_conv2d_reference(x, pad, weight, bias, stride)
+
+
+# ---- time_conv: the temporal downsample of downsample3d ----------------------------------------------------------
+END = 2**63 - 1  # what `x[:, :, -1:]` records as the slice end
+
+
+def time_conv_reference(x: Tensor, cache: Tensor, pad: list[int], weight: Tensor, bias: Optional[Tensor],
+                        stride: list[int]) -> tuple[Tensor, Tensor]:
+    """The replaced subgraph: (the conv of the last cached frame and x, the next cache)."""
+    joined = aten.cat.default([aten.slice.Tensor(cache, 2, -1, END), x], 2)
+    y = aten.conv3d.default(aten.pad.default(joined, pad), aten.contiguous.default(weight), bias, stride)
+    return y, aten.clone.default(aten.slice.Tensor(x, 2, -1, END))
+
+
+def _time_conv_serves(x: Tensor, cache: Tensor, pad: list[int], weight: Tensor, stride: list[int]) -> bool:
+    """Whether the channels-last path may serve: 5-D operands of one dtype, an all-zero pad, and a conv shape and
+    stride the self-check found exact on this device."""
+    if not (x.dim() == 5 and cache.dim() == 5 and weight.dim() == 5 and cache.dtype == x.dtype and not any(pad)
+            and len(stride) == 3 and weight.shape[1] == x.shape[1] and cache.shape[1] == x.shape[1]):
+        return False
+    b, c, t, h, w = x.shape
+    return selftest.strided_channels_last_conv_is_exact((b, c, t + 1, h, w), tuple(weight.shape), tuple(stride),
+                                                        x.dtype, x.device)
+
+
+def _joined_channels_last(x: Tensor, cache: Tensor) -> Tensor:
+    """``cat([cache[:, :, -1:], x], 2)`` written once into channels-last memory."""
+    b, c, t, h, w = x.shape
+    out = torch.empty((b, c, t + 1, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    out[:, :, :1].copy_(cache[:, :, -1:])
+    out[:, :, 1:].copy_(x)
+    return out
+
+
+@reads_channels_last_weight("weight")
+@torch.library.custom_op("rewrite::time_conv", mutates_args=())
+def time_conv(x: Tensor, cache: Tensor, pad: list[int], weight: Tensor, bias: Optional[Tensor],
+              stride: list[int]) -> tuple[Tensor, Tensor]:
+    """(the steady step's `time_conv` output, its next cache) (module docstring)."""
+    tensors = (x, cache, weight) if bias is None else (x, cache, weight, bias)
+    if use_kernel("time_conv", tensors, FLOAT_DTYPES) and _time_conv_serves(x, cache, pad, weight, stride):
+        strides = layout.reference_layout(("time_conv", tuple(pad), tuple(stride)),
+                                          lambda a, c, wt: time_conv_reference(a, c, pad, wt, None, stride)[0],
+                                          x, cache, weight)
+        y = aten.conv3d.default(_joined_channels_last(x, cache), weight.contiguous(memory_format=torch.channels_last_3d),
+                                None, stride)
+        return (triton_epilogue.conv_epilogue(y, bias, None, strides),
+                aten.clone.default(aten.slice.Tensor(x, 2, -1, END)))
+    return time_conv_reference(x, cache, pad, weight, bias, stride)
+
+
+@time_conv.register_fake
+def _(x, cache, pad, weight, bias, stride):
+    return time_conv_reference(x, cache, pad, weight, bias, stride)

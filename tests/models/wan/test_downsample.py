@@ -1,9 +1,10 @@
-"""The encoder downsamplers' `rewrite::pad_conv2d` (`rewrite.models.wan.downsample`, `patterns/wan/pad_conv2d.py`):
-the op's paths against the replaced ops, its self-check's gate, and the pattern on the Wan encoders' graphs.
+"""The encoder downsamplers' ops (`rewrite.models.wan.downsample`; `patterns/wan/pad_conv2d.py`, `time_conv.py`):
+`rewrite::pad_conv2d` and `rewrite::time_conv` against the replaced ops, their self-check's gate, and the patterns
+on the Wan encoders' graphs.
 
 CPU: the reference path is `torch.equal` to ``conv2d(pad(x))``; the channels-last path runs under the Triton
 interpreter with its GPU-only gate opened, within fp32 1e-5 (CPU convs of the two layouts may sum ~70 products in
-other orders: a few ulp of outputs up to ~5); on the GPU it serves only shapes its self-check found exact.
+other orders: a few ulp of outputs up to ~5); on the GPU they serve only shapes their self-check found exact.
 """
 
 from __future__ import annotations
@@ -75,5 +76,42 @@ def test_the_pattern_takes_every_encoder_downsampler(version):
         rewrite_graph(graph, "lossless")
         targets = [n.target for n in graph.graph_module.graph.nodes if n.op == "call_function"]
         assert targets.count(torch.ops.rewrite.pad_conv2d.default) == 3  # one per downsampling stage
+        assert targets.count(torch.ops.rewrite.time_conv.default) == (2 if graph.name == "encode_steady" else 0)
+        assert torch.ops.aten.conv3d.default not in targets  # chunk 0 stores its frame; later chunks convolve
         assert torch.ops.aten.pad.default not in targets or all(
             n.args[1] != PAD for n in graph.graph_module.graph.nodes if n.target == torch.ops.aten.pad.default)
+
+
+def _time_conv_operands(seed: int = 4, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 6, 4, 5, 7, generator=g).to(dtype).permute(0, 2, 1, 3, 4).contiguous().permute(0, 2, 1, 3, 4)
+    cache = torch.randn(2, 6, 1, 5, 7, generator=g).to(dtype)
+    weight, bias = (0.3 * torch.randn(6, 6, 3, 1, 1, generator=g)).to(dtype), torch.randn(6, generator=g).to(dtype)
+    return x, cache, weight, bias  # x frame-major, as the spatial downsample leaves it
+
+
+@pytest.mark.parametrize("with_bias", (True, False))
+def test_time_conv_reference_is_the_replaced_ops(with_bias):
+    x, cache, weight, bias = _time_conv_operands()
+    bias = bias if with_bias else None
+    y, next_cache = torch.ops.rewrite.time_conv(x, cache, [0] * 6, weight, bias, [2, 1, 1])
+    joined = torch.cat([cache[:, :, -1:], x], 2)
+    assert torch.equal(y, torch.nn.functional.conv3d(torch.nn.functional.pad(joined, [0] * 6), weight, bias, [2, 1, 1]))
+    assert torch.equal(next_cache, x[:, :, -1:].clone()) and next_cache.stride() == x[:, :, -1:].clone().stride()
+
+
+@needs_interpreter
+def test_time_conv_channels_last_path_on_cpu(monkeypatch):
+    monkeypatch.setattr(selftest, "strided_channels_last_conv_is_exact", lambda *args, **kwargs: True)
+    served = []
+    original = downsample._joined_channels_last
+    monkeypatch.setattr(downsample, "_joined_channels_last", lambda *a: served.append(1) or original(*a))
+    args = (*_time_conv_operands(5)[:2], [0] * 6, *_time_conv_operands(5)[2:], [2, 1, 1])
+    with use_backend("reference"):
+        expected = torch.ops.rewrite.time_conv(*args)
+    with use_backend("triton"):
+        actual = torch.ops.rewrite.time_conv(*args)
+    assert served == [1]
+    assert actual[0].shape == expected[0].shape and actual[0].stride() == expected[0].stride()
+    assert torch.allclose(actual[0], expected[0], rtol=1e-5, atol=1e-5)  # see the module docstring
+    assert torch.equal(actual[1], expected[1]) and actual[1].stride() == expected[1].stride()
