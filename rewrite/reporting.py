@@ -170,12 +170,13 @@ class Report:
                  + (f" ({self.last_reason})" if self.last_reason else "")
                  + (f": {self.last_detail}" if self.last_detail else "")]
         if self.graphs:
-            lines.append(f"  {'graph':<8} {'dtype':<15} {'device':<8} {'sizes':<10} {'ops':>6} "
+            width = max(8, *(len(g.name) for g in self.graphs))  # an encoder's graph names are longer
+            lines.append(f"  {'graph':<{width}} {'dtype':<15} {'device':<8} {'sizes':<10} {'ops':>6} "
                          f"{'capture s':>9}  matches")
             for g in self.graphs:
                 matches = ", ".join(f"{k}={v}" for k, v in sorted(g.matches.items()) if v) or "-"
                 ops = "?" if g.ops is None else g.ops
-                lines.append(f"  {g.name:<8} {g.dtype:<15} {g.device:<8} {g.sizes:<10} {ops:>6} "
+                lines.append(f"  {g.name:<{width}} {g.dtype:<15} {g.device:<8} {g.sizes:<10} {ops:>6} "
                              f"{g.capture_seconds:>9.2f}  {matches}")
                 for family, reasons in sorted(g.declined.items()):
                     for reason, count in sorted(reasons.items()):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import pickle
 
 import pytest
 import torch
@@ -177,3 +178,14 @@ def test_channels_last_encodes_fp32_on_its_exact_ops():
     optimized = _optimized("wan2.1", level="channels_last")
     _assert_encodes_equal(optimized, _reference("wan2.1"), _video((1, 3, 5, 32, 48)))
     assert report(optimized).last_path == "graphs"
+
+
+def test_deepcopy_and_pickle_keep_serving_the_encode():
+    optimized, reference, video = _optimized("wan2.1"), _reference("wan2.1"), _video((1, 3, 5, 32, 48))
+    with torch.no_grad():
+        optimized.encode(video)  # captured before the copies
+    for copied in (copy.deepcopy(optimized), pickle.loads(pickle.dumps(optimized))):
+        _assert_encodes_equal(copied, reference, video)
+        assert report(copied).last_path == "graphs"
+    text = str(report(optimized))
+    assert "encode_chunk0" in text and "pad_conv2d=3" in text and "time_conv=2" in text
