@@ -3,9 +3,10 @@ through the CUDA graphs; `channels_last` keeps the decoded video within the deco
 decode of one module share one graph memory. Random-init encoders with perturbed gammas (`build_wan`), seeded
 videos in [-1, 1].
 
-The `channels_last` encode is measured where a user sees it: the latents' mode decoded at `off`, against the
-`off` encode's latents decoded the same way, within `rewrite.contract` (PSNR >= 45 dB over the video range and
-max-abs within 1.5 times the Gaussian extreme of the difference's RMS).
+The `channels_last` contract of an encode (README, levels): the posterior's mean against `off`'s within
+`rewrite.contract`'s bound (PSNR >= 45 dB taken over a peak-to-peak of 2, max-abs within 1.5 times the Gaussian
+extreme of the difference's RMS); checked here also where a user sees it, the latents' mode decoded at `off`
+against the `off` encode's latents decoded the same way, within the decode contract.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def test_full_size_encode_bit_identical(version, height, width):
 
 
 @pytest.mark.parametrize("version", ("wan2.1", "wan2.2"))
-def test_channels_last_encode_keeps_the_decoded_video_within_the_contract(version):
+def test_channels_last_encode_within_the_contract(version):
     vae = build_wan(version, "full").to("cuda", torch.bfloat16)
     video = _video(33, 480, 832)
     with torch.no_grad():
@@ -47,12 +48,12 @@ def test_channels_last_encode_keeps_the_decoded_video_within_the_contract(versio
         expected = vae.decode(expected_latents).sample
         optimize(vae, level="channels_last")
         actual_latents = vae.encode(video).latent_dist.mode()
+        on_latents = video_difference(actual_latents, expected_latents)
+        assert on_latents.violation() is None, f"latents: {on_latents}: {on_latents.violation()}"
         assert report(vae).last_path == "graphs"
         optimize(vae, level="off")
         actual = vae.decode(actual_latents).sample
-    latents = (actual_latents - expected_latents).float()
-    print(f"latents: max-abs {latents.abs().max().item():.3g}, RMS {latents.pow(2).mean().sqrt().item():.3g}; "
-          f"decoded: {video_difference(actual, expected)}")  # the measured values, kept by `pytest -rA`
+    print(f"latents: {on_latents}; decoded: {video_difference(actual, expected)}")  # kept by `pytest -rA`
     difference = video_difference(actual, expected)
     assert difference.violation() is None, f"{difference}: {difference.violation()}"
 
