@@ -176,6 +176,10 @@ def test_single_frame_decodes_capture_chunk_0_alone_until_the_size_has_full_step
         assert len(backend.captured) == 1  # chunk 0 alone: no steady step, no static caches
         (steps,) = installed_runner(optimized).cuda_graphs.entries()
         assert steps.caches == [] and report(optimized).graph_memory.sizes[0].size == "1x6x8 float32 cpu one frame"
+        (chunk0, _), = installed_runner(optimized).graphs.values.values()
+        output_only = chunk0.derived["output_only"]  # chunk 0 without its caches (`chunk0_output_only`)
+        outputs = next(n for n in output_only.graph_module.graph.nodes if n.op == "output").args[0]
+        assert len(outputs) == 1 and output_only.node_count < chunk0.node_count
         with pytest.raises(RuntimeError, match="single-frame"):
             steps.next(image)
         assert torch.equal(optimized.decode(clip).sample, reference.decode(clip).sample)

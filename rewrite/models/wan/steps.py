@@ -1,7 +1,8 @@
 """The two ways a Wan-family module runs its chunk-0 and steady step graphs, for the decoder and the encoder:
 `EagerSteps` (the graph modules called in turn, caches handed from step to step: CPU, or after a failed CUDA-graph
 capture) and `CudaGraphSteps` (CUDA graphs of one size over static buffers, in a module's `GraphMemory`), and
-`steady_in_place`, the steady graph that writes its new caches early (`rewrite.models.wan.cache_writes`).
+`steady_in_place`, the steady graph that writes its new caches early (`rewrite.models.wan.cache_writes`), and
+`chunk0_output_only`, chunk 0 without its caches (single-frame calls).
 
 Exactness: both run the same graphs on the same values as the uncaptured loop (`torch.equal`); only where the
 values live changes. Preconditions: graphs as `rewrite.models.wan.capture` and `.encoder_capture` export them,
@@ -10,6 +11,7 @@ values live changes. Preconditions: graphs as `rewrite.models.wan.capture` and `
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -62,8 +64,9 @@ class CudaGraphSteps:
     caches next calls `release()` first, which hands the clip a copy of them (`first` does it itself: chunk 0
     overwrites every cache, and so does a capture).
 
-    `steady=None` captures chunk 0 alone, for single-frame decodes (an image): no static caches (chunk 0's new
-    caches die inside its graph) and no steady step, whose working set (four output frames per latent frame
+    `steady=None` captures chunk 0 alone, for single-frame decodes (an image): no static caches, chunk 0 without
+    the caches it would return (`chunk0_output_only`: computed and alive together at its end, they held about
+    twice diffusers' 1-frame caches) and no steady step, whose working set (four output frames per latent frame
     against chunk 0's one) would otherwise set the pool's size; `next` is refused.
     """
 
@@ -72,6 +75,8 @@ class CudaGraphSteps:
                  next_example: torch.Tensor | None = None):
         self.arena = arena  # the static caches are views into its block, shared with the module's other sizes
         self.caches: list[torch.Tensor] = []
+        if steady is None:  # a single frame: the caches chunk 0 would return are never read
+            chunk0 = chunk0_output_only(chunk0)
         weights0, pairs0 = layout_store.substitute(channels_last_weight_slots(chunk0.graph_module), weights0)
         pairs = []
         if steady is not None:
@@ -150,3 +155,19 @@ def steady_in_place(steady):
         built = steady.derived["in_place"] = (in_place, late)
     return built
 
+
+
+def chunk0_output_only(chunk0):
+    """`chunk0` returning ``[y]`` alone: a copy of its graph whose output drops the caches, dead code removed (the
+    cache copies, the zero frames of the steady form; an op's unused cache output is freed as it returns). The
+    same `y`: only nodes no output depends on go. Built once per graph and kept on it (`CapturedGraph.derived`)."""
+    built = chunk0.derived.get("output_only")
+    if built is None:
+        module = copy.deepcopy(chunk0.graph_module)
+        output = next(n for n in module.graph.nodes if n.op == "output")
+        output.args = ([output.args[0][0]],)
+        module.graph.eliminate_dead_code()
+        module.recompile()
+        built = chunk0.derived["output_only"] = dataclasses.replace(chunk0, graph_module=module, derived={},
+                                                                    _binding=None)
+    return built
