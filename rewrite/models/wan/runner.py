@@ -31,7 +31,7 @@ from rewrite.ops import compile_ahead
 from rewrite.reporting import GraphReport, WarmupResult
 from rewrite.runtime import disk_cache, guards
 from rewrite.models.wan.conv_weights import ChannelsLastWeights
-from rewrite.models.wan.steps import ONE_FRAME, CudaGraphSteps, EagerSteps, steady_in_place
+from rewrite.models.wan.steps import ONE_FRAME, CudaGraphSteps, EagerSteps, chunk0_output_only, steady_in_place
 from rewrite.models.wan.warmup_sizes import frame_counts, latent_sizes
 from rewrite.runtime.graph_memory import GraphMemory, budget_option
 from rewrite.runtime.graphs import CudaGraphBackend, describe_key
@@ -233,11 +233,13 @@ class WanRunner(DecoderRunner):
             start = time.perf_counter()
             try:
                 with compile_ahead.compile_ahead() as active:
-                    if active:  # the steady step as captured: its new caches are not all alive at once
+                    if active and with_steady:  # the steady step as captured: its new caches not all alive at once
                         _, *caches = chunk0(chunk0.weights(decoder), x)
                         del _
-                        if with_steady:
-                            steady_in_place(steady)[0](steady.weights(decoder), x, *caches)
+                        steady_in_place(steady)[0](steady.weights(decoder), x, *caches)
+                    elif active:  # chunk 0 as a single frame's graph runs it: without its caches
+                        output_only = chunk0_output_only(chunk0)
+                        output_only(output_only.weights(decoder), x)
             except Exception as error:  # noqa: BLE001 - only a speed-up: the capture compiles what is missing
                 logger.warning("compiling the Triton kernels ahead failed (%s: %s); they compile during the "
                                "capture", type(error).__name__, error)
