@@ -54,18 +54,26 @@ def test_the_self_check_is_off_the_gpu():
                                                             torch.device("cpu"))
 
 
+def _both_paths(monkeypatch, writer: str, op, *args):
+    """(reference path's result, channels-last path's result) of `op(*args)`, the GPU-only self-check opened;
+    asserts that the channels-last path ran (its input `writer` was called once)."""
+    monkeypatch.setattr(selftest, "strided_channels_last_conv_is_exact", lambda *_args, **_kwargs: True)
+    served, original = [], getattr(downsample, writer)
+    monkeypatch.setattr(downsample, writer, lambda *a: served.append(1) or original(*a))
+    with use_backend("reference"):
+        expected = op(*args)
+    with use_backend("triton"):
+        actual = op(*args)
+    assert served == [1]
+    return expected, actual
+
+
 @needs_interpreter
 def test_the_channels_last_path_on_cpu(monkeypatch):
-    monkeypatch.setattr(selftest, "strided_channels_last_conv_is_exact", lambda *args, **kwargs: True)
-    served = []
-    original = downsample._padded_channels_last
-    monkeypatch.setattr(downsample, "_padded_channels_last", lambda *a: served.append(1) or original(*a))
     x, weight, bias = _operands(3)
-    with use_backend("reference"):
-        expected = torch.ops.rewrite.pad_conv2d(x, PAD, weight, bias, STRIDE)
-    with use_backend("triton"):
-        actual = torch.ops.rewrite.pad_conv2d(x, PAD, weight, bias, STRIDE)
-    assert served == [1] and actual.shape == expected.shape and actual.stride() == expected.stride()
+    expected, actual = _both_paths(monkeypatch, "_padded_channels_last", torch.ops.rewrite.pad_conv2d, x, PAD, weight,
+                                   bias, STRIDE)
+    assert actual.shape == expected.shape and actual.stride() == expected.stride()
     assert torch.allclose(actual, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -102,16 +110,9 @@ def test_time_conv_reference_is_the_replaced_ops(with_bias):
 
 @needs_interpreter
 def test_time_conv_channels_last_path_on_cpu(monkeypatch):
-    monkeypatch.setattr(selftest, "strided_channels_last_conv_is_exact", lambda *args, **kwargs: True)
-    served = []
-    original = downsample._joined_channels_last
-    monkeypatch.setattr(downsample, "_joined_channels_last", lambda *a: served.append(1) or original(*a))
-    args = (*_time_conv_operands(5)[:2], [0] * 6, *_time_conv_operands(5)[2:], [2, 1, 1])
-    with use_backend("reference"):
-        expected = torch.ops.rewrite.time_conv(*args)
-    with use_backend("triton"):
-        actual = torch.ops.rewrite.time_conv(*args)
-    assert served == [1]
+    x, cache, weight, bias = _time_conv_operands(5)
+    expected, actual = _both_paths(monkeypatch, "_joined_channels_last", torch.ops.rewrite.time_conv, x, cache,
+                                   [0] * 6, weight, bias, [2, 1, 1])
     assert actual[0].shape == expected[0].shape and actual[0].stride() == expected[0].stride()
     assert torch.allclose(actual[0], expected[0], rtol=1e-5, atol=1e-5)  # see the module docstring
     assert torch.equal(actual[1], expected[1]) and actual[1].stride() == expected[1].stride()
