@@ -24,6 +24,7 @@ from rewrite.kernels.conv3d import conv3d as triton_conv3d
 from rewrite.models.wan import ops_fast as wan_fast
 from rewrite.models.wan import upsample_fast as wan_upsample_fast
 from rewrite.models.wan import attention_fast as _attention_ops  # noqa: F401  (registers rewrite::attention_fast)
+from rewrite.models.wan import downsample as _downsample_ops  # noqa: F401  (registers pad_conv2d, time_conv)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,7 @@ def kernel_gates_open(monkeypatch) -> None:
     monkeypatch.setattr(wan_upsample_fast, "_CUDNN_PHASES_FASTER", {(16, 16): 1})  # the up-block end's
     monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None, *_, **__: triton_conv3d.ConvTile(32, 16, 16, 4, 1))
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *args, **kwargs: True)
+    monkeypatch.setattr(selftest, "strided_channels_last_conv_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(selftest, "silu_is_exact", lambda *args, **kwargs: True)
     monkeypatch.setattr(layout, "norm_plan", norm_plan_on_cpu)
 
@@ -183,6 +185,14 @@ def _cases() -> dict[str, list[Case]]:
             add("upsample_conv2d", f"{lay}_upcast_{upcast}_bias_{bias}", x, upcast,
                 rnd(co, c, 3, 3, scale=0.2, dtype=x.dtype), rnd(co, dtype=x.dtype) if bias else None, [1, 1], [1, 1],
                 weight=2)
+
+    # ---- the encoder's downsamplers: the spatial pad + stride-2 conv over planes, the temporal conv of a steady step
+    for (lay, x), bias in itertools.product(planes.items(), (True, False)):
+        add("pad_conv2d", f"{lay}_bias_{bias}", x, [0, 1, 0, 1], rnd(co, c, 3, 3, scale=0.2), rnd(co) if bias else None,
+            [2, 2], weight=2)
+    for lay, bias in itertools.product(("contiguous", "frame_major"), (True, False)):
+        add("time_conv", f"{lay}_bias_{bias}", LAYOUTS[lay](rnd(1, c, 4, h, w)), rnd(1, c, 1, h, w), [0] * 6,
+            rnd(c, c, 3, 1, 1, scale=0.2), rnd(c) if bias else None, [2, 1, 1], weight=3)
 
     # the channels_last level's upsample conv by phases: bf16, 16 channels (the kernel's multiple) in and out
     planes16 = {"contiguous": rnd(2, 16, h, w, dtype=torch.bfloat16),
