@@ -18,7 +18,7 @@ import torch
 
 from rewrite.engine.pattern import variants
 from rewrite.models.wan import downsample as _downsample  # noqa: F401  (registers torch.ops.rewrite.time_conv)
-from rewrite.models.wan.downsample import END
+from rewrite.models.wan.reference import END
 
 aten = torch.ops.aten
 

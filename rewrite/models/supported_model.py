@@ -48,8 +48,8 @@ def _cast(module: nn.Module, device: torch.device | None, dtype: torch.dtype | N
 
 @dataclasses.dataclass(frozen=True)
 class EncoderCapture:
-    """How the tools capture a model's encoder as step graphs (issue 39: `rewrite-debug --encoder` shows them;
-    no runner serves `encode` yet)."""
+    """How the tools capture a model's encoder as step graphs (`rewrite-debug --encoder` shows them; the runner
+    serves `encode` from the same capture, `rewrite.models.wan.encode`)."""
 
     capture_graphs: Callable[[nn.Module, torch.dtype, torch.device], list[CapturedGraph]]  # (module, dtype, device)
     graph_names: tuple[str, ...]  # the names of the captured graphs, in capture order

@@ -15,7 +15,8 @@ captures (inside one, the NCDHW conv is used), cached per process.
 
 `frame_conv_is_exact(input_shape, weight_shape, dtype, device)`: likewise for a 1x1x1 conv3d of a frame-major
 input run as cuDNN's conv2d over the frames folded into the batch (`rewrite::pointwise_conv3d`), against the
-conv3d of the NCDHW input that ATen runs.
+conv3d of the NCDHW input that ATen runs. `strided_channels_last_conv_is_exact(input_shape, weight_shape,
+stride, dtype, device)`: likewise for an unpadded conv of that stride (the encoder's downsamplers).
 
 Cost and persistence: `stats()` counts the checks computed in this process and their seconds (per kind;
 `thread_seconds()` for the calling thread alone, which the runtime reads before and after a capture to
@@ -44,7 +45,7 @@ _FRAME_CONV_RESULTS: dict[tuple, bool] = {}
 _STRIDED_CONV_RESULTS: dict[tuple, bool] = {}
 
 #: the check kinds, as `stats` and the verdict records name them
-KINDS = ("silu", "channels_last_conv", "frame_conv")
+KINDS = ("silu", "channels_last_conv", "frame_conv", "strided_channels_last_conv")
 
 _STATS_LOCK = threading.Lock()
 _COUNTS: collections.Counter = collections.Counter()  # kind -> checks computed in this process

@@ -27,13 +27,13 @@ from torch import Tensor
 
 from rewrite.kernels import layout
 from rewrite.kernels.epilogue import epilogue as triton_epilogue
+from rewrite.models.wan.ops import FLOAT_DTYPES
+from rewrite.models.wan.reference import END
 from rewrite.ops import selftest
 from rewrite.ops.dispatch import use_kernel
 from rewrite.ops.op_info import reads_channels_last_weight
 
 aten = torch.ops.aten
-
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def pad_conv2d_reference(x: Tensor, pad: list[int], weight: Tensor, bias: Optional[Tensor],
@@ -93,9 +93,6 @@ def _(x, pad, weight, bias, stride):
 
 
 # ---- time_conv: the temporal downsample of downsample3d ----------------------------------------------------------
-END = 2**63 - 1  # what `x[:, :, -1:]` records as the slice end
-
-
 def time_conv_reference(x: Tensor, cache: Tensor, pad: list[int], weight: Tensor, bias: Optional[Tensor],
                         stride: list[int]) -> tuple[Tensor, Tensor]:
     """The replaced subgraph: (the conv of the last cached frame and x, the next cache)."""

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from rewrite.models.wan.encoder_capture import FIRST_FRAMES, STEP_FRAMES, capture_wan_encoder
-from rewrite.models.wan.steps import ONE_FRAME, CudaGraphSteps, EagerSteps
+from rewrite.models.wan.steps import EagerSteps
 from rewrite.models.wan.warmup_sizes import frame_counts, latent_sizes
 from rewrite.runtime import guards
 from rewrite.runtime.locks import CAPTURE_GATE
@@ -102,27 +102,10 @@ def cuda_steps(runner, encoder: nn.Module, x: torch.Tensor):
     run eagerly. The caller holds the runner's lock."""
     if not (runner.use_cuda_graphs and runner.graph_backend.can_capture(x.device)):
         return None
-    chunk0, steady = runner.graphs[graph_key(x)]
     b, _, frames, h, w = x.shape
-    key = (b, h, w, x.dtype, x.device, ENCODE)
-    one_frame = frames == FIRST_FRAMES and key not in runner.cuda_graphs
-    weights0 = chunk0.weights(encoder)
-    weights = [] if one_frame else steady.weights(encoder)
     rank = b * h * w * x.element_size() // 64  # the scale of a decode of the latents this video encodes to
-    try:
-        return runner.cuda_graphs.get(
-            key + (ONE_FRAME,) * one_frame, x.device, rank, weights0 + weights,
-            lambda pool, arena: CudaGraphSteps(
-                chunk0, None if one_frame else steady, weights0, weights, x[:, :, :FIRST_FRAMES],
-                runner.channels_last_weights, runner.graph_backend, pool, arena,
-                next_example=None if one_frame else x[:, :, FIRST_FRAMES: FIRST_FRAMES + STEP_FRAMES]))
-    except torch.OutOfMemoryError:
-        raise  # the encode frees memory and tries again (`within_memory`)
-    except Exception as error:  # a failed capture must not fail the encode: eager graphs from now on
-        runner.use_cuda_graphs = False
-        runner.cuda_graphs.clear()
-        runner.fallbacks.note(f"CUDA graph capture failed, running the graphs eagerly: {type(error).__name__}: {error}")
-        return None
+    return runner.held_steps((b, h, w, x.dtype, x.device, ENCODE), runner.graphs[graph_key(x)], encoder, x, rank,
+                             one_frame=frames == FIRST_FRAMES, step_frames=STEP_FRAMES)
 
 
 def encode_frames(runner, encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:

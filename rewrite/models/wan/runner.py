@@ -43,7 +43,6 @@ from rewrite.models.wan.frames import (
 logger = logging.getLogger("rewrite")
 
 
-
 class WanRunner(DecoderRunner):
     """Captured graphs of one Wan VAE and the code that runs them.
 
@@ -359,22 +358,35 @@ class WanRunner(DecoderRunner):
         caches hold one clip at a time (`CudaGraphSteps.hold`)."""
         if not (self.use_cuda_graphs and self.graph_backend.can_capture(x.device)):
             return None
-        chunk0, steady = self.graphs[self.graph_key(x)]
         b, _, _, h, w = x.shape
         key = (b, h, w, x.dtype, x.device)
+        self._compile_kernels_ahead(b, h, w, x.dtype, x.device,  # a first decode of a size: compiles in parallel
+                                    with_steady=not (one_frame and key not in self.cuda_graphs))
+        return self.held_steps(key, self.graphs[self.graph_key(x)], decoder, x, b * h * w * x.element_size(),
+                               one_frame=one_frame)
+
+    def held_steps(self, key: tuple, graphs, root: nn.Module, x: torch.Tensor, rank: int, *, one_frame: bool,
+                   step_frames: int | None = None) -> CudaGraphSteps | None:
+        """The `CudaGraphSteps` of `key` in the module's `GraphMemory`, captured on first use from the (chunk0,
+        steady) `graphs` reading `root`'s weights, with `x`'s first frame as chunk 0's example input and, where
+        the steady step takes `step_frames` frames (the encoder's 4), the next ones as its own; `rank` orders the
+        sizes (`GraphMemory.get`). `one_frame`: chunk 0 alone serves the call, so unless `key`'s full steps are
+        held, steps of chunk 0 alone are captured under ``key + (ONE_FRAME,)``. None once a capture has failed:
+        the graphs run eagerly from then on, with the reason noted. The caller holds `lock`."""
+        chunk0, steady = graphs
         one_frame = one_frame and key not in self.cuda_graphs
-        weights0 = chunk0.weights(decoder)
-        weights = [] if one_frame else steady.weights(decoder)
-        self._compile_kernels_ahead(b, h, w, x.dtype, x.device, with_steady=not one_frame)  # in parallel, first decode
+        weights0 = chunk0.weights(root)
+        weights = [] if one_frame else steady.weights(root)
+        next_example = None if one_frame or step_frames is None else x[:, :, 1: 1 + step_frames]
         try:
             return self.cuda_graphs.get(
-                key + (ONE_FRAME,) * one_frame, x.device, b * h * w * x.element_size(), weights0 + weights,
+                key + (ONE_FRAME,) * one_frame, x.device, rank, weights0 + weights,
                 lambda pool, arena: CudaGraphSteps(chunk0, None if one_frame else steady, weights0, weights,
                                                    x[:, :, 0:1], self.channels_last_weights, self.graph_backend,
-                                                   pool, arena))
+                                                   pool, arena, next_example=next_example))
         except torch.OutOfMemoryError:
-            raise  # not a failed capture: the decode frees memory and tries again (`within_memory`)
-        except Exception as error:  # a failed capture must not fail the decode: eager graphs from now on
+            raise  # not a failed capture: the call frees memory and tries again (`within_memory`)
+        except Exception as error:  # a failed capture must not fail the call: eager graphs from now on
             self.use_cuda_graphs = False
             self.cuda_graphs.clear()
             self.fallbacks.note(f"CUDA graph capture failed, running the graphs eagerly: {type(error).__name__}: {error}")
