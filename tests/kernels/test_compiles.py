@@ -89,9 +89,10 @@ from rewrite.kernels.conv3d import phase_weights as triton_phase_weights
 from rewrite.kernels.norm import one_pass as triton_norm_fast
 from rewrite.kernels.pad import causal_pad as triton_pad
 from rewrite.kernels.conv3d.conv3d import ConvTile
+from rewrite.kernels.winograd import winograd
 
 launches = []
-for module in (triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights):
+for module in (triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights, winograd):
     module.launch = lambda kernel, grid, *args, **kwargs: launches.append((kernel, args, kwargs))
 CL = torch.channels_last_3d
 BF16 = torch.bfloat16
@@ -126,11 +127,15 @@ triton_norm_fast.rms_norm_padded_one_pass(x, torch.ones(96, dtype=BF16), 1.0, 0.
 q, k, v = torch.zeros(1, 1, 300, 3 * 384, dtype=BF16).chunk(3, dim=-1)  # Wan 2.1's middle-block attention
 triton_attention.attention(q, k, v)
 triton_phase_weights.phase_weights(torch.zeros(192, 384, 3, 3, dtype=BF16))  # an upsampler's phase kernels
+for dtype, tile in ((BF16, winograd.WinogradTile()), (torch.float16, winograd.WinogradTile(64, 64, 32, 8, 2))):
+    padded = torch.zeros(1, 64, 4, 6, 8, dtype=dtype).contiguous(memory_format=CL)
+    winograd.winograd_conv3d(padded, torch.zeros(64, 64, 3, 3, 3, dtype=dtype), torch.zeros(64, dtype=dtype),
+                             torch.zeros(1, 64, 2, 4, 6, dtype=dtype), tile)
 
 for kernel, args, kwargs in launches:
     kwargs.pop("exact", None)
-    options = {key: kwargs.pop(key) for key in ("num_warps", "maxnreg") if key in kwargs}
-    options["num_stages"] = kwargs.get("STAGES", 3)
+    options = {key: kwargs.pop(key) for key in ("num_warps", "maxnreg", "num_stages") if key in kwargs}
+    options.setdefault("num_stages", kwargs.get("STAGES", 3))
     signature = {name: mangle_type(value) for name, value in zip(inspect.signature(kernel.fn).parameters, args)}
     signature.update({name: "constexpr" for name in kwargs})
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=kwargs), target=GPUTarget("cuda", 90, 32),

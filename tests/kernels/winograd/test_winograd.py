@@ -1,0 +1,155 @@
+"""The Winograd F(2x2, 3x3) conv kernel (`rewrite.kernels.winograd`): against the conv in float64 on small odd shapes
+(under the interpreter on CPU, on CUDA where there is one), its arguments and refusals, the weight transform.
+
+Tolerance, derived rather than fitted. Every output is a sum of terms coef * x * g (coef the product of the
+transforms' entries along its path). Along any one term's path the kernel performs at most n = K + 23 fp32
+operations (K = kt * C GEMM terms: K - 1 additions and 1 product; the input transform 3 additions; the weight
+transform 8 additions and 2 products; the output transform 8 additions; bias and residual 2 additions), so by the
+standard bound for sums of products its fp32 result is within gamma_n * S of the exact value, gamma_n = n u /
+(1 - n u), u = 2**-24, where S is the same computation on magnitudes: |A^T| [(|G| |g| |G^T|) * (|B^T| |d| |B|)]
+|A| summed over channels and taps, plus |bias| + |residual| (`_magnitudes`). In bf16/fp16 the transformed input
+and weight are each rounded once (relative error u16 = 2**-8 for bf16, 2**-11 for fp16: 2 u16 + u16**2 more on
+every term) and the output once more (u16 * |y|).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rewrite.kernels.winograd import winograd
+from rewrite.kernels.winograd.transforms import (FILTER_TRANSFORM, INPUT_TRANSFORM, OUTPUT_TRANSFORM, POINTS,
+                                                 transformed_weight)
+from rewrite.kernels.winograd.winograd import WinogradTile, winograd_conv3d, winograd_conv3d_channels_last
+from rewrite.ops.dispatch import INTERPRETING
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
+CL = torch.channels_last_3d
+SMALL = WinogradTile(16, 16, 16, 4, 1)  # small blocks: partial blocks of tiles, channels and outputs in every case
+UNIT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def _padded(batch, channels, frames, height, width, cache, generator):
+    """The causal conv's padded input as the ops build it: two cached frames (or zeros) before the new frames,
+    one zero pixel around each plane."""
+    x = torch.randn(batch, channels, frames, height, width, generator=generator)
+    before = torch.randn(batch, channels, 2, height, width, generator=generator) if cache else x.new_zeros(
+        batch, channels, 2, height, width)
+    return F.pad(torch.cat([before, x], 2), (1, 1, 1, 1))
+
+
+def _magnitudes(padded, weight, bias, residual):
+    """S of the module docstring, in float64: the Winograd computation on magnitudes."""
+    b, c, tp, hp, wp = padded.shape
+    o, _, kt = weight.shape[:3]
+    t, h, w = tp - kt + 1, hp - 2, wp - 2
+    rows, cols = (h + 1) // 2, (w + 1) // 2
+    d = F.pad(padded.double().abs(), (0, 2 * cols + 2 - wp, 0, 2 * rows + 2 - hp))
+    patches = d.unfold(3, 4, 2).unfold(4, 4, 2)  # [b, c, tp, rows, cols, 4, 4]
+    bt, g, at = (torch.tensor(m, dtype=torch.float64).abs() for m in (INPUT_TRANSFORM, FILTER_TRANSFORM, OUTPUT_TRANSFORM))
+    v = torch.einsum("ru,bctyxuv,sv->bctyxrs", bt, patches, bt)
+    u = torch.einsum("rh,octhw,sw->octrs", g, weight.double().abs(), g)
+    m = sum(torch.einsum("ocrs,bctyxrs->botyxrs", u[:, :, tap], v[:, :, tap: tap + t]) for tap in range(kt))
+    y = torch.einsum("ir,botyxrs,js->botyixj", at, m, at).reshape(b, o, t, 2 * rows, 2 * cols)[..., :h, :w]
+    if bias is not None:
+        y = y + bias.double().abs()[:, None, None, None]
+    if residual is not None:
+        y = y + residual.double().abs()
+    return y
+
+
+def _bound(padded, weight, bias, residual, exact, dtype):
+    n = weight.shape[1] * weight.shape[2] + 23
+    gamma = n * 2.0 ** -24 / (1 - n * 2.0 ** -24)
+    u16 = UNIT_ROUNDING[dtype]
+    return (gamma + 2 * u16 + u16 * u16) * _magnitudes(padded, weight, bias, residual) + u16 * exact.abs()
+
+
+CASES = {  # batch, in channels, out channels, output frames, height, width, cache, bias, residual
+    "one-frame-odd-plane": (1, 16, 16, 1, 5, 7, False, True, False),
+    "three-frames-cache": (1, 20, 24, 3, 6, 9, True, True, True),   # channels and outputs past the blocks
+    "batch-2-one-column": (2, 16, 8, 1, 3, 1, True, False, True),    # a plane one pixel wide
+    "wide-k": (1, 48, 40, 2, 4, 5, False, True, True),               # K = 3 channel blocks per tap
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_winograd_conv3d_is_within_its_derived_bound_of_the_exact_conv(case, dtype):
+    if dtype == torch.float32 and not INTERPRETING:
+        pytest.skip("fp32 is served only under the interpreter")
+    batch, cin, cout, frames, height, width, cache, has_bias, has_residual = CASES[case]
+    generator = torch.Generator().manual_seed(0)
+    padded = _padded(batch, cin, frames, height, width, cache, generator).to(dtype)
+    weight = (torch.randn(cout, cin, 3, 3, 3, generator=generator) / (27 * cin) ** 0.5).to(dtype)
+    bias = torch.randn(cout, generator=generator).to(dtype) if has_bias else None
+    residual = torch.randn(batch, cout, frames, height, width, generator=generator).to(dtype) if has_residual else None
+    exact = F.conv3d(padded.double(), weight.double(), None if bias is None else bias.double())
+    if residual is not None:
+        exact = exact + residual.double()
+    actual = winograd_conv3d(padded.to(DEVICE), weight.to(DEVICE), None if bias is None else bias.to(DEVICE),
+                             None if residual is None else residual.to(DEVICE), SMALL).cpu()
+    bound = _bound(padded, weight, bias, residual, exact, dtype)
+    error = (actual.double() - exact).abs()
+    assert actual.dtype == dtype and actual.is_contiguous(memory_format=CL)
+    assert torch.all(error <= bound), f"worst error / bound {(error / bound).max().item():.3g}"
+
+
+@needs_kernels
+def test_the_output_may_have_any_strides_and_the_default_tile_serves():
+    generator = torch.Generator().manual_seed(1)
+    padded = _padded(1, 32, 2, 4, 6, True, generator).to(DEVICE).contiguous(memory_format=CL)
+    weight = torch.randn(16, 32, 3, 3, 3, generator=generator).to(DEVICE)
+    channels_last = winograd_conv3d(padded, weight)
+    ncdhw = torch.empty(channels_last.shape, device=DEVICE)
+    winograd_conv3d_channels_last(padded, transformed_weight(weight), None, None, ncdhw)
+    assert ncdhw.is_contiguous() and torch.equal(ncdhw, channels_last)  # the same sums, stored by other strides
+
+
+def test_the_weight_transform_gives_the_product_the_direct_filter_gives():
+    """One 4x4 input patch: A^T [(G g G^T) * (B^T d B)] A equals the valid 3x3 conv of d (2x2), in float64."""
+    generator = torch.Generator().manual_seed(2)
+    d = torch.randn(4, 4, generator=generator, dtype=torch.float64)
+    g = torch.randn(1, 1, 1, 3, 3, generator=generator, dtype=torch.float64)
+    u = transformed_weight(g)  # [16, 1, 1]
+    bt, at = (torch.tensor(m, dtype=torch.float64) for m in (INPUT_TRANSFORM, OUTPUT_TRANSFORM))
+    y = at @ (u.view(4, 4) * (bt @ d @ bt.T)) @ at.T
+    direct = F.conv2d(d.view(1, 1, 4, 4), g.view(1, 1, 3, 3)).view(2, 2)
+    assert u.shape == (POINTS, 1, 1)
+    assert torch.allclose(y, direct, rtol=0, atol=1e-12)  # float64 rounding of 16 short sums: far below 1e-12
+
+
+@pytest.mark.parametrize("in_shape,weight_shape,dtype,expected", [
+    ((1, 16, 3, 6, 6), (16, 16, 3, 1, 1), torch.bfloat16, "serves 3x3 planes"),
+    ((1, 16, 3, 6, 6), (16, 8, 3, 3, 3), torch.bfloat16, "expected [B, C, T, H, W]"),
+    ((1, 16, 3, 2, 6), (16, 16, 3, 3, 3), torch.bfloat16, "smaller than the kernel"),
+    ((1, 16, 3, 6, 6), (16, 16, 3, 3, 3), torch.float64, "dtype torch.float64"),
+], ids=("1x1 kernel", "channel mismatch", "plane too small", "float64"))
+def test_unsupported_cases_are_refused_with_the_reason(in_shape, weight_shape, dtype, expected):
+    reason = winograd.unsupported_reason(in_shape, weight_shape, dtype)
+    assert reason is not None and expected in reason, reason
+
+
+def test_bad_arguments_raise_errors_naming_what_was_expected():
+    padded = torch.zeros(1, 16, 3, 6, 6).contiguous(memory_format=CL)
+    weight = transformed_weight(torch.zeros(8, 16, 3, 3, 3))
+    out = torch.empty(1, 8, 1, 4, 4)
+    with pytest.raises(ValueError, match="channels-last"):
+        winograd_conv3d_channels_last(padded.contiguous(), weight, None, None, out)
+    with pytest.raises(ValueError, match=r"contiguous \[16, kt \* 16, O\]"):
+        winograd_conv3d_channels_last(padded, weight[:, :40], None, None, out)
+    with pytest.raises(ValueError, match=r"out must be \(1, 8, 1, 4, 4\)"):
+        winograd_conv3d_channels_last(padded, weight, None, None, torch.empty(1, 8, 1, 4, 5))
+    with pytest.raises(ValueError, match=r"bias must be \[8\]"):
+        winograd_conv3d_channels_last(padded, weight, torch.zeros(16), None, out)
+    with pytest.raises(ValueError, match="expected a"):
+        transformed_weight(torch.zeros(8, 16, 3, 5, 5))
+
+
+def test_no_conv_is_routed_to_winograd_off_a_measured_card():
+    """The choice is read from a per-card table the GPU sweep fills: a CPU tensor never takes it."""
+    assert winograd.chosen(96, 96, torch.bfloat16, torch.device("cpu")) is None

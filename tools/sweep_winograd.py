@@ -1,0 +1,110 @@
+"""Time the Winograd conv (`rewrite.kernels.winograd`) against cuDNN and the Triton direct conv per Wan conv shape.
+
+For each 3x3x3 conv shape of a Wan steady step (`sweep_conv3d.SHAPES`, the `K3` ones) and each candidate
+`WinogradTile`: cuDNN's channels-last conv3d of the padded input (no bias: the `lossless` path), the Triton
+direct conv with `launch_config`'s tile where it serves the shape, and the Winograd kernel with the weight
+transformed once ahead (`transformed_weight`, not timed: an op keeps it). Times are medians of
+``triton.testing.do_bench_cudagraph``; the rate is the direct conv's FLOPs over the time (issue 40's
+"direct-equivalent TFLOP/s"); max-abs is against cuDNN's fp32 conv of the same bf16/fp16 operands, beside the
+direct conv's. This is the sweep `winograd._MEASURED_FASTER` is read from; needs CUDA (``--help`` works anywhere).
+
+    python -m rewrite.tools.sweep_winograd [--dtype bfloat16] [--shapes wan22,wan21] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rewrite.tools.sweep_conv3d import K3, SHAPES, write_results
+
+
+def candidate_tiles():
+    """The tiles tried per shape (`WinogradTile` fields: block_m, block_n, block_k, warps, stages)."""
+    from rewrite.kernels.winograd.winograd import WinogradTile
+
+    return [WinogradTile(m, n, k, warps, stages) for m, n in ((32, 64), (64, 64), (64, 128), (128, 64))
+            for k in (32, 64) for warps in (4, 8) for stages in (2, 3)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--shapes", default="wan22,wan21", help=f"comma-separated: {', '.join(SHAPES)}")
+    parser.add_argument("--only", default=None, help="only the shapes whose name starts with one of these (comma-separated)")
+    parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    import torch
+    import triton.testing
+
+    from rewrite.kernels.conv3d import conv3d as triton_conv3d
+    from rewrite.kernels.winograd import winograd
+    from rewrite.kernels.winograd.transforms import transformed_weight
+    from rewrite.ops import compile_ahead
+
+    if not torch.cuda.is_available():
+        print("sweep_winograd: needs CUDA", file=sys.stderr)
+        return 2
+    dtype = getattr(torch, args.dtype)
+    cl = torch.channels_last_3d
+    tiles = candidate_tiles()[:args.max_tiles]
+    results = []
+    for family in args.shapes.split(","):
+        for name, cin, cout, t, h, w, kernel in SHAPES.get(family, ()):
+            if kernel != K3 or (args.only and not name.startswith(tuple(args.only.split(",")))):
+                continue
+            torch.manual_seed(0)
+            padded = torch.randn(1, cin, t + 2, h + 2, w + 2, device="cuda", dtype=dtype).contiguous(memory_format=cl)
+            weight = (torch.randn(cout, cin, *kernel, device="cuda", dtype=dtype) / (27 * cin) ** 0.5
+                      ).contiguous(memory_format=cl)
+            flops = 2 * cout * cin * 27 * t * h * w
+            exact = torch.ops.aten.conv3d.default(padded.float(), weight.float(), None)
+            out = torch.empty(exact.shape, device="cuda", dtype=dtype).contiguous(memory_format=cl)
+
+            def cudnn(x=padded, wt=weight):
+                return torch.ops.aten.conv3d.default(x, wt, None)
+
+            ms = triton.testing.do_bench_cudagraph(cudnn)
+            row = {"shape": name, "cudnn_ms": ms, "cudnn_tflops": flops / ms / 1e9,
+                   "cudnn_max_abs": (cudnn().float() - exact).abs().max().item(), "tiles": []}
+            print(f"{name:<24} cudnn {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {row['cudnn_max_abs']:.3g}",
+                  flush=True)
+            if triton_conv3d.unsupported_reason(padded.shape, weight.shape, dtype) is None:
+                def direct(p=padded, wt=weight, o=out):
+                    triton_conv3d.conv3d_channels_last(p, wt, None, None, o)
+                direct()
+                row["direct_ms"] = triton.testing.do_bench_cudagraph(direct)
+                row["direct_max_abs"] = (out.float() - exact).abs().max().item()
+                print(f"  direct (launch_config)                 {row['direct_ms']:8.3f} ms "
+                      f"{flops / row['direct_ms'] / 1e9:6.0f} TFLOP/s  max-abs {row['direct_max_abs']:.3g}", flush=True)
+            transformed = transformed_weight(weight, dtype)
+            with compile_ahead.compile_ahead() as ahead:  # every tile's kernel compiled in parallel first
+                for tile in tiles if ahead else ():
+                    try:
+                        winograd.winograd_conv3d_channels_last(padded, transformed, None, None, out, tile)
+                    except Exception:  # noqa: BLE001 - the timed run below reports it
+                        pass
+            for tile in tiles:
+                try:
+                    def run(p=padded, u=transformed, o=out, tile=tile):
+                        winograd.winograd_conv3d_channels_last(p, u, None, None, o, tile)
+                    run()
+                    err = (out.float() - exact).abs().max().item()
+                    ms = triton.testing.do_bench_cudagraph(run)
+                except Exception as error:  # a tile this Triton cannot compile or run: say so and go on
+                    print(f"  {tuple(tile)} failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
+                    row["tiles"].append({"tile": list(tile), "error": f"{type(error).__name__}: {str(error)[:200]}"})
+                    continue
+                print(f"  winograd {str(tuple(tile)):<30} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  "
+                      f"max-abs {err:.3g}  {row['cudnn_ms'] / ms:.2f}x cuDNN", flush=True)
+                row["tiles"].append({"tile": list(tile), "ms": ms, "tflops": flops / ms / 1e9, "max_abs": err,
+                                     "vs_cudnn": row["cudnn_ms"] / ms})
+            results.append(row)
+    if args.json:
+        write_results(args.json, args.dtype, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
