@@ -3,7 +3,8 @@
 For each 3x3x3 conv shape of a Wan steady step (`sweep_conv3d.SHAPES`, the `K3` ones) and each candidate
 `WinogradTile`: cuDNN's channels-last conv3d of the padded input (no bias: the `lossless` path), the Triton
 direct conv with `launch_config`'s tile where it serves the shape, and the Winograd kernel with the weight
-transformed once ahead (`transformed_weight`, not timed: an op keeps it). Times are medians of
+transformed once ahead (`transformed_weight`, not timed: an op keeps it), in both forms (the materialized form's
+input transform and its temporary inside the timed call). Times are medians of
 ``triton.testing.do_bench_cudagraph``; the rate is the direct conv's FLOPs over the time (issue 40's
 "direct-equivalent TFLOP/s"); max-abs is against cuDNN's fp32 conv of the same bf16/fp16 operands, beside the
 direct conv's. This is the sweep `winograd._MEASURED_FASTER` is read from; needs CUDA (``--help`` works anywhere).
@@ -20,11 +21,17 @@ from rewrite.tools.sweep_conv3d import K3, SHAPES, write_results
 
 
 def candidate_tiles():
-    """The tiles tried per shape (`WinogradTile` fields: block_m, block_n, block_k, warps, stages)."""
+    """The tiles tried per shape (`WinogradTile` fields: block_m, block_n, block_k, warps, stages, materialized):
+    the fused form where sm_90's register file holds its five accumulators with few spills (ptxas, checked on
+    a CPU), and the materialized form's pipelined TMA GEMM at the usual tensor-core block shapes."""
     from rewrite.kernels.winograd.winograd import WinogradTile
 
-    return [WinogradTile(m, n, k, warps, stages) for m, n in ((32, 64), (64, 64), (64, 128), (128, 64))
-            for k in (32, 64) for warps in (4, 8) for stages in (2, 3)]
+    fused = [WinogradTile(m, n, k, warps, 2) for m, n, k, warps in ((32, 64, 32, 8), (64, 64, 32, 8), (32, 128, 32, 8),
+                                                                    (64, 64, 64, 8))]
+    materialized = [WinogradTile(m, n, k, warps, stages, True) for m, n, k, warps, stages in (
+        (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 32, 4, 4),
+        (128, 128, 32, 8, 4))]
+    return fused + materialized
 
 
 def main(argv=None) -> int:

@@ -89,10 +89,13 @@ from rewrite.kernels.conv3d import phase_weights as triton_phase_weights
 from rewrite.kernels.norm import one_pass as triton_norm_fast
 from rewrite.kernels.pad import causal_pad as triton_pad
 from rewrite.kernels.conv3d.conv3d import ConvTile
+from rewrite.kernels.winograd import fused as winograd_fused
+from rewrite.kernels.winograd import materialized as winograd_materialized
 from rewrite.kernels.winograd import winograd
 
 launches = []
-for module in (triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights, winograd):
+for module in (triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights,
+               winograd_fused, winograd_materialized):
     module.launch = lambda kernel, grid, *args, **kwargs: launches.append((kernel, args, kwargs))
 CL = torch.channels_last_3d
 BF16 = torch.bfloat16
@@ -127,7 +130,8 @@ triton_norm_fast.rms_norm_padded_one_pass(x, torch.ones(96, dtype=BF16), 1.0, 0.
 q, k, v = torch.zeros(1, 1, 300, 3 * 384, dtype=BF16).chunk(3, dim=-1)  # Wan 2.1's middle-block attention
 triton_attention.attention(q, k, v)
 triton_phase_weights.phase_weights(torch.zeros(192, 384, 3, 3, dtype=BF16))  # an upsampler's phase kernels
-for dtype, tile in ((BF16, winograd.WinogradTile()), (torch.float16, winograd.WinogradTile(64, 64, 32, 8, 2))):
+for dtype, tile in ((BF16, winograd.WinogradTile()), (torch.float16, winograd.WinogradTile(64, 64, 32, 8, 2)),
+                    (BF16, winograd.WinogradTile(64, 128, 64, 8, 3, materialized=True))):
     padded = torch.zeros(1, 64, 4, 6, 8, dtype=dtype).contiguous(memory_format=CL)
     winograd.winograd_conv3d(padded, torch.zeros(64, 64, 3, 3, 3, dtype=dtype), torch.zeros(64, dtype=dtype),
                              torch.zeros(1, 64, 2, 4, 6, dtype=dtype), tile)

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewrite.kernels.winograd import winograd
+from rewrite.kernels.winograd import materialized, winograd
 from rewrite.kernels.winograd.transforms import (FILTER_TRANSFORM, INPUT_TRANSFORM, OUTPUT_TRANSFORM, POINTS,
                                                  transformed_weight)
 from rewrite.kernels.winograd.winograd import WinogradTile, winograd_conv3d, winograd_conv3d_channels_last
@@ -29,6 +29,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
 CL = torch.channels_last_3d
 SMALL = WinogradTile(16, 16, 16, 4, 1)  # small blocks: partial blocks of tiles, channels and outputs in every case
+FORMS = {"fused": SMALL, "materialized": SMALL._replace(materialized=True)}
 UNIT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
@@ -77,12 +78,15 @@ CASES = {  # batch, in channels, out channels, output frames, height, width, cac
 
 
 @needs_kernels
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_winograd_conv3d_is_within_its_derived_bound_of_the_exact_conv(case, dtype):
+def test_winograd_conv3d_is_within_its_derived_bound_of_the_exact_conv(case, dtype, form):
     if dtype == torch.float32 and not INTERPRETING:
         pytest.skip("fp32 is served only under the interpreter")
     batch, cin, cout, frames, height, width, cache, has_bias, has_residual = CASES[case]
+    if form == "materialized" and materialized.unsupported_reason(cin, cout):
+        pytest.skip(materialized.unsupported_reason(cin, cout))  # its refusal is tested below
     generator = torch.Generator().manual_seed(0)
     padded = _padded(batch, cin, frames, height, width, cache, generator).to(dtype)
     weight = (torch.randn(cout, cin, 3, 3, 3, generator=generator) / (27 * cin) ** 0.5).to(dtype)
@@ -92,7 +96,7 @@ def test_winograd_conv3d_is_within_its_derived_bound_of_the_exact_conv(case, dty
     if residual is not None:
         exact = exact + residual.double()
     actual = winograd_conv3d(padded.to(DEVICE), weight.to(DEVICE), None if bias is None else bias.to(DEVICE),
-                             None if residual is None else residual.to(DEVICE), SMALL).cpu()
+                             None if residual is None else residual.to(DEVICE), FORMS[form]).cpu()
     bound = _bound(padded, weight, bias, residual, exact, dtype)
     error = (actual.double() - exact).abs()
     assert actual.dtype == dtype and actual.is_contiguous(memory_format=CL)
@@ -100,13 +104,15 @@ def test_winograd_conv3d_is_within_its_derived_bound_of_the_exact_conv(case, dty
 
 
 @needs_kernels
-def test_the_output_may_have_any_strides_and_the_default_tile_serves():
+@pytest.mark.parametrize("form", FORMS)
+def test_the_output_may_have_any_strides_and_the_default_blocks_serve(form):
     generator = torch.Generator().manual_seed(1)
     padded = _padded(1, 32, 2, 4, 6, True, generator).to(DEVICE).contiguous(memory_format=CL)
     weight = torch.randn(16, 32, 3, 3, 3, generator=generator).to(DEVICE)
-    channels_last = winograd_conv3d(padded, weight)
+    tile = WinogradTile(materialized=form == "materialized")
+    channels_last = winograd_conv3d(padded, weight, tile=tile)
     ncdhw = torch.empty(channels_last.shape, device=DEVICE)
-    winograd_conv3d_channels_last(padded, transformed_weight(weight), None, None, ncdhw)
+    winograd_conv3d_channels_last(padded, transformed_weight(weight), None, None, ncdhw, tile)
     assert ncdhw.is_contiguous() and torch.equal(ncdhw, channels_last)  # the same sums, stored by other strides
 
 
@@ -148,6 +154,9 @@ def test_bad_arguments_raise_errors_naming_what_was_expected():
         winograd_conv3d_channels_last(padded, weight, torch.zeros(16), None, out)
     with pytest.raises(ValueError, match="expected a"):
         transformed_weight(torch.zeros(8, 16, 3, 5, 5))
+    odd = torch.zeros(1, 20, 3, 6, 6).contiguous(memory_format=CL)
+    with pytest.raises(ValueError, match="TMA needs multiples of 8"):
+        winograd_conv3d(odd, torch.zeros(8, 20, 3, 3, 3), tile=WinogradTile(materialized=True))
 
 
 def test_no_conv_is_routed_to_winograd_off_a_measured_card():

@@ -1,0 +1,138 @@
+"""What both Winograd forms share: the launch tile, the argument checks, the refusals, the per-card choice and
+the epilogue's store (`rewrite.kernels.winograd.winograd` says what the kernels compute)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from rewrite.kernels.winograd.transforms import POINTS
+from rewrite.ops.dispatch import INTERPRETING, triton
+
+GPU_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class WinogradTile(NamedTuple):
+    """A launch configuration: `block_m` 2x2 output blocks by `block_n` output channels per program, `block_k`
+    input channels per GEMM step, `warps`, pipeline `stages`, and which form runs it."""
+
+    block_m: int = 32
+    block_n: int = 64
+    block_k: int = 32
+    warps: int = 4
+    stages: int = 2
+    materialized: bool = False  # the input transform written to memory first (`materialized`)
+
+
+#: (card, in channels, out channels, dtype) -> tile, for the convs this kernel measured faster than both the
+#: Triton direct conv and cuDNN on that card (the sweep fills it; empty: never chosen)
+_MEASURED_FASTER: dict[tuple[str, int, int, torch.dtype], WinogradTile] = {}
+
+
+def chosen(in_channels: int, out_channels: int, dtype: torch.dtype, device: torch.device) -> Optional[WinogradTile]:
+    """The tile with which this kernel serves the conv on `device`'s card, or None (the direct conv or cuDNN)."""
+    if device.type != "cuda":
+        return None
+    return _MEASURED_FASTER.get((torch.cuda.get_device_name(device), in_channels, out_channels, dtype))
+
+
+def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
+    """None when the kernel serves a padded input of `in_shape` ([B, C, Tp, Hp, Wp]) and a conv weight of
+    `weight_shape` ([O, C, kt, 3, 3]) in `dtype`, else why not."""
+    if triton is None:
+        return "triton is not importable"
+    if len(in_shape) != 5 or len(weight_shape) != 5 or in_shape[1] != weight_shape[1]:
+        return f"expected [B, C, T, H, W] and [O, C, kt, kh, kw], got {tuple(in_shape)} and {tuple(weight_shape)}"
+    if tuple(weight_shape[3:]) != (3, 3):
+        return f"a {tuple(weight_shape[2:])} kernel (Winograd F(2x2, 3x3) serves 3x3 planes)"
+    if dtype not in GPU_DTYPES and not (INTERPRETING and dtype == torch.float32):
+        return f"dtype {dtype} (served: {GPU_DTYPES}; fp32 only under the Triton interpreter)"
+    if any(s < k for s, k in zip(in_shape[2:], weight_shape[2:])):
+        return f"input {tuple(in_shape[2:])} is smaller than the kernel {tuple(weight_shape[2:])}"
+    return None
+
+
+def checked_shape(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                  out: Tensor) -> tuple[int, ...]:
+    """The output shape [B, O, T, H, W] after the argument checks both forms share (`winograd.winograd_conv3d_channels_last`)."""
+    if padded.dim() != 5 or not padded.is_contiguous(memory_format=torch.channels_last_3d):
+        raise ValueError(f"winograd conv3d: padded input must be [B, C, T, H, W] in channels-last "
+                         f"(NDHWC) contiguous memory, got {tuple(padded.shape)} strides {padded.stride()}")
+    batch, channels, tp, hp, wp = padded.shape
+    if weight.dim() != 3 or weight.shape[0] != POINTS or weight.shape[1] % channels or not weight.is_contiguous():
+        raise ValueError(f"winograd conv3d: weight must be transformed_weight's contiguous "
+                         f"[{POINTS}, kt * {channels}, O], got {tuple(weight.shape)}")
+    taps, out_channels = weight.shape[1] // channels, weight.shape[2]
+    reason = unsupported_reason(padded.shape, (out_channels, channels, taps, 3, 3), padded.dtype)
+    if reason is not None:
+        raise ValueError(f"winograd conv3d: {reason}")
+    if weight.dtype != padded.dtype:
+        raise ValueError(f"winograd conv3d: weight dtype {weight.dtype}, input {padded.dtype}")
+    shape = (batch, out_channels, tp - taps + 1, hp - 2, wp - 2)
+    if tuple(out.shape) != shape or out.dtype != padded.dtype:
+        raise ValueError(f"winograd conv3d: out must be {shape} {padded.dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    if bias is not None and tuple(bias.shape) != (out_channels,):
+        raise ValueError(f"winograd conv3d: bias must be [{out_channels}], got {tuple(bias.shape)}")
+    if residual is not None and tuple(residual.shape) != shape:
+        raise ValueError(f"winograd conv3d: residual must be {shape}, got {tuple(residual.shape)}")
+    return shape
+
+
+
+if triton is not None:
+    import triton.language as tl
+
+    from rewrite.kernels.aten_math import round_to as _round
+
+    @triton.jit
+    def _store(y, out_ptr, res_ptr, bias_ptr, b, t, h, w, n, n_ok, rows_ok, H, W, so_b, so_c, so_t, so_h, so_w,
+               sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+        """One output of each block (row h, column w) plus bias and residual in fp32, rounded once, stored."""
+        inside = rows_ok & (h < H) & (w < W)
+        mask = inside[:, None] & n_ok[None, :]
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_RESIDUAL:
+            r_off = b * sr_b + t * sr_t + h.to(tl.int64) * sr_h + w.to(tl.int64) * sr_w
+            y += tl.load(res_ptr + r_off[:, None] + n[None, :].to(tl.int64) * sr_c, mask=mask, other=0.0).to(tl.float32)
+        o_off = b * so_b + t * so_t + h.to(tl.int64) * so_h + w.to(tl.int64) * so_w
+        tl.store(out_ptr + o_off[:, None] + n[None, :].to(tl.int64) * so_c, _round(y, out_ptr.dtype.element_ty),
+                 mask=mask)
+
+    @triton.jit
+    def patch_origin(m, count, TH, TW):
+        """For block indices m (frame-major, then rows and columns of 2x2 blocks): whether each is one of the
+        `count`, its frame, and its patch's first row and column in the padded plane (int64; m past `count`
+        decoded as block 0)."""
+        inside = m < count
+        m = tl.where(inside, m, 0).to(tl.int64)
+        return inside, m // (TW * TH), 2 * ((m // TW) % TH), 2 * (m % TW)
+
+    @triton.jit
+    def add_point(acc, point, y00, y01, y10, y11):
+        """The output transform A^T M A, one point's fp32 sum at a time (A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]): the
+        block's four outputs plus point (r, s)'s coefficients (0 or +-1) times `acc`."""
+        r = point // 4
+        s = point % 4
+        r_first = tl.where(r < 3, 1.0, 0.0)
+        r_second = tl.where(r == 0, 0.0, tl.where(r == 1, 1.0, -1.0))
+        s_first = tl.where(s < 3, 1.0, 0.0)
+        s_second = tl.where(s == 0, 0.0, tl.where(s == 1, 1.0, -1.0))
+        return (y00 + (r_first * s_first) * acc, y01 + (r_first * s_second) * acc, y10 + (r_second * s_first) * acc,
+                y11 + (r_second * s_second) * acc)
+
+    @triton.jit
+    def store_block(y00, y01, y10, y11, out_ptr, res_ptr, bias_ptr, b, t, h0, w0, n, n_ok, rows_ok, H, W, so_b, so_c,
+                    so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+        """The four outputs of each 2x2 block at (h0, w0), by `_store`."""
+        _store(y00, out_ptr, res_ptr, bias_ptr, b, t, h0, w0, n, n_ok, rows_ok, H, W, so_b, so_c, so_t, so_h, so_w,
+               sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)
+        _store(y01, out_ptr, res_ptr, bias_ptr, b, t, h0, w0 + 1, n, n_ok, rows_ok, H, W, so_b, so_c, so_t, so_h,
+               so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)
+        _store(y10, out_ptr, res_ptr, bias_ptr, b, t, h0 + 1, w0, n, n_ok, rows_ok, H, W, so_b, so_c, so_t, so_h,
+               so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)
+        _store(y11, out_ptr, res_ptr, bias_ptr, b, t, h0 + 1, w0 + 1, n, n_ok, rows_ok, H, W, so_b, so_c, so_t,
+               so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)

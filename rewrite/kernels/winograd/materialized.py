@@ -1,0 +1,183 @@
+"""Winograd F(2x2, 3x3) conv3d with the input transform written to memory: two Triton kernels.
+
+Computes what `rewrite.kernels.winograd.winograd.winograd_conv3d_channels_last` computes, with the same arithmetic
+(input transform in fp32 rounded once to the activation dtype, fp32 GEMM sums, fp32 output transform, bias and
+residual, one rounding; exactness: tolerance, level ``channels_last``), in two steps:
+
+1. `_input_transform_kernel`: every 4x4 patch (stride 2) of every padded input frame, transformed (``B^T d B``),
+   written as ``V`` [16, B * Tp * TH * TW, C] (point-major; the patches of a frame in row-major block order).
+   ``V`` is 4x the padded input: the price of step 2 reading plain 2-D tiles.
+2. `_point_gemm_kernel`: a program computes ``BLOCK_M`` 2x2 output blocks of one output frame by ``BLOCK_N``
+   channels. For each of the 16 points (a runtime loop) it runs one GEMM over taps x channels, its operands
+   loaded by TMA (``V``'s rows of frame t + tap, the transformed weight's [BLOCK_K, BLOCK_N] slice) in a
+   loop Triton pipelines, and adds the point's fp32 sum into the four outputs with the output transform's
+   coefficients; only five ``[BLOCK_M, BLOCK_N]`` accumulators live at a time. Rows of a block past its
+   frame's last patch read the next frame's patches (or TMA's zero fill): those outputs are masked.
+
+Against the fused form, step 2 is an ordinary pipelined tensor-core GEMM (no pixel arithmetic between the
+loads and the MMA, so the operands go through shared memory); the cost is ``V``'s write and reads, and its
+memory (a temporary of 4x the padded input). Which form is faster per shape is the sweep's to say
+(`python -m rewrite.tools.sweep_winograd`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from rewrite.kernels.launch import launch
+from rewrite.kernels.winograd.transforms import POINTS
+from rewrite.kernels.winograd.common import WinogradTile, checked_shape
+from rewrite.ops.dispatch import triton
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - a Triton without host tensor descriptors
+    TensorDescriptor = None
+
+ALIGNMENT = 8  # TMA: row strides of 16 bytes, i.e. channel counts a multiple of 8 in bf16/fp16
+
+
+def unsupported_reason(in_channels: int, out_channels: int) -> Optional[str]:
+    """Why the TMA form cannot serve these channel counts (beyond `winograd.unsupported_reason`), or None."""
+    if TensorDescriptor is None:
+        return "triton with tensor descriptors is not importable"
+    if in_channels % ALIGNMENT or out_channels % ALIGNMENT:
+        return f"{in_channels} -> {out_channels} channels (TMA needs multiples of {ALIGNMENT})"
+    return None
+
+
+if triton is not None:
+    import triton.language as tl
+
+    from rewrite.kernels.aten_math import dot as _dot
+    from rewrite.kernels.aten_math import round_to as _round
+    from rewrite.kernels.winograd.common import add_point, patch_origin, store_block
+
+    @triton.jit
+    def _pixel(x_ptr, base, row_ok, v, k, k_ok, WP, C, tx_col):
+        """fp32 [BLOCK_M, BLOCK_C] of patch column v in the row at `base` (zero past the plane's edge)."""
+        mask = (row_ok & (tx_col + v < WP))[:, None] & k_ok[None, :]
+        return tl.load(x_ptr + (base + v * C)[:, None] + k[None, :], mask=mask, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _patch_row(x_ptr, pixel, rows_ok, u, k, k_ok, WP, HP, C, ty_row, tx_col):
+        """Row u of each block's 4x4 patch transformed along the columns (d0 - d2, d1 + d2, d2 - d1, d1 - d3)."""
+        row_ok = rows_ok & (ty_row + u < HP)
+        base = (pixel + u * WP) * C
+        d0 = _pixel(x_ptr, base, row_ok, 0, k, k_ok, WP, C, tx_col)
+        d1 = _pixel(x_ptr, base, row_ok, 1, k, k_ok, WP, C, tx_col)
+        d2 = _pixel(x_ptr, base, row_ok, 2, k, k_ok, WP, C, tx_col)
+        d3 = _pixel(x_ptr, base, row_ok, 3, k, k_ok, WP, C, tx_col)
+        return d0 - d2, d1 + d2, d2 - d1, d1 - d3
+
+    @triton.jit
+    def _store_column(v_ptr, e0, e1, e2, e3, s: tl.constexpr, point_stride, rows, k, mask):
+        """Points (0..3, s): B^T's rows applied along the patch rows (e0 - e2, e1 + e2, e2 - e1, e1 - e3)."""
+        offsets = rows[:, None] + k[None, :]
+        dtype = v_ptr.dtype.element_ty
+        tl.store(v_ptr + s * point_stride + offsets, _round(e0 - e2, dtype), mask=mask)
+        tl.store(v_ptr + (4 + s) * point_stride + offsets, _round(e1 + e2, dtype), mask=mask)
+        tl.store(v_ptr + (8 + s) * point_stride + offsets, _round(e2 - e1, dtype), mask=mask)
+        tl.store(v_ptr + (12 + s) * point_stride + offsets, _round(e1 - e3, dtype), mask=mask)
+
+    @triton.jit
+    def _input_transform_kernel(x_ptr, v_ptr, C, HP, WP, TH, TW, PATCHES, POINT_STRIDE,
+                                BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        k = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        k_ok = k < C
+        rows_ok, frame, ty_row, tx_col = patch_origin(m, PATCHES, TH, TW)  # frame: b * Tp + t of the padded input
+        m = tl.where(rows_ok, m, 0).to(tl.int64)
+        pixel = (frame * HP + ty_row) * WP + tx_col
+        a0, a1, a2, a3 = _patch_row(x_ptr, pixel, rows_ok, 0, k, k_ok, WP, HP, C, ty_row, tx_col)
+        b0, b1, b2, b3 = _patch_row(x_ptr, pixel, rows_ok, 1, k, k_ok, WP, HP, C, ty_row, tx_col)
+        c0, c1, c2, c3 = _patch_row(x_ptr, pixel, rows_ok, 2, k, k_ok, WP, HP, C, ty_row, tx_col)
+        d0, d1, d2, d3 = _patch_row(x_ptr, pixel, rows_ok, 3, k, k_ok, WP, HP, C, ty_row, tx_col)
+        rows = m * C
+        mask = rows_ok[:, None] & k_ok[None, :]
+        point_stride = POINT_STRIDE.to(tl.int64)  # 16 x the stride passes 2**31 at 720p
+        _store_column(v_ptr, a0, b0, c0, d0, 0, point_stride, rows, k, mask)
+        _store_column(v_ptr, a1, b1, c1, d1, 1, point_stride, rows, k, mask)
+        _store_column(v_ptr, a2, b2, c2, d2, 2, point_stride, rows, k, mask)
+        _store_column(v_ptr, a3, b3, c3, d3, 3, point_stride, rows, k, mask)
+
+    @triton.jit
+    def _point_gemm_kernel(v_desc, u_desc, bias_ptr, res_ptr, out_ptr, C, O, KT, T, H, W, TP, TW, FRAME_PATCHES,
+                           ALL_PATCHES, N_BLOCKS, so_b, so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w,
+                           HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+        frame = tl.program_id(1)  # b * T + t of the output
+        b = frame // T
+        t = frame % T
+        m0 = (tl.program_id(0) // N_BLOCKS) * BLOCK_M  # the first patch of the block within its frame
+        n0 = (tl.program_id(0) % N_BLOCKS) * BLOCK_N
+        c_blocks = tl.cdiv(C, BLOCK_K)
+        y00 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        y01 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        y10 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        y11 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for point in range(16):  # a runtime loop, as in the fused form
+            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for step in tl.range(KT * c_blocks, num_stages=STAGES):
+                tap = step // c_blocks
+                c0 = (step % c_blocks) * BLOCK_K
+                a = v_desc.load([point * ALL_PATCHES + (b * TP + t + tap) * FRAME_PATCHES + m0, c0])
+                wt = u_desc.load([(point * KT + tap) * C + c0, n0])
+                acc = _dot(a, wt, acc)
+            y00, y01, y10, y11 = add_point(acc, point, y00, y01, y10, y11)
+        m = m0 + tl.arange(0, BLOCK_M)
+        n = n0 + tl.arange(0, BLOCK_N)
+        rows_ok = m < FRAME_PATCHES
+        n_ok = n < O
+        h0 = 2 * (m // TW)
+        w0 = 2 * (m % TW)
+        b = b.to(tl.int64)
+        t = t.to(tl.int64)
+        store_block(y00, y01, y10, y11, out_ptr, res_ptr, bias_ptr, b, t, h0, w0, n, n_ok, rows_ok, H, W, so_b,
+                    so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)
+
+
+def input_transform(padded: Tensor, block_m: int = 32, block_c: int = 32) -> Tensor:
+    """``V`` of the module docstring for a channels-last padded input: [16, B * Tp * TH * TW, C], its dtype."""
+    batch, channels, tp, hp, wp = padded.shape
+    rows, columns = (hp - 1) // 2, (wp - 1) // 2  # blocks of the unpadded plane: ceil((hp - 2) / 2)
+    patches = batch * tp * rows * columns
+    v = torch.empty(POINTS, patches, channels, dtype=padded.dtype, device=padded.device)
+    grid = (triton.cdiv(patches, block_m), triton.cdiv(channels, block_c))
+    launch(_input_transform_kernel, grid, padded, v, channels, hp, wp, rows, columns, patches, patches * channels,
+           BLOCK_M=block_m, BLOCK_C=block_c, exact=False)
+    return v
+
+
+def materialized_conv3d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                                 out: Tensor, tile: Optional[WinogradTile] = None) -> Tensor:
+    """`winograd.winograd_conv3d_channels_last`'s contract (the same arguments and checks) by the two kernels of
+    the module docstring; returns `out`."""
+    shape = checked_shape(padded, weight, bias, residual, out)
+    batch, channels, tp, hp, wp = padded.shape
+    out_channels = shape[1]
+    reason = unsupported_reason(channels, out_channels)
+    if reason is not None:
+        raise ValueError(f"winograd materialized conv3d: {reason}")
+    if out.numel() == 0:
+        return out
+    tile = tile or WinogradTile()
+    taps = weight.shape[1] // channels
+    v = input_transform(padded)
+    rows, columns = (hp - 1) // 2, (wp - 1) // 2
+    frame_patches = rows * columns
+    v_desc = TensorDescriptor.from_tensor(v.view(POINTS * v.shape[1], channels), [tile.block_m, tile.block_k])
+    u_desc = TensorDescriptor.from_tensor(weight.view(POINTS * taps * channels, out_channels),
+                                          [tile.block_k, tile.block_n])
+    n_blocks = triton.cdiv(out_channels, tile.block_n)
+    grid = (triton.cdiv(frame_patches, tile.block_m) * n_blocks, batch * shape[2])
+    res = residual if residual is not None else out
+    launch(_point_gemm_kernel, grid, v_desc, u_desc, bias if bias is not None else out, res, out, channels,
+           out_channels, taps, shape[2], shape[3], shape[4], tp, columns, frame_patches, v.shape[1], n_blocks,
+           *out.stride(), *res.stride(), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+           BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.stages,
+           num_warps=tile.warps, exact=False)
+    return out
