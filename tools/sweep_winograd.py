@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--shapes", default="wan22,wan21", help=f"comma-separated: {', '.join(SHAPES)}")
-    parser.add_argument("--only", default=None, help="only the shapes whose name starts with one of these (comma-separated)")
+    parser.add_argument("--only", default=None,
+                        help="only the shapes whose name starts with one of these (comma-separated)")
     parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)

@@ -56,7 +56,8 @@ def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[s
 
 def checked_shape(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
                   out: Tensor) -> tuple[int, ...]:
-    """The output shape [B, O, T, H, W] after the argument checks both forms share (`winograd.winograd_conv3d_channels_last`)."""
+    """The output shape [B, O, T, H, W] after the argument checks both forms share
+    (`winograd.winograd_conv3d_channels_last` states them)."""
     if padded.dim() != 5 or not padded.is_contiguous(memory_format=torch.channels_last_3d):
         raise ValueError(f"winograd conv3d: padded input must be [B, C, T, H, W] in channels-last "
                          f"(NDHWC) contiguous memory, got {tuple(padded.shape)} strides {padded.stride()}")

@@ -50,7 +50,8 @@ def _magnitudes(padded, weight, bias, residual):
     rows, cols = (h + 1) // 2, (w + 1) // 2
     d = F.pad(padded.double().abs(), (0, 2 * cols + 2 - wp, 0, 2 * rows + 2 - hp))
     patches = d.unfold(3, 4, 2).unfold(4, 4, 2)  # [b, c, tp, rows, cols, 4, 4]
-    bt, g, at = (torch.tensor(m, dtype=torch.float64).abs() for m in (INPUT_TRANSFORM, FILTER_TRANSFORM, OUTPUT_TRANSFORM))
+    bt, g, at = (torch.tensor(m, dtype=torch.float64).abs()
+                 for m in (INPUT_TRANSFORM, FILTER_TRANSFORM, OUTPUT_TRANSFORM))
     v = torch.einsum("ru,bctyxuv,sv->bctyxrs", bt, patches, bt)
     u = torch.einsum("rh,octhw,sw->octrs", g, weight.double().abs(), g)
     m = sum(torch.einsum("ocrs,bctyxrs->botyxrs", u[:, :, tap], v[:, :, tap: tap + t]) for tap in range(kt))
