@@ -21,9 +21,9 @@ from rewrite.tools.sweep_conv3d import K3, SHAPES, write_results
 
 
 def candidate_tiles():
-    """The tiles tried per shape (`WinogradTile` fields: block_m, block_n, block_k, warps, stages, materialized):
-    the fused form where sm_90's register file holds its five accumulators with few spills (ptxas, checked on
-    a CPU), and the materialized form's pipelined TMA GEMM at the usual tensor-core block shapes."""
+    """The tiles tried per shape (`WinogradTile`'s fields, in order): the fused form where sm_90's register file holds its five accumulators with few spills (ptxas, checked on
+    a CPU), the materialized form's pipelined TMA GEMM at the usual tensor-core block shapes, and one of those with
+    its input transform by 1 and 2 output frames (the temporary's size against the time)."""
     from rewrite.kernels.winograd.winograd import WinogradTile
 
     fused = [WinogradTile(m, n, k, warps, 2) for m, n, k, warps in ((32, 64, 32, 8), (64, 64, 32, 8), (32, 128, 32, 8),
@@ -31,7 +31,8 @@ def candidate_tiles():
     materialized = [WinogradTile(m, n, k, warps, stages, True) for m, n, k, warps, stages in (
         (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 32, 4, 4),
         (128, 128, 32, 8, 4))]
-    return fused + materialized
+    by_frame = [WinogradTile(64, 128, 64, 8, 3, True, frames) for frames in (1, 2)]  # the temporary bounded
+    return fused + materialized + by_frame
 
 
 def main(argv=None) -> int:

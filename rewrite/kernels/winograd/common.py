@@ -24,6 +24,7 @@ class WinogradTile(NamedTuple):
     warps: int = 4
     stages: int = 2
     materialized: bool = False  # the input transform written to memory first (`materialized`)
+    transform_frames: int = 0  # materialized: output frames per input transform, one batch element (0: all at once)
 
 
 #: (card, in channels, out channels, dtype) -> tile, for the convs this kernel measured faster than both the

@@ -6,7 +6,8 @@ residual, one rounding; exactness: tolerance, level ``channels_last``), in two s
 
 1. `_input_transform_kernel`: every 4x4 patch (stride 2) of every padded input frame, transformed (``B^T d B``),
    written as ``V`` [16, B * Tp * TH * TW, C] (point-major; the patches of a frame in row-major block order).
-   ``V`` is 4x the padded input: the price of step 2 reading plain 2-D tiles.
+   ``V`` is 4x the padded input: the price of step 2 reading plain 2-D tiles (`WinogradTile.transform_frames`
+   bounds it to a few frames of one batch element, at the cost of transforming the frames chunks share again).
 2. `_point_gemm_kernel`: a program computes ``BLOCK_M`` 2x2 output blocks of one output frame by ``BLOCK_N``
    channels. For each of the 16 points (a runtime loop) it runs one GEMM over taps x channels, its operands
    loaded by TMA (``V``'s rows of frame t + tap, the transformed weight's [BLOCK_K, BLOCK_N] slice) in a
@@ -153,18 +154,37 @@ def input_transform(padded: Tensor, block_m: int = 32, block_c: int = 32) -> Ten
 
 
 def materialized_conv3d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
-                                 out: Tensor, tile: Optional[WinogradTile] = None) -> Tensor:
+                        out: Tensor, tile: Optional[WinogradTile] = None) -> Tensor:
     """`winograd.winograd_conv3d_channels_last`'s contract (the same arguments and checks) by the two kernels of
-    the module docstring; returns `out`."""
+    the module docstring; returns `out`. With `tile.transform_frames` n > 0, the two kernels run per batch element
+    and per n output frames, so the input transform's temporary holds n + kt - 1 padded frames of one element
+    (frames past the first chunk's are transformed once per chunk that reads them)."""
     shape = checked_shape(padded, weight, bias, residual, out)
     batch, channels, tp, hp, wp = padded.shape
-    out_channels = shape[1]
-    reason = unsupported_reason(channels, out_channels)
+    reason = unsupported_reason(channels, shape[1])
     if reason is not None:
         raise ValueError(f"winograd materialized conv3d: {reason}")
     if out.numel() == 0:
         return out
     tile = tile or WinogradTile()
+    if tile.transform_frames <= 0:
+        _materialized_chunk(padded, weight, bias, residual, out, tile)
+        return out
+    taps = weight.shape[1] // channels
+    for b in range(batch):
+        for f0 in range(0, shape[2], tile.transform_frames):
+            f1 = min(f0 + tile.transform_frames, shape[2])
+            _materialized_chunk(padded[b: b + 1, :, f0: f1 + taps - 1], weight, bias,
+                                None if residual is None else residual[b: b + 1, :, f0: f1], out[b: b + 1, :, f0: f1],
+                                tile)
+    return out
+
+
+def _materialized_chunk(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                        out: Tensor, tile: WinogradTile) -> None:
+    """The two kernels over all of `padded` (channels-last contiguous) into `out` (views of the caller's)."""
+    batch, channels, tp, hp, wp = padded.shape
+    out_channels, frames = out.shape[1], out.shape[2]
     taps = weight.shape[1] // channels
     v = input_transform(padded)
     rows, columns = (hp - 1) // 2, (wp - 1) // 2
@@ -173,11 +193,10 @@ def materialized_conv3d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], 
     u_desc = TensorDescriptor.from_tensor(weight.view(POINTS * taps * channels, out_channels),
                                           [tile.block_k, tile.block_n])
     n_blocks = triton.cdiv(out_channels, tile.block_n)
-    grid = (triton.cdiv(frame_patches, tile.block_m) * n_blocks, batch * shape[2])
+    grid = (triton.cdiv(frame_patches, tile.block_m) * n_blocks, batch * frames)
     res = residual if residual is not None else out
     launch(_point_gemm_kernel, grid, v_desc, u_desc, bias if bias is not None else out, res, out, channels,
-           out_channels, taps, shape[2], shape[3], shape[4], tp, columns, frame_patches, v.shape[1], n_blocks,
+           out_channels, taps, frames, out.shape[3], out.shape[4], tp, columns, frame_patches, v.shape[1], n_blocks,
            *out.stride(), *res.stride(), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.stages,
            num_warps=tile.warps, exact=False)
-    return out

@@ -23,13 +23,15 @@ from rewrite.kernels.winograd.transforms import (FILTER_TRANSFORM, INPUT_TRANSFO
                                                  transformed_weight)
 from rewrite.kernels.winograd.winograd import WinogradTile, winograd_conv3d, winograd_conv3d_channels_last
 from rewrite.ops.dispatch import INTERPRETING
+from tests import quick
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
 CL = torch.channels_last_3d
 SMALL = WinogradTile(16, 16, 16, 4, 1)  # small blocks: partial blocks of tiles, channels and outputs in every case
-FORMS = {"fused": SMALL, "materialized": SMALL._replace(materialized=True)}
+FORMS = {"fused": SMALL, "materialized": SMALL._replace(materialized=True),
+         "materialized-by-frame": SMALL._replace(materialized=True, transform_frames=1)}
 UNIT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
@@ -72,21 +74,22 @@ def _bound(padded, weight, bias, residual, exact, dtype):
 
 CASES = {  # batch, in channels, out channels, output frames, height, width, cache, bias, residual
     "one-frame-odd-plane": (1, 16, 16, 1, 5, 7, False, True, False),
-    "three-frames-cache": (1, 20, 24, 3, 6, 9, True, True, True),   # channels and outputs past the blocks
+    "three-frames-cache": (2, 24, 24, 3, 6, 9, True, True, True),   # channels and outputs past the blocks, batch 2
+    "channels-not-a-multiple-of-8": (1, 20, 12, 1, 4, 5, False, True, False),  # the fused form only (TMA: no)
     "batch-2-one-column": (2, 16, 8, 1, 3, 1, True, False, True),    # a plane one pixel wide
     "wide-k": (1, 48, 40, 2, 4, 5, False, True, True),               # K = 3 channel blocks per tap
 }
 
 
 @needs_kernels
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_winograd_conv3d_is_within_its_derived_bound_of_the_exact_conv(case, dtype, form):
+@pytest.mark.parametrize("form,dtype,case", quick.product(
+    {f"{form}-{dtype}": (form, dtype) for form in FORMS for dtype in (torch.float32, torch.bfloat16, torch.float16)},
+    {name: (name,) for name in CASES}))
+def test_winograd_conv3d_is_within_its_derived_bound_of_the_exact_conv(form, dtype, case):
     if dtype == torch.float32 and not INTERPRETING:
         pytest.skip("fp32 is served only under the interpreter")
     batch, cin, cout, frames, height, width, cache, has_bias, has_residual = CASES[case]
-    if form == "materialized" and materialized.unsupported_reason(cin, cout):
+    if form.startswith("materialized") and materialized.unsupported_reason(cin, cout):
         pytest.skip(materialized.unsupported_reason(cin, cout))  # its refusal is tested below
     generator = torch.Generator().manual_seed(0)
     padded = _padded(batch, cin, frames, height, width, cache, generator).to(dtype)
@@ -110,7 +113,7 @@ def test_the_output_may_have_any_strides_and_the_default_blocks_serve(form):
     generator = torch.Generator().manual_seed(1)
     padded = _padded(1, 32, 2, 4, 6, True, generator).to(DEVICE).contiguous(memory_format=CL)
     weight = torch.randn(16, 32, 3, 3, 3, generator=generator).to(DEVICE)
-    tile = WinogradTile(materialized=form == "materialized")
+    tile = FORMS[form]._replace(block_m=32, block_n=64, block_k=32)  # the default blocks, in each form
     channels_last = winograd_conv3d(padded, weight, tile=tile)
     ncdhw = torch.empty(channels_last.shape, device=DEVICE)
     winograd_conv3d_channels_last(padded, transformed_weight(weight), None, None, ncdhw, tile)
