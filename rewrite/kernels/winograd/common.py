@@ -83,7 +83,6 @@ def checked_shape(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residu
     return shape
 
 
-
 if triton is not None:
     import triton.language as tl
 

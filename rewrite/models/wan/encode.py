@@ -167,9 +167,9 @@ def warmup_encode(runner, device: torch.device, dtype: torch.dtype, batch: int, 
     `frames` (video frames) is 1, which gets chunk 0's CUDA graph alone. Returns ``(batch, height, width,
     "encode")`` per size; RuntimeError where the graphs cannot serve a size."""
     pairs = latent_sizes(shapes, "encode_shapes must be a list of (height, width) pairs of positive ints in video "
-                                  "pixels, e.g. [(480, 832)]")
+                                 "pixels, e.g. [(480, 832)]")
     counts = frame_counts(frames, "encode_frames must be a positive video frame count or a list of them, "
-                                          "e.g. 81 or [1, 81]")
+                                  "e.g. 81 or [1, 81]")
     if not pairs:
         raise ValueError("warmup: encode_frames= needs encode_shapes=[(height, width), ...]: the encoder's CUDA graphs "
                          "are per video size")

@@ -353,7 +353,7 @@ class WanRunner(DecoderRunner):
         """The CUDA-graph steps of `x`'s (batch, h, w, dtype, device), shared by every call of that shape and
         captured on first use; None where the graphs run eagerly (not CUDA, or a capture failed before).
         `one_frame`: the call decodes a single latent frame (an image), so chunk 0 alone serves it: the size's full
-        steps where they are held, else steps of chunk 0 alone (`CudaGraphSteps`, `steady=False`), which hold
+        steps where they are held, else steps of chunk 0 alone (`CudaGraphSteps`, `steady=None`), which hold
         neither the steady step's working set nor static caches. The caller holds `lock`; a step's static
         caches hold one clip at a time (`CudaGraphSteps.hold`)."""
         if not (self.use_cuda_graphs and self.graph_backend.can_capture(x.device)):

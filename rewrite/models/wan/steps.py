@@ -146,28 +146,39 @@ class CudaGraphSteps:
 
 def steady_in_place(steady):
     """`steady` with its new caches written into its cache inputs early (`write_caches_in_place`), and the
-    indices of the caches it still returns; built once per steady graph and kept on it (`CapturedGraph.derived`:
-    the capture and the compile-ahead pass run the same step, so the pass's peak memory is the capture's)."""
-    built = steady.derived.get("in_place")
-    if built is None:
+    indices of the caches it still returns; built once per steady graph and kept on it (`_kept`: the capture and
+    the compile-ahead pass run the same step, so the pass's peak memory is the capture's)."""
+    def build():
         module, late = write_caches_in_place(steady.graph_module, steady.user_input_names)
-        in_place = dataclasses.replace(steady, graph_module=module, derived={}, _binding=None)
-        built = steady.derived["in_place"] = (in_place, late)
-    return built
+        return _with_module(steady, module), late
 
+    return _kept(steady, "in_place", build)
 
 
 def chunk0_output_only(chunk0):
     """`chunk0` returning ``[y]`` alone: a copy of its graph whose output drops the caches, dead code removed (the
     cache copies, the zero frames of the steady form; an op's unused cache output is freed as it returns). The
-    same `y`: only nodes no output depends on go. Built once per graph and kept on it (`CapturedGraph.derived`)."""
-    built = chunk0.derived.get("output_only")
-    if built is None:
+    same `y`: only nodes no output depends on go. Built once per graph and kept on it (`_kept`)."""
+    def build():
         module = copy.deepcopy(chunk0.graph_module)
         output = next(n for n in module.graph.nodes if n.op == "output")
         output.args = ([output.args[0][0]],)
         module.graph.eliminate_dead_code()
         module.recompile()
-        built = chunk0.derived["output_only"] = dataclasses.replace(chunk0, graph_module=module, derived={},
-                                                                    _binding=None)
+        return _with_module(chunk0, module)
+
+    return _kept(chunk0, "output_only", build)
+
+
+def _kept(graph, name: str, build):
+    """`build()`'s result, computed once per captured graph and kept on it (`CapturedGraph.derived`, which lives and
+    dies with the graph)."""
+    built = graph.derived.get(name)
+    if built is None:
+        built = graph.derived[name] = build()
     return built
+
+
+def _with_module(graph, module):
+    """`graph` (a `CapturedGraph`) running `module` instead: nothing derived, no weight binding carried over."""
+    return dataclasses.replace(graph, graph_module=module, derived={}, _binding=None)

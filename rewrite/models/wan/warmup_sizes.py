@@ -22,7 +22,7 @@ def latent_sizes(shapes, expected: str = "shapes must be a list of (latent_heigh
 
 
 def frame_counts(frames, expected: str = "frames must be a positive latent frame count or a list of them, "
-                                                 "e.g. 21 or [21, 31]") -> list[int]:
+                                         "e.g. 21 or [21, 31]") -> list[int]:
     """`warmup`'s `frames`: None, a positive int or a list of them (latent frames); a clear error (`expected`) for
     anything else."""
     if frames is None:
@@ -34,4 +34,3 @@ def frame_counts(frames, expected: str = "frames must be a positive latent frame
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"warmup: {expected}; got the entry {value!r}")
     return list(values)
-
