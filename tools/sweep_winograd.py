@@ -20,10 +20,11 @@ import sys
 from rewrite.tools.sweep_conv3d import K3, SHAPES, write_results
 
 
-def candidate_tiles():
-    """The tiles tried per shape (`WinogradTile`'s fields, in order): the fused form where sm_90's register file holds its five accumulators with few spills (ptxas, checked on
-    a CPU), the materialized form's pipelined TMA GEMM at the usual tensor-core block shapes, and one of those with
-    its input transform by 1 and 2 output frames (the temporary's size against the time)."""
+def candidate_tiles() -> dict:
+    """The tiles tried per shape, by group (`WinogradTile`'s fields, in order): the fused form where sm_90's register file
+    holds its five accumulators with few spills (ptxas, checked on a CPU), the materialized form's pipelined TMA GEMM at the usual tensor-core block shapes, and one of those with
+    its input transform by 1 and 2 output frames (the temporary's size against the time), and the materialized form
+    with its 16 point GEMMs as one pipelined loop."""
     from rewrite.kernels.winograd.winograd import WinogradTile
 
     fused = [WinogradTile(m, n, k, warps, 2) for m, n, k, warps in ((32, 64, 32, 8), (64, 64, 32, 8), (32, 128, 32, 8),
@@ -32,7 +33,10 @@ def candidate_tiles():
         (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 32, 4, 4),
         (128, 128, 32, 8, 4))]
     by_frame = [WinogradTile(64, 128, 64, 8, 3, True, frames) for frames in (1, 2)]  # the temporary bounded
-    return fused + materialized + by_frame
+    one_loop = [WinogradTile(m, n, k, warps, stages, True, 0, True) for m, n, k, warps, stages in (
+        (64, 64, 64, 4, 3), (64, 64, 64, 4, 4), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4),
+        (64, 128, 64, 4, 4))]
+    return {"fused": fused, "materialized": materialized, "by_frame": by_frame, "one_loop": one_loop}
 
 
 def main(argv=None) -> int:
@@ -41,6 +45,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="wan22,wan21", help=f"comma-separated: {', '.join(SHAPES)}")
     parser.add_argument("--only", default=None,
                         help="only the shapes whose name starts with one of these (comma-separated)")
+    parser.add_argument("--groups", default="fused,materialized,by_frame,one_loop",
+                        help="the candidate tile groups to try (comma-separated)")
     parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
@@ -48,7 +54,7 @@ def main(argv=None) -> int:
     import triton.testing
 
     from rewrite.kernels.conv3d import conv3d as triton_conv3d
-    from rewrite.kernels.winograd import winograd
+    from rewrite.kernels.winograd import materialized, winograd
     from rewrite.kernels.winograd.transforms import transformed_weight
     from rewrite.ops import compile_ahead
 
@@ -57,7 +63,8 @@ def main(argv=None) -> int:
         return 2
     dtype = getattr(torch, args.dtype)
     cl = torch.channels_last_3d
-    tiles = candidate_tiles()[:args.max_tiles]
+    groups = candidate_tiles()
+    tiles = [tile for group in args.groups.split(",") for tile in groups[group]][:args.max_tiles]
     results = []
     for family in args.shapes.split(","):
         for name, cin, cout, t, h, w, kernel in SHAPES.get(family, ()):
@@ -87,6 +94,18 @@ def main(argv=None) -> int:
                 row["direct_max_abs"] = (out.float() - exact).abs().max().item()
                 print(f"  direct (launch_config)                 {row['direct_ms']:8.3f} ms "
                       f"{flops / row['direct_ms'] / 1e9:6.0f} TFLOP/s  max-abs {row['direct_max_abs']:.3g}", flush=True)
+            # where the materialized form's time goes: its input transform alone, and the 16 GEMMs' core as
+            # torch.bmm of the same sizes (issue 40's "GEMM core" measurement; no transforms, bf16 out)
+            row["input_transform_ms"] = triton.testing.do_bench_cudagraph(
+                lambda p=padded: materialized.input_transform(p))
+            patches = t * ((h + 1) // 2) * ((w + 1) // 2)
+            lhs = torch.randn(16, patches, 3 * cin, device="cuda", dtype=dtype)
+            rhs = torch.randn(16, 3 * cin, cout, device="cuda", dtype=dtype)
+            row["bmm_core_ms"] = triton.testing.do_bench_cudagraph(lambda a=lhs, b=rhs: torch.bmm(a, b))
+            del lhs, rhs
+            print(f"  input transform alone {row['input_transform_ms']:8.3f} ms; 16 GEMMs as torch.bmm "
+                  f"{row['bmm_core_ms']:8.3f} ms ({flops / row['bmm_core_ms'] / 1e9:6.0f} direct-equivalent TFLOP/s)",
+                  flush=True)
             transformed = transformed_weight(weight, dtype)
             with compile_ahead.compile_ahead() as ahead:  # every tile's kernel compiled in parallel first
                 for tile in tiles if ahead else ():

@@ -109,7 +109,8 @@ if triton is not None:
     def _point_gemm_kernel(v_desc, u_desc, bias_ptr, res_ptr, out_ptr, C, O, KT, T, H, W, TP, TW, FRAME_PATCHES,
                            ALL_PATCHES, N_BLOCKS, so_b, so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w,
                            HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                           ONE_LOOP: tl.constexpr):
         frame = tl.program_id(1)  # b * T + t of the output
         b = frame // T
         t = frame % T
@@ -120,15 +121,30 @@ if triton is not None:
         y01 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         y10 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         y11 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for point in range(16):  # a runtime loop, as in the fused form
+        if ONE_LOOP:  # the 16 points' GEMMs as one pipelined loop: the loads run ahead across point boundaries
+            steps = KT * c_blocks
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            for step in tl.range(KT * c_blocks, num_stages=STAGES):
-                tap = step // c_blocks
-                c0 = (step % c_blocks) * BLOCK_K
+            for step in tl.range(16 * steps, num_stages=STAGES):
+                point = step // steps
+                inner = step - point * steps
+                tap = inner // c_blocks
+                c0 = (inner - tap * c_blocks) * BLOCK_K
                 a = v_desc.load([point * ALL_PATCHES + (b * TP + t + tap) * FRAME_PATCHES + m0, c0])
                 wt = u_desc.load([(point * KT + tap) * C + c0, n0])
                 acc = _dot(a, wt, acc)
-            y00, y01, y10, y11 = add_point(acc, point, y00, y01, y10, y11)
+                if inner == steps - 1:
+                    y00, y01, y10, y11 = add_point(acc, point, y00, y01, y10, y11)
+                    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        else:
+            for point in range(16):  # a runtime loop, as in the fused form
+                acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+                for step in tl.range(KT * c_blocks, num_stages=STAGES):
+                    tap = step // c_blocks
+                    c0 = (step % c_blocks) * BLOCK_K
+                    a = v_desc.load([point * ALL_PATCHES + (b * TP + t + tap) * FRAME_PATCHES + m0, c0])
+                    wt = u_desc.load([(point * KT + tap) * C + c0, n0])
+                    acc = _dot(a, wt, acc)
+                y00, y01, y10, y11 = add_point(acc, point, y00, y01, y10, y11)
         m = m0 + tl.arange(0, BLOCK_M)
         n = n0 + tl.arange(0, BLOCK_N)
         rows_ok = m < FRAME_PATCHES
@@ -199,4 +215,4 @@ def _materialized_chunk(padded: Tensor, weight: Tensor, bias: Optional[Tensor], 
            out_channels, taps, frames, out.shape[3], out.shape[4], tp, columns, frame_patches, v.shape[1], n_blocks,
            *out.stride(), *res.stride(), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.stages,
-           num_warps=tile.warps, exact=False)
+           ONE_LOOP=tile.one_loop, num_warps=tile.warps, exact=False)

@@ -31,7 +31,8 @@ needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUD
 CL = torch.channels_last_3d
 SMALL = WinogradTile(16, 16, 16, 4, 1)  # small blocks: partial blocks of tiles, channels and outputs in every case
 FORMS = {"fused": SMALL, "materialized": SMALL._replace(materialized=True),
-         "materialized-by-frame": SMALL._replace(materialized=True, transform_frames=1)}
+         "materialized-by-frame": SMALL._replace(materialized=True, transform_frames=1),
+         "materialized-one-loop": SMALL._replace(materialized=True, one_loop=True)}
 UNIT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
