@@ -24,13 +24,16 @@ MEASURED_CARDS: dict[str, str] = {
 }
 
 
+def name(device: torch.device) -> str | None:
+    """The card's name as `torch.cuda.get_device_name` gives it, None off CUDA."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
 def unmeasured_card_reason(device: torch.device) -> str | None:
     """None where the per-shape kernel choices serve `device` (a listed card, or no CUDA device: the CPU runs
     the kernels only under the Triton interpreter, in tests); else why the safe choice is taken."""
-    if device.type != "cuda":
+    card = name(device)
+    if card is None or card in MEASURED_CARDS:
         return None
-    name = torch.cuda.get_device_name(device)
-    if name in MEASURED_CARDS:
-        return None
-    return (f"no kernel choices were measured on {name} (measured: {', '.join(MEASURED_CARDS)}): the lossless "
+    return (f"no kernel choices were measured on {card} (measured: {', '.join(MEASURED_CARDS)}): the lossless "
             "ops and cuDNN's convs, the safe choice")

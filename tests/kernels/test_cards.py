@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rewrite.kernels import cards
+from rewrite.kernels.conv3d import conv3d
 from rewrite.patterns.common.guards import triton_kernel_runs
 
 CUDA = torch.device("cuda", 0)
@@ -37,3 +38,14 @@ def test_any_other_card_takes_the_safe_choice_and_says_why(card, name):
 
 def test_the_cpu_is_not_a_card():
     assert cards.unmeasured_card_reason(torch.device("cpu")) is None
+
+
+def test_a_card_with_its_own_conv_tiles_takes_them_for_those_shapes_only(card):
+    h100, (shape, tile) = "NVIDIA H100 80GB HBM3", next(iter(conv3d.CARD_TILES["NVIDIA H100 80GB HBM3"].items()))
+    card(h100)
+    assert conv3d.card_launch_config(*shape, 3, CUDA) == tile
+    assert conv3d.card_launch_config(shape[0], shape[1], shape[2] + 64, 3, CUDA) == conv3d.launch_config(
+        shape[0], shape[1], shape[2] + 64)
+    card("NVIDIA H200")
+    assert conv3d.card_launch_config(*shape, 3, CUDA) == conv3d.launch_config(*shape)
+    assert conv3d.card_launch_config(*shape, 3, torch.device("cpu")) == conv3d.launch_config(*shape)

@@ -1,9 +1,10 @@
-"""Probe (session 29, issue 37 item 4): Wan 2.1 `channels_last` at 1088x1920 with the H100 conv sweep's
-better tiles (docs/data/sweeps/conv3d_wan21_1080_h100_bf16.json), one variant per process, against `off`.
+"""Probe (session 29, issue 37 item 4): Wan 2.1 `channels_last` at 1088x1920 with and without the H100 sweep's
+tiles (`conv3d.CARD_TILES`; docs/data/sweeps/conv3d_wan21_1080_h100_bf16.json), one variant per process, against
+`off`.
 
     python wan21_1080p_tile_variants.py VARIANT FRAMES OUT.json
-    VARIANT: off | current | tiles (384-out convs 480 wide on 256-pixel 8-warp flat programs, the 96 -> 3 head on
-    two-row programs) | tiles_cudnn192 (tiles, and cuDNN for the 192-channel convs 960 wide)
+    VARIANT: off | rule (`launch_config`'s tiles only: CARD_TILES emptied) | current (CARD_TILES as committed) |
+    cudnn192 (current, and cuDNN for the 192-channel convs 960 wide)
 """
 import json
 import sys
@@ -15,15 +16,7 @@ from rewrite import optimize, supported
 from rewrite.kernels.conv3d import conv3d
 
 variant, frames, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-original_launch_config, original_chosen = conv3d.launch_config, conv3d.chosen
-
-
-def launch_config(in_channels, out_channels, width=None, kernel_width=3, flat=True):
-    if width == 480 and out_channels == 384 and flat:
-        return conv3d.ConvTile(256, 128, 64, 8, 3, 0, 1, flat=True)
-    if width == 1920 and out_channels == 3:
-        return conv3d.ConvTile(128, 16, 32, 4, 4, 0, 2)
-    return original_launch_config(in_channels, out_channels, width, kernel_width, flat)
+original_chosen = conv3d.chosen
 
 
 def chosen(in_channels, out_channels, taps, width=None):
@@ -32,9 +25,9 @@ def chosen(in_channels, out_channels, taps, width=None):
     return original_chosen(in_channels, out_channels, taps, width)
 
 
-if variant in ("tiles", "tiles_cudnn192"):
-    conv3d.launch_config = launch_config
-if variant == "tiles_cudnn192":
+if variant == "rule":
+    conv3d.CARD_TILES.clear()
+if variant == "cudnn192":
     conv3d.chosen = chosen
 vae = supported.get("wan2.1").build("full", device="cuda", dtype=torch.bfloat16)
 z = torch.randn(1, 16, (frames - 1) // 4 + 1, 1088 // 8, 1920 // 8,

@@ -63,7 +63,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from rewrite.kernels import layout
+from rewrite.kernels import cards, layout
 from rewrite.kernels.conv3d import phase_weights as triton_phase_weights
 from rewrite.ops.dispatch import INTERPRETING, triton
 from rewrite.kernels.launch import launch
@@ -169,6 +169,23 @@ def launch_config(in_channels: int, out_channels: int, width: Optional[int] = No
                 and wasted_fraction(flat_tile, width, kernel_width) < wasted_fraction(best, width)):
             return flat_tile
     return best
+
+
+# Per card (`rewrite.kernels.cards.name`): (in channels, out channels, output row width) -> the tile that card's
+# own sweep measured faster than `launch_config`'s rule for a 3x3x3 conv of that shape (docs/tuning.md 1.20).
+CARD_TILES: dict[str, dict[tuple[int, int, int], ConvTile]] = {
+    "NVIDIA H100 80GB HBM3": {(384, 384, 480): ConvTile(256, 128, 64, 8, 3, 0, 1, flat=True),
+                              (192, 384, 480): ConvTile(256, 128, 64, 8, 3, 0, 1, flat=True)},
+}
+
+
+def card_launch_config(in_channels: int, out_channels: int, width: int, kernel_width: int,
+                       device: torch.device) -> ConvTile:
+    """`launch_config`'s tile, or the one `CARD_TILES` holds for this shape on `device`'s card."""
+    tile = CARD_TILES.get(cards.name(device), {}).get((in_channels, out_channels, width))
+    if tile is not None and kernel_width == 3:
+        return tile
+    return launch_config(in_channels, out_channels, width, kernel_width)
 
 
 # Output channel counts whose programs may run flat (`launch_config`): over rows that the row tiles do not divide
@@ -794,7 +811,8 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
     """``conv3d(padded, weight, bias) (+ residual (+ residual_bias))`` into `out` (any strides, shape
     [B, O, T, H, W] of the unpadded conv; the activation dtype, or float32 for the unrounded fp32 sums) by the
     kernel of the module docstring; returns `out`. `padded` and
-    `weight` must be channels-last (NDHWC) and contiguous in that order; `config` overrides `launch_config`."""
+    `weight` must be channels-last (NDHWC) and contiguous in that order; `config` overrides the tile
+    (`card_launch_config`'s)."""
     shape = _checked_shapes(padded, weight, bias)
     out_channels = shape[1]
     if tuple(out.shape) != shape or out.dtype not in (padded.dtype, torch.float32):
@@ -806,7 +824,7 @@ def conv3d_channels_last(padded: Tensor, weight: Tensor, bias: Optional[Tensor],
         raise ValueError(f"conv3d_channels_last: residual must be {shape}, got {tuple(residual.shape)}")
     if out.numel() == 0:
         return out
-    tile = config or launch_config(padded.shape[1], out_channels, shape[4], weight.shape[4])
+    tile = config or card_launch_config(padded.shape[1], out_channels, shape[4], weight.shape[4], padded.device)
     _launch(padded, weight, tile, shape, bias, out, residual, residual_bias)
     return out
 
