@@ -98,11 +98,16 @@ def main(argv=None) -> int:
             # torch.bmm of the same sizes (issue 40's "GEMM core" measurement; no transforms, bf16 out)
             row["input_transform_ms"] = triton.testing.do_bench_cudagraph(
                 lambda p=padded: materialized.input_transform(p))
+            row["input_transform_blocks_ms"] = {
+                f"{bm}x{bc}": triton.testing.do_bench_cudagraph(
+                    lambda p=padded, bm=bm, bc=bc: materialized.input_transform(p, bm, bc))
+                for bm, bc in ((64, 32), (32, 64), (64, 64), (16, 128)) if bc <= cin}
             patches = t * ((h + 1) // 2) * ((w + 1) // 2)
             lhs = torch.randn(16, patches, 3 * cin, device="cuda", dtype=dtype)
             rhs = torch.randn(16, 3 * cin, cout, device="cuda", dtype=dtype)
             row["bmm_core_ms"] = triton.testing.do_bench_cudagraph(lambda a=lhs, b=rhs: torch.bmm(a, b))
             del lhs, rhs
+            print(f"  input transform blocks (m x c): {row['input_transform_blocks_ms']}", flush=True)
             print(f"  input transform alone {row['input_transform_ms']:8.3f} ms; 16 GEMMs as torch.bmm "
                   f"{row['bmm_core_ms']:8.3f} ms ({flops / row['bmm_core_ms'] / 1e9:6.0f} direct-equivalent TFLOP/s)",
                   flush=True)
