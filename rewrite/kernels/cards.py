@@ -18,9 +18,9 @@ import torch
 #: card name, as `torch.cuda.get_device_name` gives it -> where its kernel choices come from
 MEASURED_CARDS: dict[str, str] = {
     "NVIDIA H200": "the H200 sweeps (docs/tuning.md)",
-    # not swept on its own yet: its decodes were measured faster with the H200's tables than with cuDNN's
-    # convs (Wan 2.1 720x1280x21 `channels_last` 3.09x against `lossless` 2.04x; docs/results.md session 25)
-    "NVIDIA H100 80GB HBM3": "the H200's tables, checked at decode level (docs/results.md session 25)",
+    # its own sweeps agree with the H200's choices for the Wan 2.1 / 2.2 convs of the 480p and 720p steps but
+    # one (docs/tuning.md 1.20); the tiles it measured better than the rule are `conv3d.CARD_TILES`'
+    "NVIDIA H100 80GB HBM3": "the H200's tables, checked by its own sweeps (docs/tuning.md 1.20)",
 }
 
 

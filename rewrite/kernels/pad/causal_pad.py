@@ -249,12 +249,14 @@ def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) ->
     return out, next_cache
 
 
-def pad_channels_last(x: Tensor, pad: list[int]) -> Tensor:
-    """`pad(x, pad)` of a 5-D x (any strides; `pad` as for `F.pad`, six values) written channels-last (NDHWC
-    memory) in one pass: `causal_pad_channels_last`'s kernel without cache frames or a next cache."""
+def pad_channels_last(x: Tensor, pad: list[int], cache: Tensor | None = None) -> Tensor:
+    """`pad(x, pad)` (with `cache`: `pad(cat([cache, x], 2), pad)`) of a 5-D x (any strides; `pad` as for `F.pad`,
+    six values) written channels-last (NDHWC memory) in one pass: `causal_pad_channels_last`'s kernel without a
+    next cache."""
     wl, wr, hl, hr, tl_, tr = pad
     b, c, tx, h, w = x.shape
-    out = torch.empty((b, c, tl_ + tx + tr, hl + h + hr, wl + w + wr), dtype=x.dtype, device=x.device,
+    tc = 0 if cache is None else cache.shape[2]
+    out = torch.empty((b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr), dtype=x.dtype, device=x.device,
                       memory_format=torch.channels_last_3d)
-    _launch_pad_cl(x, None, pad, out, None)
+    _launch_pad_cl(x, cache, pad, out, None)
     return out

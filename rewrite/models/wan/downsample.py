@@ -5,7 +5,7 @@ stride 2), and the temporal `time_conv` of ``downsample3d``.
 `rewrite::pad_conv2d(x, pad, weight, bias, stride)` is ``conv2d(pad(x, pad), weight, bias, stride)``. Kernel path
 (CUDA, where `selftest.strided_channels_last_conv_is_exact` found cuDNN's channels-last conv of this shape and
 stride `torch.equal` to its NCHW conv on the running device): the input is written once, padded, into
-channels-last memory (ATen's strided copy; the reference pads into NCHW and cuDNN transposes it again), cuDNN
+channels-last memory (the causal pad's Triton kernel; the reference pads into NCHW and cuDNN transposes it again), cuDNN
 convolves it with the channels-last weight without bias, and `conv_epilogue` adds the bias with ATen's rounding
 (ATen's cuDNN path adds it separately: docs/design.md section 6.5) while writing the layout the replaced conv
 gives. Anywhere else the replaced ops run. Exactness: exact.
@@ -27,6 +27,7 @@ from torch import Tensor
 
 from rewrite.kernels import layout
 from rewrite.kernels.epilogue import epilogue as triton_epilogue
+from rewrite.kernels.pad import causal_pad as triton_pad
 from rewrite.models.wan.ops import FLOAT_DTYPES
 from rewrite.models.wan.reference import END
 from rewrite.ops import selftest
@@ -61,15 +62,9 @@ def _serves(x: Tensor, pad: list[int], weight: Tensor, stride: list[int]) -> boo
 
 
 def _padded_channels_last(x: Tensor, pad: list[int]) -> Tensor:
-    """``pad(x, pad)`` written once into channels-last memory: zero borders, the interior copied from x."""
-    left, right, top, bottom = pad
-    h, w = x.shape[2], x.shape[3]
-    out = torch.empty(padded_shape(x.shape, pad), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    out[:, :, top: top + h, left: left + w].copy_(x)
-    for rows, cols in ((slice(0, top), slice(None)), (slice(top + h, None), slice(None)),
-                       (slice(top, top + h), slice(0, left)), (slice(top, top + h), slice(left + w, None))):
-        out[:, :, rows, cols].zero_()
-    return out
+    """``pad(x, pad)`` written once into channels-last memory by the causal pad's Triton kernel (x as one frame
+    of a 5-D tensor: NDHWC memory of one frame is NHWC)."""
+    return triton_pad.pad_channels_last(x.unsqueeze(2), [*pad, 0, 0]).squeeze(2)
 
 
 @reads_channels_last_weight("weight")
@@ -113,12 +108,8 @@ def _time_conv_serves(x: Tensor, cache: Tensor, pad: list[int], weight: Tensor, 
 
 
 def _joined_channels_last(x: Tensor, cache: Tensor) -> Tensor:
-    """``cat([cache[:, :, -1:], x], 2)`` written once into channels-last memory."""
-    b, c, t, h, w = x.shape
-    out = torch.empty((b, c, t + 1, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
-    out[:, :, :1].copy_(cache[:, :, -1:])
-    out[:, :, 1:].copy_(x)
-    return out
+    """``cat([cache[:, :, -1:], x], 2)`` written once into channels-last memory by the causal pad's Triton kernel."""
+    return triton_pad.pad_channels_last(x, [0] * 6, cache[:, :, -1:])
 
 
 @reads_channels_last_weight("weight")

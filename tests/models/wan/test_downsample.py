@@ -41,12 +41,22 @@ def test_the_reference_path_is_the_replaced_ops(with_bias, dtype):
     assert torch.equal(torch.ops.rewrite.pad_conv2d(x, PAD, cl_weight, bias, STRIDE), expected)
 
 
+@needs_interpreter
 @pytest.mark.parametrize("pad", ([0, 1, 0, 1], [2, 0, 1, 3]))
 def test_the_channels_last_pad_is_atens_pad(pad):
     x = _operands(2)[0]
     padded = downsample._padded_channels_last(x, pad)
     assert padded.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(padded, torch.nn.functional.pad(x, pad))
+
+
+@needs_interpreter
+def test_the_channels_last_join_is_atens_cat():
+    x, cache = _time_conv_operands()[:2]
+    cache = torch.cat([torch.randn_like(cache), cache], 2)  # two frames: only the last joins
+    joined = downsample._joined_channels_last(x, cache)
+    assert joined.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(joined, torch.cat([cache[:, :, -1:], x], 2))
 
 
 def test_the_self_check_is_off_the_gpu():
