@@ -13,7 +13,9 @@ residual, one rounding; exactness: tolerance, level ``channels_last``), in two s
    loaded by TMA (``V``'s rows of frame t + tap, the transformed weight's [BLOCK_K, BLOCK_N] slice) in a
    loop Triton pipelines, and adds the point's fp32 sum into the four outputs with the output transform's
    coefficients; only five ``[BLOCK_M, BLOCK_N]`` accumulators live at a time. Rows of a block past its
-   frame's last patch read the next frame's patches (or TMA's zero fill): those outputs are masked.
+   frame's last patch read the next frame's patches (or TMA's zero fill): those outputs are masked. With
+   `WinogradTile.one_loop` the 16 points' GEMMs are one pipelined loop (the add at each point's last step), so
+   the loads run ahead across point boundaries.
 
 Against the fused form, step 2 is an ordinary pipelined tensor-core GEMM (no pixel arithmetic between the
 loads and the MMA, so the operands go through shared memory); the cost is ``V``'s write and reads, and its
