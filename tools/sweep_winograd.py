@@ -24,7 +24,8 @@ def candidate_tiles() -> dict:
     """The tiles tried per shape, by group (`WinogradTile`'s fields, in order): the fused form where sm_90's register file
     holds its five accumulators with few spills (ptxas, checked on a CPU), the materialized form's pipelined TMA GEMM at the usual tensor-core block shapes, and one of those with
     its input transform by 1 and 2 output frames (the temporary's size against the time), and the materialized form
-    with its 16 point GEMMs as one pipelined loop."""
+    with its 16 point GEMMs as one pipelined loop, or split (one GEMM per program into fp32 sums, then the output
+    transform)."""
     from rewrite.kernels.winograd.winograd import WinogradTile
 
     fused = [WinogradTile(m, n, k, warps, 2) for m, n, k, warps in ((32, 64, 32, 8), (64, 64, 32, 8), (32, 128, 32, 8),
@@ -36,7 +37,9 @@ def candidate_tiles() -> dict:
     one_loop = [WinogradTile(m, n, k, warps, stages, True, 0, True) for m, n, k, warps, stages in (
         (64, 64, 64, 4, 3), (64, 64, 64, 4, 4), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4),
         (64, 128, 64, 4, 4))]
-    return {"fused": fused, "materialized": materialized, "by_frame": by_frame, "one_loop": one_loop}
+    split = [WinogradTile(m, n, k, warps, stages, True, 0, False, True) for m, n, k, warps, stages in (
+        (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4))]
+    return {"fused": fused, "materialized": materialized, "by_frame": by_frame, "one_loop": one_loop, "split": split}
 
 
 def main(argv=None) -> int:
@@ -45,7 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="wan22,wan21", help=f"comma-separated: {', '.join(SHAPES)}")
     parser.add_argument("--only", default=None,
                         help="only the shapes whose name starts with one of these (comma-separated)")
-    parser.add_argument("--groups", default="fused,materialized,by_frame,one_loop",
+    parser.add_argument("--groups", default="fused,materialized,by_frame,one_loop,split",
                         help="the candidate tile groups to try (comma-separated)")
     parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
     parser.add_argument("--json", help="write the results here")

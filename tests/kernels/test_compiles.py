@@ -132,7 +132,8 @@ triton_attention.attention(q, k, v)
 triton_phase_weights.phase_weights(torch.zeros(192, 384, 3, 3, dtype=BF16))  # an upsampler's phase kernels
 for dtype, tile in ((BF16, winograd.WinogradTile()), (torch.float16, winograd.WinogradTile(64, 64, 32, 8, 2)),
                     (BF16, winograd.WinogradTile(64, 128, 64, 8, 3, materialized=True)),
-                    (BF16, winograd.WinogradTile(128, 128, 64, 8, 3, materialized=True, one_loop=True))):
+                    (BF16, winograd.WinogradTile(128, 128, 64, 8, 3, materialized=True, one_loop=True)),
+                    (BF16, winograd.WinogradTile(128, 256, 64, 8, 3, materialized=True, split_output=True))):
     padded = torch.zeros(1, 64, 4, 6, 8, dtype=dtype).contiguous(memory_format=CL)
     winograd.winograd_conv3d(padded, torch.zeros(64, 64, 3, 3, 3, dtype=dtype), torch.zeros(64, dtype=dtype),
                              torch.zeros(1, 64, 2, 4, 6, dtype=dtype), tile)

@@ -26,6 +26,7 @@ class WinogradTile(NamedTuple):
     materialized: bool = False  # the input transform written to memory first (`materialized`)
     transform_frames: int = 0  # materialized: output frames per input transform, one batch element (0: all at once)
     one_loop: bool = False  # materialized: the 16 point GEMMs as one pipelined loop (else a loop per point)
+    split_output: bool = False  # materialized: a program per point GEMM writing fp32 sums, then the output transform
 
 
 #: (card, in channels, out channels, dtype) -> tile, for the convs this kernel measured faster than both the

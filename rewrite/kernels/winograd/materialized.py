@@ -15,7 +15,9 @@ residual, one rounding; exactness: tolerance, level ``channels_last``), in two s
    coefficients; only five ``[BLOCK_M, BLOCK_N]`` accumulators live at a time. Rows of a block past its
    frame's last patch read the next frame's patches (or TMA's zero fill): those outputs are masked. With
    `WinogradTile.one_loop` the 16 points' GEMMs are one pipelined loop (the add at each point's last step), so
-   the loads run ahead across point boundaries.
+   the loads run ahead across point boundaries. With `WinogradTile.split_output` a program runs one point's GEMM
+   with one accumulator and stores its fp32 sums to ``M`` [16, output blocks, O]; a third kernel applies the
+   output transform, bias and residual (the same arithmetic; ``M`` is 8x the output in memory).
 
 Against the fused form, step 2 is an ordinary pipelined tensor-core GEMM (no pixel arithmetic between the
 loads and the MMA, so the operands go through shared memory); the cost is ``V``'s write and reads, and its
@@ -159,6 +161,59 @@ if triton is not None:
                     so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)
 
 
+    @triton.jit
+    def _point_gemm_split_kernel(v_desc, u_desc, m_ptr, C, O, KT, T, TP, FRAME_PATCHES, ALL_PATCHES, OUT_PATCHES,
+                                 N_BLOCKS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 STAGES: tl.constexpr):
+        """One point's GEMM for `BLOCK_M` 2x2 blocks of one output frame by `BLOCK_N` channels, its fp32 sum
+        stored to ``M`` [16, B * T * FRAME_PATCHES, O] (one accumulator: the split form's first kernel)."""
+        frame = tl.program_id(1)  # b * T + t of the output
+        point = tl.program_id(2)
+        b = frame // T
+        t = frame % T
+        m0 = (tl.program_id(0) // N_BLOCKS) * BLOCK_M
+        n0 = (tl.program_id(0) % N_BLOCKS) * BLOCK_N
+        c_blocks = tl.cdiv(C, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for step in tl.range(KT * c_blocks, num_stages=STAGES):
+            tap = step // c_blocks
+            c0 = (step % c_blocks) * BLOCK_K
+            a = v_desc.load([point * ALL_PATCHES + (b * TP + t + tap) * FRAME_PATCHES + m0, c0])
+            wt = u_desc.load([(point * KT + tap) * C + c0, n0])
+            acc = _dot(a, wt, acc)
+        m = m0 + tl.arange(0, BLOCK_M)
+        n = n0 + tl.arange(0, BLOCK_N)
+        rows = point.to(tl.int64) * OUT_PATCHES + frame.to(tl.int64) * FRAME_PATCHES + m
+        mask = (m < FRAME_PATCHES)[:, None] & (n < O)[None, :]
+        tl.store(m_ptr + rows[:, None] * O + n[None, :], acc, mask=mask)
+
+    @triton.jit
+    def _output_transform_kernel(m_ptr, bias_ptr, res_ptr, out_ptr, O, T, H, W, TW, FRAME_PATCHES, OUT_PATCHES,
+                                 so_b, so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w,
+                                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 BLOCK_N: tl.constexpr):
+        """The output transform of ``M``'s 16 fp32 sums for `BLOCK_M` 2x2 blocks of one output frame by `BLOCK_N`
+        channels, then bias, residual and one rounding (`store_block`): the split form's second kernel."""
+        frame = tl.program_id(1)
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_ok = m < FRAME_PATCHES
+        n_ok = n < O
+        mask = rows_ok[:, None] & n_ok[None, :]
+        rows = frame.to(tl.int64) * FRAME_PATCHES + m
+        y00 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        y01 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        y10 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        y11 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for point in range(16):
+            offsets = (point * OUT_PATCHES + rows)[:, None] * O + n[None, :]
+            y00, y01, y10, y11 = add_point(tl.load(m_ptr + offsets, mask=mask, other=0.0), point, y00, y01, y10, y11)
+        b = (frame // T).to(tl.int64)
+        t = (frame % T).to(tl.int64)
+        store_block(y00, y01, y10, y11, out_ptr, res_ptr, bias_ptr, b, t, 2 * (m // TW), 2 * (m % TW), n, n_ok,
+                    rows_ok, H, W, so_b, so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)
+
+
 def input_transform(padded: Tensor, block_m: Optional[int] = None, block_c: Optional[int] = None) -> Tensor:
     """``V`` of the module docstring for a channels-last padded input: [16, B * Tp * TH * TW, C], its dtype.
     A program transforms `block_m` patches by `block_c` channels; by default 2048 values, 128 channels where C
@@ -205,7 +260,7 @@ def materialized_conv3d(padded: Tensor, weight: Tensor, bias: Optional[Tensor], 
 
 def _materialized_chunk(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
                         out: Tensor, tile: WinogradTile) -> None:
-    """The two kernels over all of `padded` (channels-last contiguous) into `out` (views of the caller's)."""
+    """The kernels over all of `padded` (channels-last contiguous) into `out` (views of the caller's)."""
     batch, channels, tp, hp, wp = padded.shape
     out_channels, frames = out.shape[1], out.shape[2]
     taps = weight.shape[1] // channels
@@ -218,6 +273,19 @@ def _materialized_chunk(padded: Tensor, weight: Tensor, bias: Optional[Tensor], 
     n_blocks = triton.cdiv(out_channels, tile.block_n)
     grid = (triton.cdiv(frame_patches, tile.block_m) * n_blocks, batch * frames)
     res = residual if residual is not None else out
+    if tile.split_output:
+        out_patches = batch * frames * frame_patches
+        sums = torch.empty(POINTS, out_patches, out_channels, dtype=torch.float32, device=padded.device)
+        launch(_point_gemm_split_kernel, (*grid, POINTS), v_desc, u_desc, sums, channels, out_channels, taps, frames,
+               tp, frame_patches, v.shape[1], out_patches, n_blocks, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+               BLOCK_K=tile.block_k, STAGES=tile.stages, num_warps=tile.warps, exact=False)
+        block_m, block_n = 32, min(64, triton.next_power_of_2(out_channels))
+        launch(_output_transform_kernel, (triton.cdiv(frame_patches, block_m), batch * frames,
+                                          triton.cdiv(out_channels, block_n)),
+               sums, bias if bias is not None else out, res, out, out_channels, frames, out.shape[3], out.shape[4],
+               columns, frame_patches, out_patches, *out.stride(), *res.stride(), HAS_BIAS=bias is not None,
+               HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, exact=False)
+        return
     launch(_point_gemm_kernel, grid, v_desc, u_desc, bias if bias is not None else out, res, out, channels,
            out_channels, taps, frames, out.shape[3], out.shape[4], tp, columns, frame_patches, v.shape[1], n_blocks,
            *out.stride(), *res.stride(), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,

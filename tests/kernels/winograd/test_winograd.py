@@ -32,7 +32,8 @@ CL = torch.channels_last_3d
 SMALL = WinogradTile(16, 16, 16, 4, 1)  # small blocks: partial blocks of tiles, channels and outputs in every case
 FORMS = {"fused": SMALL, "materialized": SMALL._replace(materialized=True),
          "materialized-by-frame": SMALL._replace(materialized=True, transform_frames=1),
-         "materialized-one-loop": SMALL._replace(materialized=True, one_loop=True)}
+         "materialized-one-loop": SMALL._replace(materialized=True, one_loop=True),
+         "materialized-split": SMALL._replace(materialized=True, split_output=True)}
 UNIT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
