@@ -8,6 +8,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from rewrite.kernels import cards
 from rewrite.kernels.winograd.transforms import POINTS
 from rewrite.ops.dispatch import INTERPRETING, triton
 
@@ -36,9 +37,8 @@ _MEASURED_FASTER: dict[tuple[str, int, int, torch.dtype], WinogradTile] = {}
 
 def chosen(in_channels: int, out_channels: int, dtype: torch.dtype, device: torch.device) -> Optional[WinogradTile]:
     """The tile with which this kernel serves the conv on `device`'s card, or None (the direct conv or cuDNN)."""
-    if device.type != "cuda":
-        return None
-    return _MEASURED_FASTER.get((torch.cuda.get_device_name(device), in_channels, out_channels, dtype))
+    card = cards.name(device)
+    return None if card is None else _MEASURED_FASTER.get((card, in_channels, out_channels, dtype))
 
 
 def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:

@@ -110,6 +110,27 @@ if triton is not None:
         _store_column(v_ptr, a3, b3, c3, d3, 3, point_stride, rows, k, mask)
 
     @triton.jit
+    def _operands(v_desc, u_desc, point, tap, c0, b, t, m0, n0, C, KT, TP, FRAME_PATCHES, ALL_PATCHES):
+        """One GEMM step's TMA loads: ``V``'s [BLOCK_M, BLOCK_K] rows of padded frame t + tap for `point`, and the
+        transformed weight's [BLOCK_K, BLOCK_N] slice of (point, tap)."""
+        a = v_desc.load([point * ALL_PATCHES + (b * TP + t + tap) * FRAME_PATCHES + m0, c0])
+        wt = u_desc.load([(point * KT + tap) * C + c0, n0])
+        return a, wt
+
+    @triton.jit
+    def _point_sum(v_desc, u_desc, point, b, t, m0, n0, C, KT, TP, FRAME_PATCHES, ALL_PATCHES,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+        """`point`'s fp32 GEMM sum over taps x channels for one block of outputs, as a pipelined loop."""
+        c_blocks = tl.cdiv(C, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for step in tl.range(KT * c_blocks, num_stages=STAGES):
+            tap = step // c_blocks
+            a, wt = _operands(v_desc, u_desc, point, tap, (step % c_blocks) * BLOCK_K, b, t, m0, n0, C, KT, TP,
+                              FRAME_PATCHES, ALL_PATCHES)
+            acc = _dot(a, wt, acc)
+        return acc
+
+    @triton.jit
     def _point_gemm_kernel(v_desc, u_desc, bias_ptr, res_ptr, out_ptr, C, O, KT, T, H, W, TP, TW, FRAME_PATCHES,
                            ALL_PATCHES, N_BLOCKS, so_b, so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w,
                            HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -120,34 +141,28 @@ if triton is not None:
         t = frame % T
         m0 = (tl.program_id(0) // N_BLOCKS) * BLOCK_M  # the first patch of the block within its frame
         n0 = (tl.program_id(0) % N_BLOCKS) * BLOCK_N
-        c_blocks = tl.cdiv(C, BLOCK_K)
         y00 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         y01 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         y10 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         y11 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         if ONE_LOOP:  # the 16 points' GEMMs as one pipelined loop: the loads run ahead across point boundaries
+            c_blocks = tl.cdiv(C, BLOCK_K)
             steps = KT * c_blocks
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for step in tl.range(16 * steps, num_stages=STAGES):
                 point = step // steps
                 inner = step - point * steps
                 tap = inner // c_blocks
-                c0 = (inner - tap * c_blocks) * BLOCK_K
-                a = v_desc.load([point * ALL_PATCHES + (b * TP + t + tap) * FRAME_PATCHES + m0, c0])
-                wt = u_desc.load([(point * KT + tap) * C + c0, n0])
+                a, wt = _operands(v_desc, u_desc, point, tap, (inner - tap * c_blocks) * BLOCK_K, b, t, m0, n0, C,
+                                  KT, TP, FRAME_PATCHES, ALL_PATCHES)
                 acc = _dot(a, wt, acc)
                 if inner == steps - 1:
                     y00, y01, y10, y11 = add_point(acc, point, y00, y01, y10, y11)
                     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         else:
             for point in range(16):  # a runtime loop, as in the fused form
-                acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-                for step in tl.range(KT * c_blocks, num_stages=STAGES):
-                    tap = step // c_blocks
-                    c0 = (step % c_blocks) * BLOCK_K
-                    a = v_desc.load([point * ALL_PATCHES + (b * TP + t + tap) * FRAME_PATCHES + m0, c0])
-                    wt = u_desc.load([(point * KT + tap) * C + c0, n0])
-                    acc = _dot(a, wt, acc)
+                acc = _point_sum(v_desc, u_desc, point, b, t, m0, n0, C, KT, TP, FRAME_PATCHES, ALL_PATCHES, BLOCK_M,
+                                 BLOCK_N, BLOCK_K, STAGES)
                 y00, y01, y10, y11 = add_point(acc, point, y00, y01, y10, y11)
         m = m0 + tl.arange(0, BLOCK_M)
         n = n0 + tl.arange(0, BLOCK_N)
@@ -159,7 +174,6 @@ if triton is not None:
         t = t.to(tl.int64)
         store_block(y00, y01, y10, y11, out_ptr, res_ptr, bias_ptr, b, t, h0, w0, n, n_ok, rows_ok, H, W, so_b,
                     so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)
-
 
     @triton.jit
     def _point_gemm_split_kernel(v_desc, u_desc, m_ptr, C, O, KT, T, TP, FRAME_PATCHES, ALL_PATCHES, OUT_PATCHES,
@@ -173,14 +187,8 @@ if triton is not None:
         t = frame % T
         m0 = (tl.program_id(0) // N_BLOCKS) * BLOCK_M
         n0 = (tl.program_id(0) % N_BLOCKS) * BLOCK_N
-        c_blocks = tl.cdiv(C, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for step in tl.range(KT * c_blocks, num_stages=STAGES):
-            tap = step // c_blocks
-            c0 = (step % c_blocks) * BLOCK_K
-            a = v_desc.load([point * ALL_PATCHES + (b * TP + t + tap) * FRAME_PATCHES + m0, c0])
-            wt = u_desc.load([(point * KT + tap) * C + c0, n0])
-            acc = _dot(a, wt, acc)
+        acc = _point_sum(v_desc, u_desc, point, b, t, m0, n0, C, KT, TP, FRAME_PATCHES, ALL_PATCHES, BLOCK_M, BLOCK_N,
+                         BLOCK_K, STAGES)
         m = m0 + tl.arange(0, BLOCK_M)
         n = n0 + tl.arange(0, BLOCK_N)
         rows = point.to(tl.int64) * OUT_PATCHES + frame.to(tl.int64) * FRAME_PATCHES + m
@@ -214,14 +222,20 @@ if triton is not None:
                     rows_ok, H, W, so_b, so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)
 
 
+def transform_blocks(channels: int) -> tuple[int, int]:
+    """`input_transform`'s default (patches, channels) per program: 2048 values, 128 channels where C has them."""
+    block_c = 128 if channels >= 128 else 64
+    return 2048 // block_c, block_c
+
+
 def input_transform(padded: Tensor, block_m: Optional[int] = None, block_c: Optional[int] = None) -> Tensor:
     """``V`` of the module docstring for a channels-last padded input: [16, B * Tp * TH * TW, C], its dtype.
     A program transforms `block_m` patches by `block_c` channels; by default 2048 values, 128 channels where C
     has them (else 64): on the H100, 16 x 128 ran 1.6-1.8x faster than 32 x 32 at 256-1024 channels
     (docs/tuning.md 1.19)."""
     batch, channels, tp, hp, wp = padded.shape
-    block_c = block_c or (128 if channels >= 128 else 64)
-    block_m = block_m or 2048 // block_c
+    default_m, default_c = transform_blocks(channels)
+    block_m, block_c = block_m or default_m, block_c or default_c
     rows, columns = (hp - 1) // 2, (wp - 1) // 2  # blocks of the unpadded plane: ceil((hp - 2) / 2)
     patches = batch * tp * rows * columns
     v = torch.empty(POINTS, patches, channels, dtype=padded.dtype, device=padded.device)
