@@ -21,11 +21,11 @@ from rewrite.tools.sweep_conv3d import K3, SHAPES, write_results
 
 
 def candidate_tiles() -> dict:
-    """The tiles tried per shape, by group (`WinogradTile`'s fields, in order): the fused form where sm_90's register file
-    holds its five accumulators with few spills (ptxas, checked on a CPU), the materialized form's pipelined TMA GEMM at the usual tensor-core block shapes, and one of those with
-    its input transform by 1 and 2 output frames (the temporary's size against the time), and the materialized form
-    with its 16 point GEMMs as one pipelined loop, or split (one GEMM per program into fp32 sums, then the output
-    transform)."""
+    """The tiles tried per shape, by group (`WinogradTile`'s fields, in order): the fused form where sm_90's
+    register file holds its five accumulators with few spills (ptxas, checked on a CPU); the materialized form's
+    pipelined TMA GEMM at the usual tensor-core block shapes; one of those with its input transform by 1 and 2
+    output frames (the temporary's size against the time); the materialized form with its 16 point GEMMs as one
+    pipelined loop; and split (one GEMM per program into fp32 sums, then the output transform)."""
     from rewrite.kernels.winograd.winograd import WinogradTile
 
     fused = [WinogradTile(m, n, k, warps, 2) for m, n, k, warps in ((32, 64, 32, 8), (64, 64, 32, 8), (32, 128, 32, 8),
