@@ -25,6 +25,7 @@ from rewrite.models.wan import ops_fast as wan_fast
 from rewrite.models.wan import upsample_fast as wan_upsample_fast
 from rewrite.models.wan import attention_fast as _attention_ops  # noqa: F401  (registers rewrite::attention_fast)
 from rewrite.models.wan import downsample as _downsample_ops  # noqa: F401  (registers pad_conv2d, time_conv)
+from rewrite.models.wan import causal_conv_fast as _narrow_conv_ops  # noqa: F401  (registers causal_conv3d_fast)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +141,12 @@ def _cases() -> dict[str, list[Case]]:
             rnd(16, dtype=bf), None, False, weight=10)
         add("rms_norm_causal_conv3d_fast", f"{mode}_channels_last_out", x, *norm, None, None, None, None, True,
             weight=10)
+        # the narrow-input conv (the encoder's first: 3 channels widened to 16)
+        narrow = LAYOUTS[lay](rnd(1, 3, frames, h, 5, dtype=bf))
+        narrow_cache = None if cache is None else rnd(1, 3, 2, h, 5, dtype=bf)
+        for residual in (None, LAYOUTS[lay](rnd(1, 16, frames, h, 5, dtype=bf))):
+            add("causal_conv3d_fast", f"{mode}_x_{lay}_residual_{residual is not None}", narrow, narrow_cache, twin_pad,
+                mode, rnd(16, 3, 3, 3, 3, dtype=bf, scale=0.2), rnd(16, dtype=bf), residual, weight=4)
         # the pair: the block's two convs, the second norm in the first conv's epilogue
         cache2 = None if mode == "chunk0" else rnd(1, 16, 2, h, 5, dtype=bf)
         second = (rnd(16, 1, 1, 1, dtype=bf), 4.0, 0.0, 1e-12, True, "silu", cache2, twin_pad, mode,

@@ -26,4 +26,6 @@ PATTERN_MODULES: tuple[str, ...] = (
     "rms_norm_causal_conv3d_fast",
     # after the fast op, whose chained pairs it fuses (channels_last only)
     "rms_norm_causal_conv3d_pair_fast",
+    # the causal convs no norm feeds, of a narrow input (the encoder's first; channels_last only)
+    "causal_conv3d_fast",
 )

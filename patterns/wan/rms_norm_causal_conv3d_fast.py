@@ -21,10 +21,9 @@ from __future__ import annotations
 import torch
 
 from rewrite.engine.pattern import variants
-from rewrite.kernels import layout
 from rewrite.models.wan import ops_fast as wan_fast
 from rewrite.models.wan.ops import ConvStage
-from rewrite.patterns.common.guards import triton_kernel_runs
+from rewrite.patterns.common.guards import triton_causal_conv_guard
 
 rewrite_ops = torch.ops.rewrite
 
@@ -40,18 +39,7 @@ def replace(x, stage: ConvStage, residual, x_bias, residual_bias, channels_last_
     return out[0], out[1]
 
 
-def guard(match) -> str | None:
-    x = match.inputs["x"].meta["val"]
-    weight = match.inputs["weight"].meta["val"]
-    reason = triton_kernel_runs(x.device, "the Triton conv")
-    if reason is not None:
-        return reason
-    cache = match.inputs.get("cache")
-    pad = list(match.scalars["pad"])
-    if x.dim() != 5 or len(pad) != 6 or min(pad) < 0:
-        return f"not a causal conv3d of a 5-D input: x {tuple(x.shape)}, pad {pad}"
-    in_shape = layout.padded_shape(x.shape, None if cache is None else cache.meta["val"], pad, match.scalars["mode"])
-    return wan_fast.fast_reason(in_shape, tuple(weight.shape), x.dtype)
+guard = triton_causal_conv_guard(wan_fast.fast_reason, "the Triton conv")
 
 
 PATTERNS = variants(search, replace, guard, name="rms_norm_causal_conv3d_fast", exactness="tolerance",

@@ -73,7 +73,7 @@ def guard(match) -> str | None:
     in_shape2 = layout.padded_shape(y_shape, None if cache2 is None else cache2.meta["val"], list(scalars["pad2"]),
                                     scalars["mode2"])
     return wan_fast.pair_reason(weight.shape[0], weight.shape[1], in_shape2, tuple(weight2.shape), x.dtype,
-                                scalars["act2"])
+                                scalars["act2"], x.device)
 
 
 PATTERNS = (variants(search_identity, replace_identity, guard, name="rms_norm_causal_conv3d_pair_fast_identity",

@@ -175,7 +175,9 @@ def launch_config(in_channels: int, out_channels: int, width: Optional[int] = No
 # own sweep measured faster than `launch_config`'s rule for a 3x3x3 conv of that shape (docs/tuning.md 1.20).
 CARD_TILES: dict[str, dict[tuple[int, int, int], ConvTile]] = {
     "NVIDIA H100 80GB HBM3": {(384, 384, 480): ConvTile(256, 128, 64, 8, 3, 0, 1, flat=True),
-                              (192, 384, 480): ConvTile(256, 128, 64, 8, 3, 0, 1, flat=True)},
+                              (192, 384, 480): ConvTile(256, 128, 64, 8, 3, 0, 1, flat=True),
+                              (320, 640, 160): ConvTile(128, 128, 64, 4, 4, 0, 1, flat=True),
+                              (640, 640, 160): ConvTile(128, 128, 64, 4, 4, 0, 1, flat=True)},
 }
 
 
@@ -229,16 +231,36 @@ def norm_epilogue_chosen(in_channels: int, out_channels: int) -> bool:
     return (in_channels, out_channels) in _NORM_EPILOGUE_FASTER
 
 
-def chosen(in_channels: int, out_channels: int, taps: int, width=None) -> bool:
+# Per card: (in channels, out channels, kernel taps, output row width) of further convs that card's own sweep
+# measured faster than cuDNN's with `card_launch_config`'s tile, at exactly that width (docs/tuning.md 1.21):
+# the H100's encoder convs (Wan 2.1's 96 -> 192 at 720p and 480p, Wan 2.2's 320 -> 640 and 640 at 704x1280)
+# and the encoder's first conv, its 3 video channels widened to 16 (`rewrite.models.wan.causal_conv_fast`).
+CARD_FASTER_THAN_CUDNN: dict[str, frozenset] = {
+    "NVIDIA H100 80GB HBM3": frozenset({(96, 192, 27, 640), (96, 192, 27, 416), (320, 640, 27, 160),
+                                       (640, 640, 27, 160), (16, 96, 27, 1280), (16, 96, 27, 832)}),
+}
+
+
+def chosen(in_channels: int, out_channels: int, taps: int, width=None, device: Optional[torch.device] = None) -> bool:
     """Whether the Wan ``channels_last`` ops run this kernel (else cuDNN's conv) for the conv shape with output
-    rows of `width` pixels (`_FASTER_THAN_CUDNN`). A width that is not a plain int (a symbolic graph's) is
-    decided by the op at run time, on its tensors: here only the channels and taps count."""
+    rows of `width` pixels on `device` (`_FASTER_THAN_CUDNN`, judged with the tile the kernel launches there,
+    `card_launch_config`; and the card's own `CARD_FASTER_THAN_CUDNN`). A width that is not a plain int (a
+    symbolic graph's) is decided by the op at run time, on its tensors: here only the channels and taps count.
+    No device: the tables' cards in general (the CPU under the interpreter, tests)."""
+    card = None if device is None else cards.name(device)
+    card_convs = CARD_FASTER_THAN_CUDNN.get(card, frozenset()) if card is not None else frozenset().union(
+        *CARD_FASTER_THAN_CUDNN.values())
+    if not isinstance(width, int):
+        return ((in_channels, out_channels, taps) in _FASTER_THAN_CUDNN
+                or any(conv[:3] == (in_channels, out_channels, taps) for conv in card_convs))
+    if (in_channels, out_channels, taps, width) in card_convs:
+        return True
     limit = _FASTER_THAN_CUDNN.get((in_channels, out_channels, taps))
     if limit is None:
         return False
-    if not isinstance(width, int):
-        return True
-    return wasted_fraction(launch_config(in_channels, out_channels, width), width) <= limit
+    tile = (launch_config(in_channels, out_channels, width) if device is None or taps != 27
+            else card_launch_config(in_channels, out_channels, width, 3, device))
+    return wasted_fraction(tile, width) <= limit
 
 
 def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:

@@ -57,11 +57,12 @@ if triton is not None:
         tl.store(out_ptr + offsets, value, mask=out_mask)
 
     @triton.jit
-    def _causal_pad_cl_kernel(x_ptr, cache_ptr, out_ptr, next_ptr, C, TO, HO, WO, TC, H, W, PT, PH, PW, TS,
+    def _causal_pad_cl_kernel(x_ptr, cache_ptr, out_ptr, next_ptr, C, CO, TO, HO, WO, TC, H, W, PT, PH, PW, TS,
                               sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
                               HAS_CACHE: tl.constexpr, NEXT_CACHE: tl.constexpr, BLOCK_W: tl.constexpr,
                               BLOCK_C: tl.constexpr):
-        """`_causal_pad_kernel` writing the padded input channels-last: out is [B, TO, HO, WO, C] in memory.
+        """`_causal_pad_kernel` writing the padded input channels-last: out is [B, TO, HO, WO, CO] in memory, its
+        channels from C on zero (CO > C: a narrow input widened for a conv that needs more channels).
 
         One output row (b, t, h) per program along axis 0, a BLOCK_W x BLOCK_C tile of it: read along w from
         the source frame's strided layout, stored along c (Triton moves the tile between the two layouts).
@@ -77,11 +78,11 @@ if triton is not None:
         b = (r // TO).to(tl.int64)
         w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
         c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-        out_mask = (w < WO)[:, None] & (c < C)[None, :]
+        out_mask = (w < WO)[:, None] & (c < CO)[None, :]
         hs = h - PH
         ws = w - PW
         ts = t - PT
-        inside = out_mask & ((ws >= 0) & (ws < W))[:, None]
+        inside = out_mask & ((ws >= 0) & (ws < W))[:, None] & (c < C)[None, :]
         value = tl.zeros([BLOCK_W, BLOCK_C], dtype=out_ptr.dtype.element_ty)  # the zero pad
         if (hs >= 0) & (hs < H) & (ts >= 0) & (ts < TS):
             if ts >= TC:
@@ -92,7 +93,7 @@ if triton is not None:
                 base = b * sc0 + ts * sc2 + hs * sc3
                 value = tl.load(cache_ptr + base + c[None, :].to(tl.int64) * sc1 + ws[:, None] * sc4, mask=inside,
                                 other=0.0)
-        offsets = (row.to(tl.int64) * WO + w[:, None]) * C + c[None, :]
+        offsets = (row.to(tl.int64) * WO + w[:, None]) * CO + c[None, :]
         tl.store(out_ptr + offsets, value, mask=out_mask)
         if NEXT_CACHE:
             slot = ts - (TS - 2)  # 0 or 1 in the next cache's two frames
@@ -165,18 +166,22 @@ def causal_pad(x: Tensor, cache: Tensor | None, pad: list[int]) -> Tensor:
 # Tiles of the channels-last pad kernel (H200 sweep: docs/tuning.md section 5, "Channels-last data movement")
 PAD_CL_TILE = Tile(positions=64, channels=0, warps=4)
 PAD_CL_TILE_FEW_CHANNELS = Tile(positions=64, channels=128, warps=8)  # up to 128 channels: all in one block
+PAD_CL_TILE_NARROW = Tile(positions=256, channels=16, warps=4)  # up to 16 channels (a video's 3, widened to 16)
 
 
-def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
-                          next_cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int], next_cache: Tensor | None = None,
+                          out_channels: int | None = None) -> tuple[Tensor, Tensor]:
     """Empty (padded input, next cache), channels-last, for `causal_pad_channels_last`; `next_cache`: the
-    buffer to write the next cache into instead of a new one (checked)."""
+    buffer to write the next cache into instead of a new one (checked); `out_channels`: the padded input's
+    channel count (default x's; at least x's)."""
     wl, wr, hl, hr, tl_, tr = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
     if tl_ + tc + tx < 2:
         raise ValueError(f"causal_pad_channels_last: {tl_ + tc + tx} frames before the right pad, the cache needs 2")
-    shape = (b, c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr)
+    if out_channels is not None and out_channels < c:
+        raise ValueError(f"causal_pad_channels_last: out_channels {out_channels} is fewer than x's {c} channels")
+    shape = (b, out_channels or c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr)
     out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
     if next_cache is None:
         next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
@@ -229,22 +234,27 @@ def _launch_pad_cl(x: Tensor, cache: Tensor | None, pad: list[int], out: Tensor,
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
     source = x if cache is None else cache
-    _, _, frames_out, rows_out, columns_out = out.shape
+    _, out_channels, frames_out, rows_out, columns_out = out.shape
     if out.numel():
-        tile = PAD_CL_TILE_FEW_CHANNELS if c <= PAD_CL_TILE_FEW_CHANNELS.channels else PAD_CL_TILE
-        block_c = tile.block_channels(c)
-        grid = (b * frames_out * rows_out, triton.cdiv(columns_out, tile.positions), triton.cdiv(c, block_c))
-        launch(_causal_pad_cl_kernel, grid, x, source, out, out if next_cache is None else next_cache, c, frames_out,
-               rows_out, columns_out, tc, h, w, tl_, hl, wl, tc + tx, *x.stride(), *source.stride(),
+        tile = (PAD_CL_TILE_NARROW if out_channels <= PAD_CL_TILE_NARROW.channels
+                else PAD_CL_TILE_FEW_CHANNELS if out_channels <= PAD_CL_TILE_FEW_CHANNELS.channels else PAD_CL_TILE)
+        block_c = tile.block_channels(out_channels)
+        grid = (b * frames_out * rows_out, triton.cdiv(columns_out, tile.positions), triton.cdiv(out_channels, block_c))
+        launch(_causal_pad_cl_kernel, grid, x, source, out, out if next_cache is None else next_cache, c,
+               out_channels, frames_out, rows_out, columns_out, tc, h, w, tl_, hl, wl, tc + tx, *x.stride(),
+               *source.stride(),
                HAS_CACHE=cache is not None, NEXT_CACHE=next_cache is not None, BLOCK_W=tile.positions,
                BLOCK_C=block_c, num_warps=tile.warps)
 
 
-def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int]) -> tuple[Tensor, Tensor]:
+def causal_pad_channels_last(x: Tensor, cache: Tensor | None, pad: list[int],
+                             out_channels: int | None = None) -> tuple[Tensor, Tensor]:
     """(`pad(cat([cache, x], 2), pad)` (or `pad(x, pad)`), its last two frames before the right pad without the
     spatial pad) written in one pass, both channels-last (NDHWC memory). The second is the next chunk's cache
-    in every mode of `rewrite.models.wan.reference.next_cache_reference` (its values; its layout is channels-last)."""
-    out, next_cache = _padded_channels_last(x, cache, pad)
+    in every mode of `rewrite.models.wan.reference.next_cache_reference` (its values; its layout is channels-last).
+    With `out_channels` above x's channel count the first carries that many channels, the ones past x's zero
+    (the next cache keeps x's)."""
+    out, next_cache = _padded_channels_last(x, cache, pad, out_channels=out_channels)
     _launch_pad_cl(x, cache, pad, out, next_cache)
     return out, next_cache
 

@@ -47,17 +47,17 @@ rewrite_ops = torch.ops.rewrite
 CL = torch.channels_last_3d
 
 
-def conv_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
+def conv_reason(in_shape, weight_shape, dtype: torch.dtype, device: Optional[torch.device] = None) -> Optional[str]:
     """None when the Triton conv serves this conv (its padded input's shape, the weight's, the dtype) and
-    `triton_conv3d.chosen` says it beats cuDNN's there; else why the ``lossless`` op runs it. Read by the
-    pattern's guard on the graph's shapes and by the op on its tensors."""
+    `triton_conv3d.chosen` says it beats cuDNN's there on `device`'s card; else why the ``lossless`` op runs it.
+    Read by the pattern's guard on the graph's shapes and by the op on its tensors."""
     reason = triton_conv3d.unsupported_reason(in_shape, weight_shape, dtype)
     if reason is not None:
         return reason
     out_channels, in_channels, *kernel = weight_shape
     taps = kernel[0] * kernel[1] * kernel[2]
     width = in_shape[4] - kernel[2] + 1
-    if not triton_conv3d.chosen(in_channels, out_channels, taps, width):
+    if not triton_conv3d.chosen(in_channels, out_channels, taps, width, device):
         return f"cuDNN's conv measured faster for {in_channels} -> {out_channels} channels, {taps} taps, {width} wide"
     return None
 
@@ -67,14 +67,14 @@ def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weigh
     """The Triton conv serves this call: the shape conditions of the exact op's channels-last path (cuDNN's
     exactness self-check aside) and `conv_reason`."""
     in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
-    return in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype) is None
+    return in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype, x.device) is None
 
 
-def fast_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:
+def fast_reason(in_shape, weight_shape, dtype: torch.dtype, device: Optional[torch.device] = None) -> Optional[str]:
     """None when the fast op's kernel path serves this conv: the Triton conv (`conv_reason`) or, where cuDNN's
     conv stays, the one-pass norm before it (a channel count in `_ONE_PASS_BEFORE_CUDNN_CHANNELS`, bf16/fp16);
     else why the ``lossless`` op runs it. Read by the pattern's guard on the graph's shapes."""
-    reason = conv_reason(in_shape, weight_shape, dtype)
+    reason = conv_reason(in_shape, weight_shape, dtype, device)
     if reason is None or (dtype in triton_conv3d.SUPPORTED_DTYPES and in_shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
                           and in_shape[1] <= triton_norm_fast.MAX_CHANNELS):
         return None
@@ -180,7 +180,7 @@ def _(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bi
 
 # ---- two chained convs, the second's norm in the first's epilogue -------------------------------------------
 def pair_reason(first_out_channels: int, first_in_channels: int, second_in_shape, second_weight_shape,
-                dtype: torch.dtype, act: Optional[str]) -> Optional[str]:
+                dtype: torch.dtype, act: Optional[str], device: Optional[torch.device] = None) -> Optional[str]:
     """None when the first conv's kernel may normalize its output straight into the second conv's padded
     input (one program holds all its output channels, `triton_conv3d.norm_epilogue_chosen` measured it
     faster, the second conv is served too: `conv_reason`); else why the pair runs as two
@@ -192,7 +192,7 @@ def pair_reason(first_out_channels: int, first_in_channels: int, second_in_shape
     if reason is None and not triton_conv3d.norm_epilogue_chosen(first_in_channels, first_out_channels):
         reason = (f"the fused norm epilogue measured slower than the conv plus the norm kernel for "
                   f"{first_in_channels} -> {first_out_channels} channels")
-    return reason if reason is not None else conv_reason(second_in_shape, second_weight_shape, dtype)
+    return reason if reason is not None else conv_reason(second_in_shape, second_weight_shape, dtype, device)
 
 
 def _first_op_args(x: Tensor, first: ConvStage) -> tuple:
@@ -221,13 +221,13 @@ def _pair_kernel_inputs(x: Tensor, first: ConvStage, second: ConvStage, residual
         in_shape = tuple(normalized.shape) if normalized.is_contiguous(memory_format=CL) else None
     else:
         in_shape = _exact.channels_last_conv_input_shape(x, first.cache, first.pad, first.mode, weight, None)
-    if in_shape is None or conv_reason(in_shape, weight.shape, x.dtype) is not None:
+    if in_shape is None or conv_reason(in_shape, weight.shape, x.dtype, x.device) is not None:
         return None
     y_proxy = torch.empty((), dtype=x.dtype, device=x.device).expand(conv_output_shape(in_shape, weight.shape))
     in_shape2 = _exact.channels_last_conv_input_shape(y_proxy, second.cache, second.pad, second.mode, second.weight,
                                                       residual)
     if in_shape2 is None or pair_reason(weight.shape[0], weight.shape[1], in_shape2, second.weight.shape, x.dtype,
-                                        second.act) is not None:
+                                        second.act, x.device) is not None:
         return None
     if (normalized is None and not one_pass_norm_chosen(x)
             and _exact.fused_norm_plan(x, first.upcast, first.act, None) is None):

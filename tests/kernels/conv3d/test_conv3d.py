@@ -197,6 +197,32 @@ def test_a_symbolic_width_is_left_to_the_op():
 
     width = ShapeEnv().create_unbacked_symint()
     assert triton_conv3d.chosen(192, 192, 27, width) and not triton_conv3d.chosen(256, 256, 27, width)
+    assert triton_conv3d.chosen(96, 192, 27, width)  # a card measured it at some widths
+
+
+@pytest.mark.parametrize("card,shape,served", [
+    ("NVIDIA H100 80GB HBM3", (96, 192, 640), True), ("NVIDIA H200", (96, 192, 640), False),
+    ("NVIDIA H100 80GB HBM3", (96, 192, 704), False),  # exactly the measured widths
+    ("NVIDIA H100 80GB HBM3", (640, 640, 160), True), ("NVIDIA H100 80GB HBM3", (640, 640, 80), False),
+    ("NVIDIA H100 80GB HBM3", (16, 96, 1280), True), ("NVIDIA H200", (16, 96, 1280), False),
+    ("NVIDIA H200", (96, 96, 1280), True), ("NVIDIA H100 80GB HBM3", (96, 96, 1280), True),  # the shared table
+])
+def test_a_cards_own_measurements_choose_for_that_card_only(monkeypatch, card, shape, served):
+    monkeypatch.setattr(triton_conv3d.cards, "name", lambda device: card)
+    in_channels, out_channels, width = shape
+    assert triton_conv3d.chosen(in_channels, out_channels, 27, width, torch.device("cuda")) is served
+
+
+def test_the_waste_is_judged_with_the_tile_the_card_launches(monkeypatch):
+    """640 channels 160 wide: `launch_config`'s rule computes 20% past the row ends there, the H100's own flat
+    tile 2 of 162 positions a row; with a 2% limit only the tile the card launches passes."""
+    monkeypatch.setattr(triton_conv3d.cards, "name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(triton_conv3d, "CARD_FASTER_THAN_CUDNN", {})
+    monkeypatch.setitem(triton_conv3d._FASTER_THAN_CUDNN, (640, 640, 27), 0.02)
+    tile = triton_conv3d.card_launch_config(640, 640, 160, 3, torch.device("cuda"))
+    assert tile.flat and tile == triton_conv3d.CARD_TILES["NVIDIA H100 80GB HBM3"][(640, 640, 160)]
+    assert triton_conv3d.chosen(640, 640, 27, 160, torch.device("cuda"))
+    assert not triton_conv3d.chosen(640, 640, 27, 160)  # no device: the rule's tile
 
 
 def test_tiles_the_kernel_cannot_run_are_named():

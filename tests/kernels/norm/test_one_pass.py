@@ -52,7 +52,8 @@ CASES = [  # (shape, pad, cache frames, mode)
 @pytest.mark.parametrize("dtype,silu", [(torch.bfloat16, True), (torch.float16, False)])
 def test_one_pass_norm_into_the_padded_input(shape, pad, cache_frames, mode, layout, dtype, silu, monkeypatch):
     empty = triton_pad._padded_channels_last  # NaN-filled buffers: a position no kernel writes shows up
-    monkeypatch.setattr(triton_pad, "_padded_channels_last", lambda *args: tuple(t.fill_(float("nan")) for t in empty(*args)))
+    monkeypatch.setattr(triton_pad, "_padded_channels_last",
+                        lambda *args, **kwargs: tuple(t.fill_(float("nan")) for t in empty(*args, **kwargs)))
     g = torch.Generator().manual_seed(4)
     channels = shape[1]
     x = (3 * torch.randn(shape, generator=g)).to(DEVICE, dtype)

@@ -42,6 +42,30 @@ def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_fram
 
 
 @needs_kernels
+@pytest.mark.parametrize("shape,pad,cache_frames,out_channels", [((1, 3, 1, 5, 7), [1, 1, 1, 1, 2, 0], 0, 16),
+                                                                 ((2, 3, 4, 4, 6), [1, 1, 1, 1, 0, 0], 2, 16),
+                                                                 ((1, 12, 1, 3, 5), [1, 1, 1, 1, 0, 0], 2, 16),
+                                                                 ((1, 5, 2, 3, 4), [1, 1, 1, 1, 2, 0], 0, 5)])
+def test_channels_last_causal_pad_widened_is_exact(shape, pad, cache_frames, out_channels):
+    """With `out_channels` (a 3-channel video widened for the Triton conv): the padded input's first channels
+    as without it, the rest zero, and the next cache x's channels only."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
+    cache = None
+    if cache_frames:
+        cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, torch.bfloat16)
+    with use_backend("triton"):
+        expected, expected_cache = triton_pad.causal_pad_channels_last(x, cache, pad)
+        actual, next_cache = triton_pad.causal_pad_channels_last(x, cache, pad, out_channels=out_channels)
+    assert actual.shape[1] == out_channels and actual.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(actual[:, :shape[1]], expected)
+    assert torch.equal(actual[:, shape[1]:], torch.zeros_like(actual[:, shape[1]:]))
+    assert torch.equal(next_cache, expected_cache) and next_cache.shape[1] == shape[1]
+    with pytest.raises(ValueError, match="fewer than x's"):
+        triton_pad.causal_pad_channels_last(x, cache, pad, out_channels=shape[1] - 1)
+
+
+@needs_kernels
 @pytest.mark.parametrize("layout", ("contiguous", "frame_major", "frames_of_ncdhw"))
 @pytest.mark.parametrize("shape,pad", [((1, 5, 3, 4, 7), [1, 1, 1, 1, 0, 0]), ((2, 70, 1, 3, 66), [1, 2, 0, 1, 1, 1])])
 def test_channels_last_pad_is_exact(layout, shape, pad):

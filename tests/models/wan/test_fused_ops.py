@@ -113,7 +113,8 @@ def test_norm_written_into_the_padded_conv_input_is_exact(monkeypatch, shape, pa
     if rest_block is not None:
         monkeypatch.setattr(triton_pad, "PAD_REST_BLOCK", rest_block)
     empty = triton_pad._padded_channels_last  # NaN-filled buffers: a position no kernel writes shows up
-    monkeypatch.setattr(triton_pad, "_padded_channels_last", lambda *args: tuple(t.fill_(float("nan")) for t in empty(*args)))
+    monkeypatch.setattr(triton_pad, "_padded_channels_last",
+                        lambda *args, **kwargs: tuple(t.fill_(float("nan")) for t in empty(*args, **kwargs)))
     g = torch.Generator().manual_seed(9)
     x = (3 * torch.randn(shape, generator=g)).to(DEVICE, torch.bfloat16)
     x = _frame_major(x) if layout == "frame_major" else x
