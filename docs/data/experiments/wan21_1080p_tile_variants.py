@@ -3,8 +3,9 @@ tiles (`conv3d.CARD_TILES`; docs/data/sweeps/conv3d_wan21_1080_h100_bf16.json), 
 `off`.
 
     python wan21_1080p_tile_variants.py VARIANT FRAMES OUT.json
-    VARIANT: off | rule (`launch_config`'s tiles only: CARD_TILES emptied) | current (CARD_TILES as committed) |
-    cudnn192 (current, and cuDNN for the 192-channel convs 960 wide)
+    VARIANT: off | rule (`launch_config`'s tiles only: CARD_TILES emptied) | current (CARD_TILES as committed in
+    session 29; since session 30 `CARD_CUDNN_FASTER` is emptied for it) | cudnn192 (current, and cuDNN for the
+    192-channel convs 960 wide: what session 30 made the H100's choice)
 """
 import json
 import sys
@@ -19,14 +20,16 @@ variant, frames, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 original_chosen = conv3d.chosen
 
 
-def chosen(in_channels, out_channels, taps, width=None):
+def chosen(in_channels, out_channels, taps, width=None, device=None):
     if width == 960 and out_channels == 192:
         return False
-    return original_chosen(in_channels, out_channels, taps, width)
+    return original_chosen(in_channels, out_channels, taps, width, device)
 
 
 if variant == "rule":
     conv3d.CARD_TILES.clear()
+if variant == "current":  # as before session 30's per-card choices (the H100's 192 at 960 then on cuDNN)
+    conv3d.CARD_CUDNN_FASTER.clear()
 if variant == "cudnn192":
     conv3d.chosen = chosen
 vae = supported.get("wan2.1").build("full", device="cuda", dtype=torch.bfloat16)

@@ -239,12 +239,15 @@ CARD_FASTER_THAN_CUDNN: dict[str, frozenset] = {
     "NVIDIA H100 80GB HBM3": frozenset({(96, 192, 27, 640), (96, 192, 27, 416), (320, 640, 27, 160),
                                        (640, 640, 27, 160), (16, 96, 27, 1280), (16, 96, 27, 832)}),
 }
+# Per card: the same keys where that card measured cuDNN's conv faster than the shared table's choice: the H100's
+# 192-channel convs 960 wide (1088x1920; a decode 0.9% faster with them on cuDNN, docs/tuning.md 1.21).
+CARD_CUDNN_FASTER: dict[str, frozenset] = {"NVIDIA H100 80GB HBM3": frozenset({(192, 192, 27, 960)})}
 
 
 def chosen(in_channels: int, out_channels: int, taps: int, width=None, device: Optional[torch.device] = None) -> bool:
     """Whether the Wan ``channels_last`` ops run this kernel (else cuDNN's conv) for the conv shape with output
     rows of `width` pixels on `device` (`_FASTER_THAN_CUDNN`, judged with the tile the kernel launches there,
-    `card_launch_config`; and the card's own `CARD_FASTER_THAN_CUDNN`). A width that is not a plain int (a
+    `card_launch_config`; and the card's own `CARD_FASTER_THAN_CUDNN` and `CARD_CUDNN_FASTER`). A width that is not a plain int (a
     symbolic graph's) is decided by the op at run time, on its tensors: here only the channels and taps count.
     No device: the tables' cards in general (the CPU under the interpreter, tests)."""
     card = None if device is None else cards.name(device)
@@ -255,6 +258,8 @@ def chosen(in_channels: int, out_channels: int, taps: int, width=None, device: O
                 or any(conv[:3] == (in_channels, out_channels, taps) for conv in card_convs))
     if (in_channels, out_channels, taps, width) in card_convs:
         return True
+    if card is not None and (in_channels, out_channels, taps, width) in CARD_CUDNN_FASTER.get(card, frozenset()):
+        return False
     limit = _FASTER_THAN_CUDNN.get((in_channels, out_channels, taps))
     if limit is None:
         return False

@@ -206,6 +206,7 @@ def test_a_symbolic_width_is_left_to_the_op():
     ("NVIDIA H100 80GB HBM3", (640, 640, 160), True), ("NVIDIA H100 80GB HBM3", (640, 640, 80), False),
     ("NVIDIA H100 80GB HBM3", (16, 96, 1280), True), ("NVIDIA H200", (16, 96, 1280), False),
     ("NVIDIA H200", (96, 96, 1280), True), ("NVIDIA H100 80GB HBM3", (96, 96, 1280), True),  # the shared table
+    ("NVIDIA H200", (192, 192, 960), True), ("NVIDIA H100 80GB HBM3", (192, 192, 960), False),  # cuDNN on the H100
 ])
 def test_a_cards_own_measurements_choose_for_that_card_only(monkeypatch, card, shape, served):
     monkeypatch.setattr(triton_conv3d.cards, "name", lambda device: card)
