@@ -19,7 +19,8 @@ import torch
 MEASURED_CARDS: dict[str, str] = {
     "NVIDIA H200": "the H200 sweeps (docs/tuning.md)",
     # its own sweeps agree with the H200's choices for the Wan 2.1 / 2.2 convs of the 480p and 720p steps but
-    # one (docs/tuning.md 1.20); the tiles it measured better than the rule are `conv3d.CARD_TILES`'
+    # one (docs/tuning.md 1.20); what it measured otherwise is in `conv3d.CARD_TILES`, `CARD_FASTER_THAN_CUDNN`
+    # (the encoders' convs) and `CARD_CUDNN_FASTER` (docs/tuning.md 1.21)
     "NVIDIA H100 80GB HBM3": "the H200's tables, checked by its own sweeps (docs/tuning.md 1.20)",
 }
 
