@@ -1,7 +1,8 @@
 """Probe (session 30, issue 39): the encoders' first conv (3 video channels; Wan 2.2's 12 after the patchify) as
-`rewrite::causal_conv3d_fast` (input widened with zeros to 16 channels, the Triton conv) against the ``lossless``
-op `rewrite::causal_conv3d` (cuDNN), one 4-frame steady step with its 2 cache frames, bf16; ms per call (CUDA
-events, median of 20 after 5 warm-up calls), the max-abs between the two, and the pad kernel alone.
+`rewrite::causal_conv3d_fast` (input widened with zeros to 16 channels, the Triton conv; "folded": the kernel's
+columns folded into those channels where 3 x C fit, else "widened") against the ``lossless`` op
+`rewrite::causal_conv3d` (cuDNN), one 4-frame steady step with its 2 cache frames, bf16; ms per call (CUDA
+events, median of 20 after 5 warm-up calls), the max-abs between the two, and the pad kernels alone.
 
     python narrow_conv_probe.py OUT.json
 """
@@ -12,7 +13,7 @@ import torch
 
 from rewrite.kernels.conv3d import conv3d as triton_conv3d
 from rewrite.kernels.pad import causal_pad as triton_pad
-from rewrite.models.wan import causal_conv_fast  # noqa: F401  (registers rewrite::causal_conv3d_fast)
+from rewrite.models.wan import causal_conv_fast  # registers rewrite::causal_conv3d_fast
 
 SHAPES = {"wan2.1 3->96 @ 4x720x1280": (3, 96, 720, 1280), "wan2.1 3->96 @ 4x480x832": (3, 96, 480, 832),
           "wan2.2 12->160 @ 4x352x640": (12, 160, 352, 640)}
@@ -35,8 +36,9 @@ def timed(fn, repeat=20):
 def main(out_path):
     card = torch.cuda.get_device_name()
     # the probe measures every shape on the kernel path, chosen or not
-    triton_conv3d.CARD_FASTER_THAN_CUDNN[card] = frozenset(
-        {(16, o, 27, w) for _, o, _, w in SHAPES.values()}) | triton_conv3d.CARD_FASTER_THAN_CUDNN.get(card, frozenset())
+    measured = triton_conv3d.CARD_FASTER_THAN_CUDNN.get(card, frozenset())
+    both = frozenset({(16, o, taps, w) for _, o, _, w in SHAPES.values() for taps in (9, 27)}) | measured
+    widened_only = frozenset(conv for conv in both if conv[2] != 9)
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = {}
     with torch.no_grad():
@@ -46,11 +48,18 @@ def main(out_path):
             weight = (torch.randn(o, c, 3, 3, 3, device="cuda", generator=g) / (27 * c) ** 0.5).to(torch.bfloat16)
             bias = torch.randn(o, device="cuda", generator=g).to(torch.bfloat16)
             args = (x, cache, [1, 1, 1, 1, 0, 0], "steady", weight, bias, None)
+            triton_conv3d.CARD_FASTER_THAN_CUDNN[card] = widened_only
+            widened = timed(lambda: torch.ops.rewrite.causal_conv3d_fast(*args))
+            triton_conv3d.CARD_FASTER_THAN_CUDNN[card] = both
             fast = torch.ops.rewrite.causal_conv3d_fast(*args)
             exact = torch.ops.rewrite.causal_conv3d(*args)
             rows[name] = {
+                "form": causal_conv_fast.plan((1, c, 6, h + 2, w + 2), tuple(weight.shape), x.dtype, x.device)[0],
                 "lossless_op_ms": timed(lambda: torch.ops.rewrite.causal_conv3d(*args)),
                 "fast_op_ms": timed(lambda: torch.ops.rewrite.causal_conv3d_fast(*args)),
+                "widened_form_op_ms": widened,
+                "folded_pad_ms": (timed(lambda: triton_pad.causal_pad_channels_last_folded(x, cache, [1, 1, 1, 1, 0, 0],
+                                                                                           3, 16)) if 3 * c <= 16 else None),
                 "widened_pad_ms": timed(lambda: triton_pad.causal_pad_channels_last(x, cache, [1, 1, 1, 1, 0, 0], 16)),
                 "narrow_pad_ms": timed(lambda: triton_pad.causal_pad_channels_last(x, cache, [1, 1, 1, 1, 0, 0])),
                 "max_abs_vs_lossless": (fast[0].float() - exact[0].float()).abs().max().item(),

@@ -2,7 +2,8 @@
 
 - `causal_pad`: `pad(cat([cache, x], 2), pad)` as one contiguous tensor (`rewrite::causal_conv_input`).
 - `causal_pad_channels_last`: the same written channels-last, plus the next chunk's cache in the same pass
-  (`rewrite::causal_conv3d`).
+  (`rewrite::causal_conv3d`); `causal_pad_channels_last_folded`: that of a narrow input with a kernel row's
+  columns folded into the channels (`rewrite::causal_conv3d_fast`).
 - `causal_pad_rest_channels_last`: what the fused norm (`rewrite.kernels.norm.rms_norm.rms_norm_padded_channels_last`)
   leaves of that input: the cache frames, the zero pad and their next-cache rows.
 
@@ -57,6 +58,13 @@ if triton is not None:
         tl.store(out_ptr + offsets, value, mask=out_mask)
 
     @triton.jit
+    def _output_row(TO, HO):
+        """The program's output row along axis 0 of the channels-last padded input: (row, h, t, b as int64)."""
+        row = tl.program_id(0)
+        r = row // HO
+        return row, row % HO, r % TO, (r // TO).to(tl.int64)
+
+    @triton.jit
     def _causal_pad_cl_kernel(x_ptr, cache_ptr, out_ptr, next_ptr, C, CO, TO, HO, WO, TC, H, W, PT, PH, PW, TS,
                               sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4,
                               HAS_CACHE: tl.constexpr, NEXT_CACHE: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -71,11 +79,7 @@ if triton is not None:
         zeros when the source has fewer) are also stored, without the spatial pad, to the next cache
         ([B, 2, H, W, C] in memory): in every mode that is the next chunk's cache (not NEXT_CACHE: none).
         """
-        row = tl.program_id(0)
-        h = row % HO
-        r = row // HO
-        t = r % TO
-        b = (r // TO).to(tl.int64)
+        row, h, t, b = _output_row(TO, HO)
         w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
         c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
         out_mask = (w < WO)[:, None] & (c < CO)[None, :]
@@ -102,6 +106,41 @@ if triton is not None:
                 tl.store(next_ptr + (cache_rows + ws[:, None]) * C + c[None, :], value, mask=inside)
 
     @triton.jit
+    def _causal_pad_fold_cl_kernel(x_ptr, cache_ptr, out_ptr, next_ptr, C, CO, TO, HO, TC, H, W, PT, PH, TS,
+                                   sx0, sx1, sx2, sx3, sx4, sc0, sc1, sc2, sc3, sc4, HAS_CACHE: tl.constexpr,
+                                   KW: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+        """`_causal_pad_cl_kernel` with the KW columns a kernel row reads folded into the channels: out is
+        [B, TO, HO, W, CO] in memory, channel k * C + c of column w holding the padded input's column w + k
+        (channel c; the padded input has (KW - 1) // 2 zero columns each side), channels from KW * C on zero.
+        The next cache ([B, 2, H, W, C] memory) is stored from the middle tap's lanes (k = (KW - 1) // 2:
+        column w itself)."""
+        row, h, t, b = _output_row(TO, HO)
+        w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        j = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        k = j // C
+        c = j % C
+        out_mask = (w < W)[:, None] & (j < CO)[None, :]
+        ws = w[:, None] + (k - (KW - 1) // 2)[None, :]
+        hs = h - PH
+        ts = t - PT
+        inside = out_mask & (j < KW * C)[None, :] & (ws >= 0) & (ws < W)
+        value = tl.zeros([BLOCK_W, BLOCK_C], dtype=out_ptr.dtype.element_ty)  # the zero pad
+        if (hs >= 0) & (hs < H) & (ts >= 0) & (ts < TS):
+            if ts >= TC:
+                base = b * sx0 + (ts - TC) * sx2 + hs * sx3
+                value = tl.load(x_ptr + base + c[None, :].to(tl.int64) * sx1 + ws * sx4, mask=inside, other=0.0)
+            elif HAS_CACHE:
+                base = b * sc0 + ts * sc2 + hs * sc3
+                value = tl.load(cache_ptr + base + c[None, :].to(tl.int64) * sc1 + ws * sc4, mask=inside,
+                                other=0.0)
+        tl.store(out_ptr + (row.to(tl.int64) * W + w[:, None]) * CO + j[None, :], value, mask=out_mask)
+        slot = ts - (TS - 2)  # 0 or 1 in the next cache's two frames
+        if (slot >= 0) & (slot < 2) & (hs >= 0) & (hs < H):
+            middle = inside & (k == (KW - 1) // 2)[None, :]
+            cache_rows = ((b * 2 + slot) * H + hs) * W
+            tl.store(next_ptr + (cache_rows + w[:, None]) * C + c[None, :], value, mask=middle)
+
+    @triton.jit
     def _causal_pad_rest_cl_kernel(cache_ptr, out_ptr, next_ptr, TO, HO, H, TC, PT, PH, TS, ROW, LO, HI,
                                    sc0, sc2, sc3, HAS_CACHE: tl.constexpr, BLOCK: tl.constexpr):
         """What `_rms_norm_padded_kernel` leaves of a causal conv's channels-last padded input: the cache
@@ -115,11 +154,7 @@ if triton is not None:
         last two frames before the right pad that come before x's frames (cache frames, or the left pad's
         zeros when the source has fewer than two frames) also go to the next cache ([B, 2, H, W, C] memory).
         """
-        row = tl.program_id(0)
-        h = row % HO
-        r = row // HO
-        t = r % TO
-        b = (r // TO).to(tl.int64)
+        row, h, t, b = _output_row(TO, HO)
         start = tl.program_id(1) * BLOCK
         j = start + tl.arange(0, BLOCK)
         in_row = j < ROW
@@ -270,3 +305,35 @@ def pad_channels_last(x: Tensor, pad: list[int], cache: Tensor | None = None) ->
                       memory_format=torch.channels_last_3d)
     _launch_pad_cl(x, cache, pad, out, None)
     return out
+
+
+def causal_pad_channels_last_folded(x: Tensor, cache: Tensor | None, pad: list[int], kernel_width: int,
+                                    out_channels: int) -> tuple[Tensor, Tensor]:
+    """`causal_pad_channels_last` of a narrow x for a conv `kernel_width` wide whose columns are folded into the
+    channels: the first output is [B, out_channels, T', H', W] channels-last, channel k * C + c of column w
+    the padded input's column w + k, channel c (zeros past kernel_width * C channels), so that a conv with
+    kernel width 1 over it, its weight folded the same way, is the conv of the padded input; the second is the
+    next cache, as `causal_pad_channels_last`'s. The width pad must be (kernel_width - 1) // 2 each side."""
+    wl, wr, hl, hr, tl_, tr = pad
+    b, c, tx, h, w = x.shape
+    if kernel_width % 2 == 0 or wl != wr or wl != (kernel_width - 1) // 2:
+        raise ValueError(f"causal_pad_channels_last_folded: a width pad of {(kernel_width - 1) // 2} each side "
+                         f"for a kernel {kernel_width} wide, got {wl}, {wr}")
+    if kernel_width * c > out_channels:
+        raise ValueError(f"causal_pad_channels_last_folded: {kernel_width} x {c} channels exceed {out_channels}")
+    tc = 0 if cache is None else cache.shape[2]
+    if tl_ + tc + tx < 2:
+        raise ValueError(f"causal_pad_channels_last: {tl_ + tc + tx} frames before the right pad, the cache needs 2")
+    frames_out, rows_out = tl_ + tc + tx + tr, hl + h + hr
+    out = torch.empty((b, out_channels, frames_out, rows_out, w), dtype=x.dtype, device=x.device,
+                      memory_format=torch.channels_last_3d)
+    next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    source = x if cache is None else cache
+    if out.numel():
+        tile = PAD_CL_TILE_NARROW if out_channels <= PAD_CL_TILE_NARROW.channels else PAD_CL_TILE_FEW_CHANNELS
+        block_c = tile.block_channels(out_channels)
+        grid = (b * frames_out * rows_out, triton.cdiv(w, tile.positions), triton.cdiv(out_channels, block_c))
+        launch(_causal_pad_fold_cl_kernel, grid, x, source, out, next_cache, c, out_channels, frames_out, rows_out,
+               tc, h, w, tl_, hl, tc + tx, *x.stride(), *source.stride(), HAS_CACHE=cache is not None,
+               KW=kernel_width, BLOCK_W=tile.positions, BLOCK_C=block_c, num_warps=tile.warps)
+    return out, next_cache

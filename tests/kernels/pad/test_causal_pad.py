@@ -82,3 +82,30 @@ def test_channels_last_pad_is_exact(layout, shape, pad):
     assert torch.equal(actual, torch.nn.functional.pad(x, pad))
     assert source.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(source, torch.nn.functional.pad(frames, [1, 1, 1, 1]))
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape,pad,cache_frames", [((1, 3, 1, 5, 7), [1, 1, 1, 1, 2, 0], 0),
+                                                    ((2, 3, 4, 4, 6), [1, 1, 1, 1, 0, 0], 2),
+                                                    ((1, 5, 1, 3, 9), [1, 1, 1, 1, 0, 0], 2)])
+def test_channels_last_causal_pad_folded_is_exact(shape, pad, cache_frames):
+    """Channel k * C + c of column w is the padded input's column w + k: the unfold of the padded input along
+    the width, zeros past 3 * C channels; the next cache as without folding."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
+    cache = None
+    if cache_frames:
+        cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, torch.bfloat16)
+    with use_backend("triton"):
+        padded, expected_cache = triton_pad.causal_pad_channels_last(x, cache, pad)
+        actual, next_cache = triton_pad.causal_pad_channels_last_folded(x, cache, pad, 3, 16)
+    c, w = shape[1], shape[4]
+    unfolded = torch.cat([padded[..., k:k + w] for k in range(3)], 1)  # [B, 3C, T, H, W], tap-major
+    assert actual.shape[1] == 16 and actual.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(actual[:, :3 * c], unfolded)
+    assert torch.equal(actual[:, 3 * c:], torch.zeros_like(actual[:, 3 * c:]))
+    assert torch.equal(next_cache, expected_cache)
+    with pytest.raises(ValueError, match="width pad"):
+        triton_pad.causal_pad_channels_last_folded(x, cache, [0, 2, 1, 1, 0, 0], 3, 16)
+    with pytest.raises(ValueError, match="exceed"):
+        triton_pad.causal_pad_channels_last_folded(x, cache, pad, 3, 3 * c - 1)

@@ -38,26 +38,29 @@ def _inputs(mode: str, residual: bool, channels: int = 3, out_channels: int = 16
     return to(x), to(cache), pad, mode, to(weight), to(bias), to(res)
 
 
-@pytest.fixture
-def widened_conv_chosen(monkeypatch):
-    """Let the router pick the Triton conv for the widened 16 -> 16 conv (tiny shapes) with small tiles."""
-    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 16, 27): math.inf})
+@pytest.fixture(params=["folded", "widened"])
+def form_chosen(request, monkeypatch):
+    """Let the router pick the Triton conv for one form's 16 -> 16 conv (tiny shapes: 9 taps folded, 27 widened)
+    with small tiles; the form's name."""
+    taps = {"folded": 9, "widened": 27}[request.param]
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {(16, 16, taps): math.inf})
     monkeypatch.setattr(triton_conv3d, "launch_config", lambda c, o, w=None, *_, **__: SMALL)
     monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *a, **k: True)
+    return request.param
 
 
 @needs_kernels
 @pytest.mark.parametrize("mode", ["chunk0", "steady_t1", "steady"])
 @pytest.mark.parametrize("residual", [False, True])
-def test_widened_conv_within_the_triton_conv_bound(widened_conv_chosen, kernel_allowed_on_cpu, monkeypatch, mode,
-                                                   residual):
+def test_narrow_conv_within_the_triton_conv_bound(form_chosen, kernel_allowed_on_cpu, monkeypatch, mode, residual):
     ran = []
     original = triton_conv3d.conv3d_channels_last
     monkeypatch.setattr(triton_conv3d, "conv3d_channels_last",
-                        lambda *a, **k: ran.append(a[0].shape) or original(*a, **k))
+                        lambda *a, **k: ran.append((a[0].shape, a[1].shape)) or original(*a, **k))
     x, cache, pad, mode, weight, bias, res = args = _inputs(mode, residual)
     out, next_cache = torch.ops.rewrite.causal_conv3d_fast(*args)
-    assert ran and ran[0][1] == causal_conv_fast.WIDENED_CHANNELS  # the kernel path ran, on 16 channels
+    assert ran and ran[0][0][1] == causal_conv_fast.WIDENED_CHANNELS  # the kernel path ran, on 16 channels
+    assert ran[0][1][4] == {"folded": 1, "widened": 3}[form_chosen]  # the kernel width of the form
     with use_backend("reference"):
         exact, exact_cache = torch.ops.rewrite.causal_conv3d(*args)
     assert torch.equal(next_cache, exact_cache)  # the next cache: x's channels, as the exact op's
@@ -82,14 +85,16 @@ def test_a_conv_the_table_does_not_choose_runs_the_exact_op(kernel_allowed_on_cp
     assert torch.equal(out, exact) and torch.equal(next_cache, exact_cache)
 
 
-def test_reason_names_what_declines():
+def test_plan_picks_the_form_and_names_what_declines():
     shape = (1, 3, 6, 722, 1282)
     assert "16 input channels (this op widens inputs of fewer than 16)" in causal_conv_fast.reason(
         (1, 16, 6, 10, 10), (96, 16, 3, 3, 3), torch.bfloat16)
     assert "dtype torch.float32" in causal_conv_fast.reason(shape, (96, 3, 3, 3, 3), torch.float32)
-    assert causal_conv_fast.reason(shape, (96, 3, 3, 3, 3), torch.bfloat16) is None  # 1280 wide: measured
-    assert "cuDNN's conv measured faster" in causal_conv_fast.reason((1, 3, 6, 722, 1002), (96, 3, 3, 3, 3),
-                                                                     torch.bfloat16)
+    assert causal_conv_fast.plan(shape, (96, 3, 3, 3, 3), torch.bfloat16) == ("folded", None)  # 1280 wide: measured
+    assert causal_conv_fast.plan(shape, (96, 3, 3, 3, 3), torch.bfloat16, pad=[2, 0, 1, 1, 0, 0])[0] == "widened"
+    assert causal_conv_fast.plan((1, 12, 6, 354, 642), (96, 12, 3, 3, 3), torch.bfloat16)[0] is None  # 36 > 16
+    reason = causal_conv_fast.reason((1, 3, 6, 722, 1002), (96, 3, 3, 3, 3), torch.bfloat16)
+    assert "folded: cuDNN's conv measured faster" in reason and "widened: cuDNN's conv measured faster" in reason
 
 
 @pytest.mark.parametrize("version", ["wan2.1", "wan2.2"])
