@@ -13,3 +13,5 @@ timeout 110 rewrite-bench --model wan2.1 --encode --size 720x1280 --frames 81 --
   --json $OUT/encode_wan21_720x1280x81.json 2>&1 | grep -v Warn | tail -4
 timeout 80 rewrite-bench --model wan2.1 --encode --size 480x832 --frames 81 --levels off,lossless,channels_last \
   --json $OUT/encode_wan21_480x832x81.json 2>&1 | grep -v Warn | tail -4
+timeout 90 rewrite-bench --model wan2.2 --encode --size 704x1280 --frames 21 --levels off,channels_last --repeat 1 \
+  --warmup 0 --profile > $OUT/encode_wan22_704x1280x21_profile.log 2>&1; grep -v Warn $OUT/encode_wan22_704x1280x21_profile.log | head -4
