@@ -204,11 +204,18 @@ PAD_CL_TILE_FEW_CHANNELS = Tile(positions=64, channels=128, warps=8)  # up to 12
 PAD_CL_TILE_NARROW = Tile(positions=256, channels=16, warps=4)  # up to 16 channels (a video's 3, widened to 16)
 
 
+def _pad_cl_tile(out_channels: int) -> Tile:
+    """The channels-last pad kernels' tile for a padded input of `out_channels` channels."""
+    if out_channels <= PAD_CL_TILE_NARROW.channels:
+        return PAD_CL_TILE_NARROW
+    return PAD_CL_TILE_FEW_CHANNELS if out_channels <= PAD_CL_TILE_FEW_CHANNELS.channels else PAD_CL_TILE
+
+
 def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int], next_cache: Tensor | None = None,
-                          out_channels: int | None = None) -> tuple[Tensor, Tensor]:
+                          out_channels: int | None = None, columns: int | None = None) -> tuple[Tensor, Tensor]:
     """Empty (padded input, next cache), channels-last, for `causal_pad_channels_last`; `next_cache`: the
     buffer to write the next cache into instead of a new one (checked); `out_channels`: the padded input's
-    channel count (default x's; at least x's)."""
+    channel count (default x's; at least x's); `columns`: its width (default x's padded width)."""
     wl, wr, hl, hr, tl_, tr = pad
     b, c, tx, h, w = x.shape
     tc = 0 if cache is None else cache.shape[2]
@@ -216,7 +223,7 @@ def _padded_channels_last(x: Tensor, cache: Tensor | None, pad: list[int], next_
         raise ValueError(f"causal_pad_channels_last: {tl_ + tc + tx} frames before the right pad, the cache needs 2")
     if out_channels is not None and out_channels < c:
         raise ValueError(f"causal_pad_channels_last: out_channels {out_channels} is fewer than x's {c} channels")
-    shape = (b, out_channels or c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr)
+    shape = (b, out_channels or c, tl_ + tc + tx + tr, hl + h + hr, wl + w + wr if columns is None else columns)
     out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
     if next_cache is None:
         next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
@@ -271,14 +278,12 @@ def _launch_pad_cl(x: Tensor, cache: Tensor | None, pad: list[int], out: Tensor,
     source = x if cache is None else cache
     _, out_channels, frames_out, rows_out, columns_out = out.shape
     if out.numel():
-        tile = (PAD_CL_TILE_NARROW if out_channels <= PAD_CL_TILE_NARROW.channels
-                else PAD_CL_TILE_FEW_CHANNELS if out_channels <= PAD_CL_TILE_FEW_CHANNELS.channels else PAD_CL_TILE)
+        tile = _pad_cl_tile(out_channels)
         block_c = tile.block_channels(out_channels)
         grid = (b * frames_out * rows_out, triton.cdiv(columns_out, tile.positions), triton.cdiv(out_channels, block_c))
         launch(_causal_pad_cl_kernel, grid, x, source, out, out if next_cache is None else next_cache, c,
                out_channels, frames_out, rows_out, columns_out, tc, h, w, tl_, hl, wl, tc + tx, *x.stride(),
-               *source.stride(),
-               HAS_CACHE=cache is not None, NEXT_CACHE=next_cache is not None, BLOCK_W=tile.positions,
+               *source.stride(), HAS_CACHE=cache is not None, NEXT_CACHE=next_cache is not None, BLOCK_W=tile.positions,
                BLOCK_C=block_c, num_warps=tile.warps)
 
 
@@ -322,15 +327,11 @@ def causal_pad_channels_last_folded(x: Tensor, cache: Tensor | None, pad: list[i
     if kernel_width * c > out_channels:
         raise ValueError(f"causal_pad_channels_last_folded: {kernel_width} x {c} channels exceed {out_channels}")
     tc = 0 if cache is None else cache.shape[2]
-    if tl_ + tc + tx < 2:
-        raise ValueError(f"causal_pad_channels_last: {tl_ + tc + tx} frames before the right pad, the cache needs 2")
-    frames_out, rows_out = tl_ + tc + tx + tr, hl + h + hr
-    out = torch.empty((b, out_channels, frames_out, rows_out, w), dtype=x.dtype, device=x.device,
-                      memory_format=torch.channels_last_3d)
-    next_cache = torch.empty((b, c, 2, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    out, next_cache = _padded_channels_last(x, cache, pad, out_channels=out_channels, columns=w)
+    _, _, frames_out, rows_out, _ = out.shape
     source = x if cache is None else cache
     if out.numel():
-        tile = PAD_CL_TILE_NARROW if out_channels <= PAD_CL_TILE_NARROW.channels else PAD_CL_TILE_FEW_CHANNELS
+        tile = _pad_cl_tile(out_channels)
         block_c = tile.block_channels(out_channels)
         grid = (b * frames_out * rows_out, triton.cdiv(w, tile.positions), triton.cdiv(out_channels, block_c))
         launch(_causal_pad_fold_cl_kernel, grid, x, source, out, next_cache, c, out_channels, frames_out, rows_out,

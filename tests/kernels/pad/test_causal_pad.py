@@ -41,6 +41,15 @@ def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_fram
         assert torch.equal(next_cache, wan_reference.next_cache_reference(x, cache, mode))
 
 
+def _bf16_x_and_cache(shape, cache_frames: int, seed: int):
+    """A random bf16 x of `shape` and a cache of `cache_frames` frames beside it (None for 0)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
+    if not cache_frames:
+        return x, None
+    return x, torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, torch.bfloat16)
+
+
 @needs_kernels
 @pytest.mark.parametrize("shape,pad,cache_frames,out_channels", [((1, 3, 1, 5, 7), [1, 1, 1, 1, 2, 0], 0, 16),
                                                                  ((2, 3, 4, 4, 6), [1, 1, 1, 1, 0, 0], 2, 16),
@@ -49,11 +58,7 @@ def test_channels_last_causal_pad_is_exact(dtype, layout, shape, pad, cache_fram
 def test_channels_last_causal_pad_widened_is_exact(shape, pad, cache_frames, out_channels):
     """With `out_channels` (a 3-channel video widened for the Triton conv): the padded input's first channels
     as without it, the rest zero, and the next cache x's channels only."""
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
-    cache = None
-    if cache_frames:
-        cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, torch.bfloat16)
+    x, cache = _bf16_x_and_cache(shape, cache_frames, seed=4)
     with use_backend("triton"):
         expected, expected_cache = triton_pad.causal_pad_channels_last(x, cache, pad)
         actual, next_cache = triton_pad.causal_pad_channels_last(x, cache, pad, out_channels=out_channels)
@@ -91,11 +96,7 @@ def test_channels_last_pad_is_exact(layout, shape, pad):
 def test_channels_last_causal_pad_folded_is_exact(shape, pad, cache_frames):
     """Channel k * C + c of column w is the padded input's column w + k: the unfold of the padded input along
     the width, zeros past 3 * C channels; the next cache as without folding."""
-    g = torch.Generator().manual_seed(6)
-    x = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
-    cache = None
-    if cache_frames:
-        cache = torch.randn(shape[0], shape[1], cache_frames, *shape[3:], generator=g).to(DEVICE, torch.bfloat16)
+    x, cache = _bf16_x_and_cache(shape, cache_frames, seed=6)
     with use_backend("triton"):
         padded, expected_cache = triton_pad.causal_pad_channels_last(x, cache, pad)
         actual, next_cache = triton_pad.causal_pad_channels_last_folded(x, cache, pad, 3, 16)
