@@ -68,6 +68,22 @@ def _arrangements(width: int, pixels: int):
     return found
 
 
+def _split_families(out_channels: int) -> list:
+    """Program shapes holding every one of `out_channels` that is not a power of two in one program, as the
+    largest power of two below it plus a power-of-two rest (Wan 2.2's encoder: 160 = 128 + 32, 320 = 256 + 64),
+    where the first is at most 256; then 64-channel blocks where they divide the count (320 = 5 x 64). Tried
+    first: whole 128-channel blocks leave 160 channels' programs 37.5% idle (docs/tuning.md 1.22)."""
+    families = []
+    block_n = 1 << (out_channels.bit_length() - 1)
+    rest = out_channels - block_n
+    if 16 <= rest and rest & (rest - 1) == 0 and block_n <= 256:
+        families += [(128, block_n, rest, 8, 3), (128, block_n, rest, 8, 4), (64, block_n, rest, 4, 3),
+                     (64, block_n, rest, 8, 3)]
+    if out_channels % 128 and out_channels % 64 == 0:
+        families += [(128, 64, 0, 4, 4), (256, 64, 0, 8, 3)]
+    return families
+
+
 def candidate_tiles(in_channels: int, out_channels: int, width: int, warp_specialize: bool = False):
     """The tiles the sweep tries for a shape, `launch_config`'s first (ConvTile fields: block_w, block_n,
     block_k, warps, stages, n_rest, rows, warp_specialize, max_registers, flat). Each (pixels, channels, warps,
@@ -87,6 +103,7 @@ def candidate_tiles(in_channels: int, out_channels: int, width: int, warp_specia
         families += [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 3), (256, 64, 0, 8, 4),
                      (128, 64, 0, 4, 4), (128, 128, 0, 4, 4)]
     else:
+        families += _split_families(out_channels)
         families += [(128, 128, 0, 4, 4), (128, 128, 0, 4, 3), (128, 128, 0, 8, 4), (256, 128, 0, 8, 3),
                      (128, 256, 0, 8, 3)]
     tiles = [launch_config(in_channels, out_channels, width)]

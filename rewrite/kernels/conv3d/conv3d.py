@@ -234,11 +234,12 @@ def norm_epilogue_chosen(in_channels: int, out_channels: int) -> bool:
 # Per card: (in channels, out channels, kernel taps, output row width) of further convs that card's own sweep
 # measured faster than cuDNN's with `card_launch_config`'s tile, at exactly that width (docs/tuning.md 1.21):
 # the H100's encoder convs (Wan 2.1's 96 -> 192 at 720p and 480p, Wan 2.2's 320 -> 640 and 640 at 704x1280)
-# and the encoder's first conv, its 3 video channels widened to 16, 27 taps (`rewrite.models.wan.causal_conv_fast`;
-# its folded form, 9 taps, has no entry: not measured on a GPU yet).
+# and the encoder's first conv, its 3 video channels widened to 16 (`rewrite.models.wan.causal_conv_fast`): 27 taps,
+# and its folded form (kernel columns in the channels, 9 taps; docs/tuning.md 1.22).
 CARD_FASTER_THAN_CUDNN: dict[str, frozenset] = {
     "NVIDIA H100 80GB HBM3": frozenset({(96, 192, 27, 640), (96, 192, 27, 416), (320, 640, 27, 160),
-                                       (640, 640, 27, 160), (16, 96, 27, 1280), (16, 96, 27, 832)}),
+                                       (640, 640, 27, 160), (16, 96, 27, 1280), (16, 96, 27, 832),
+                                       (16, 96, 9, 1280), (16, 96, 9, 832)}),
 }
 # Per card: the same keys where that card measured cuDNN's conv faster than the shared table's choice: the H100's
 # 192-channel convs 960 wide (1088x1920; a decode 0.9% faster with them on cuDNN, docs/tuning.md 1.21).

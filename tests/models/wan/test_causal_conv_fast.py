@@ -87,8 +87,10 @@ def test_a_conv_the_table_does_not_choose_runs_the_exact_op(kernel_allowed_on_cp
 
 def test_plan_picks_the_form_and_names_what_declines(monkeypatch):
     shape = (1, 3, 6, 722, 1282)
-    assert causal_conv_fast.plan(shape, (96, 3, 3, 3, 3), torch.bfloat16) == ("widened", None)  # 1280 wide: measured
-    monkeypatch.setitem(triton_conv3d.CARD_FASTER_THAN_CUDNN, "a card", frozenset({(16, 96, 9, 1280)}))
+    monkeypatch.setattr(triton_conv3d, "CARD_FASTER_THAN_CUDNN", {"a card": frozenset({(16, 96, 27, 1280)})})
+    assert causal_conv_fast.plan(shape, (96, 3, 3, 3, 3), torch.bfloat16) == ("widened", None)  # folded unmeasured
+    both_forms = frozenset({(16, 96, 9, 1280), (16, 96, 27, 1280)})
+    monkeypatch.setitem(triton_conv3d.CARD_FASTER_THAN_CUDNN, "a card", both_forms)
     assert "16 input channels (this op widens inputs of fewer than 16)" in causal_conv_fast.reason(
         (1, 16, 6, 10, 10), (96, 16, 3, 3, 3), torch.bfloat16)
     assert "dtype torch.float32" in causal_conv_fast.reason(shape, (96, 3, 3, 3, 3), torch.float32)
