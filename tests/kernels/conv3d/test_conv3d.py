@@ -45,6 +45,7 @@ def _operands(b, c, o, t, h, w, dtype, seed=0):
     (2, 32, 48, 3, 2, 9, SMALL),                               # 48 outputs: a partial channel block
     (1, 48, 24, 2, 3, 20, ConvTile(32, 32, 16, 4, 2)),         # K = 3 blocks of 16 channels
     (1, 32, 96, 1, 2, 40, ConvTile(32, 64, 32, 4, 2, 32)),     # the 64 + 32 split of 96 channels
+    (1, 16, 80, 1, 2, 12, ConvTile(16, 64, 16, 4, 2, 16)),     # a 4 + 1 split (80 = 64 + 16), as 160 = 128 + 32
     (1, 16, 48, 2, 5, 20, ConvTile(16, 32, 16, 4, 2, 16, 2)),  # two rows per program (an odd row count), 32 + 16
     (2, 32, 40, 1, 4, 12, ConvTile(16, 32, 32, 4, 2, 0, 2)),   # two rows, a partial channel block, 2 batches
     (1, 32, 3, 2, 3, 24, ConvTile(32, 16, 32, 4, 2)),          # 3 outputs (Wan's head) in a 16-channel tile
