@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 31, issue 39: Wan 2.1's 720x1280x81 encode with the folded first conv chosen on the H100; the Triton conv's
 # channel-split tiles for Wan 2.2's encoder widths (160 = 128 + 32, 160 -> 320 and 320 in 256 + 64 or 64-channel
-# blocks) against cuDNN; where Wan 2.2's channels_last encode spends its time (704x1280x21, one call). Logs to $OUT.
+# blocks) against cuDNN; where the channels_last encodes spend their time (Wan 2.2 704x1280x21, Wan 2.1 720x1280x21,
+# one call each). Logs to $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
@@ -19,3 +20,6 @@ PY
 timeout 90 rewrite-bench --model wan2.2 --encode --size 704x1280 --frames 21 --levels channels_last --repeat 1 \
   --warmup 0 --profile --profile-rows 25 > $OUT/encode_wan22_profile_704x1280x21.log 2>&1
 grep -v "decodes:" $OUT/encode_wan22_profile_704x1280x21.log | cut -c1-180 | tail -32
+timeout 90 rewrite-bench --model wan2.1 --encode --size 720x1280 --frames 21 --levels channels_last --repeat 1 \
+  --warmup 0 --profile --profile-rows 25 > $OUT/encode_wan21_profile_720x1280x21.log 2>&1
+grep -v "decodes:" $OUT/encode_wan21_profile_720x1280x21.log | cut -c1-180 | tail -32
