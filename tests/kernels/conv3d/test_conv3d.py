@@ -227,6 +227,16 @@ def test_the_waste_is_judged_with_the_tile_the_card_launches(monkeypatch):
     assert not triton_conv3d.chosen(640, 640, 27, 160)  # no device: the rule's tile
 
 
+@pytest.mark.parametrize("card,shape,tile", [(card, shape, tile) for card, tiles in triton_conv3d.CARD_TILES.items()
+                                              for shape, tile in tiles.items()])
+def test_every_card_tile_runs_its_shape(card, shape, tile):
+    """A card's measured tile is one the kernel runs for its (in, out, width): K blocks dividing the input
+    channels, a channel split summing to the outputs, a flat program within two padded rows."""
+    in_channels, out_channels, width = shape
+    assert triton_conv3d.tile_reason(tile, out_channels, width + 2) is None
+    assert in_channels % tile.block_k == 0
+
+
 def test_tiles_the_kernel_cannot_run_are_named():
     assert "rows per program" in triton_conv3d.tile_reason(ConvTile(64, 64, 32, 4, 2, 0, 3), 64)
     assert "split" in triton_conv3d.tile_reason(ConvTile(64, 64, 32, 4, 2, 32), 128)
