@@ -23,3 +23,6 @@ grep -v "decodes:" $OUT/encode_wan22_profile_704x1280x21.log | cut -c1-180 | tai
 timeout 90 rewrite-bench --model wan2.1 --encode --size 720x1280 --frames 21 --levels channels_last --repeat 1 \
   --warmup 0 --profile --profile-rows 25 > $OUT/encode_wan21_profile_720x1280x21.log 2>&1
 grep -v "decodes:" $OUT/encode_wan21_profile_720x1280x21.log | cut -c1-180 | tail -32
+timeout 150 python3 docs/data/experiments/bench_with_swept_tiles.py $OUT/conv3d_wan22_encoder_splits.json 0.03 -- \
+  --model wan2.2 --encode --size 704x1280 --frames 121 --levels off,channels_last \
+  --json $OUT/encode_wan22_704x1280x121_split_tiles.json 2>&1 | grep -v Warn | tail -5
