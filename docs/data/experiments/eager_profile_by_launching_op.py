@@ -1,5 +1,8 @@
 """Session 21: eager (un-captured) profile of one Wan channels_last decode, each kernel attributed to the ATen/
-custom op that launched it, its input shapes and the innermost rewrite/ source line (with_stack)."""
+custom op that launched it, its input shapes and the innermost rewrite/ source line (with_stack). Session 31: a
+sixth argument "encode" profiles an encode of a video of that size instead.
+
+    python eager_profile_by_launching_op.py MODEL HxW FRAMES LEVEL OUT.json [encode]"""
 import collections, json, sys, time
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -14,6 +17,11 @@ scale = 16 if model == "wan2.2" else 8
 z = torch.randn(1, z_ch, (frames - 1) // 4 + 1, h // scale, w // scale, generator=torch.Generator().manual_seed(0))
 z = z.to("cuda", torch.bfloat16)
 optimize(vae, level=level)
+if sys.argv[6:] == ["encode"]:
+    video = (torch.rand(1, 3, frames, h, w, generator=torch.Generator().manual_seed(0)) * 2 - 1).to("cuda", z.dtype)
+    run = lambda: vae.encode(video)  # noqa: E731
+else:
+    run = lambda: vae.decode(z)  # noqa: E731
 
 
 class Eager:
@@ -32,11 +40,11 @@ runner = vae.__dict__["_rewrite_runner"]
 runner.graph_backend = Eager()
 with torch.no_grad():
     for _ in range(2):
-        vae.decode(z)
+        run()
     torch.cuda.synchronize()
-    t = time.perf_counter(); vae.decode(z); torch.cuda.synchronize(); print("eager decode s", time.perf_counter() - t)
+    t = time.perf_counter(); run(); torch.cuda.synchronize(); print("eager s", time.perf_counter() - t)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True, with_stack=True) as prof:
-        vae.decode(z)
+        run()
         torch.cuda.synchronize()
 rows = collections.defaultdict(lambda: [0.0, 0])
 for e in prof.events():

@@ -177,7 +177,10 @@ CARD_TILES: dict[str, dict[tuple[int, int, int], ConvTile]] = {
     "NVIDIA H100 80GB HBM3": {(384, 384, 480): ConvTile(256, 128, 64, 8, 3, 0, 1, flat=True),
                               (192, 384, 480): ConvTile(256, 128, 64, 8, 3, 0, 1, flat=True),
                               (320, 640, 160): ConvTile(128, 128, 64, 4, 4, 0, 1, flat=True),
-                              (640, 640, 160): ConvTile(128, 128, 64, 4, 4, 0, 1, flat=True)},
+                              (640, 640, 160): ConvTile(128, 128, 64, 4, 4, 0, 1, flat=True),
+                              # Wan 2.2's encoder at 176x320: all 320 channels in one program (256 + 64)
+                              (160, 320, 320): ConvTile(64, 256, 32, 8, 3, 64, 2),
+                              (320, 320, 320): ConvTile(64, 256, 64, 8, 3, 64, 2)},
 }
 
 
@@ -233,13 +236,15 @@ def norm_epilogue_chosen(in_channels: int, out_channels: int) -> bool:
 
 # Per card: (in channels, out channels, kernel taps, output row width) of further convs that card's own sweep
 # measured faster than cuDNN's with `card_launch_config`'s tile, at exactly that width (docs/tuning.md 1.21):
-# the H100's encoder convs (Wan 2.1's 96 -> 192 at 720p and 480p, Wan 2.2's 320 -> 640 and 640 at 704x1280)
+# the H100's encoder convs (Wan 2.1's 96 -> 192 at 720p and 480p; Wan 2.2's 160 -> 320 and 320 at 176x320 with
+# one-program channel splits, docs/tuning.md 1.22, and 320 -> 640 and 640 at 88x160)
 # and the encoder's first conv, its 3 video channels widened to 16 (`rewrite.models.wan.causal_conv_fast`): 27 taps,
 # and its folded form (kernel columns in the channels, 9 taps; docs/tuning.md 1.22).
 CARD_FASTER_THAN_CUDNN: dict[str, frozenset] = {
     "NVIDIA H100 80GB HBM3": frozenset({(96, 192, 27, 640), (96, 192, 27, 416), (320, 640, 27, 160),
                                        (640, 640, 27, 160), (16, 96, 27, 1280), (16, 96, 27, 832),
-                                       (16, 96, 9, 1280), (16, 96, 9, 832)}),
+                                       (16, 96, 9, 1280), (16, 96, 9, 832), (160, 320, 27, 320),
+                                       (320, 320, 27, 320)}),
 }
 # Per card: the same keys where that card measured cuDNN's conv faster than the shared table's choice: the H100's
 # 192-channel convs 960 wide (1088x1920; a decode 0.9% faster with them on cuDNN, docs/tuning.md 1.21).
