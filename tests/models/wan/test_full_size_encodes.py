@@ -39,10 +39,14 @@ def test_full_size_encode_bit_identical(version, height, width):
     assert torch.equal(actual.mean, expected.mean) and torch.equal(actual.logvar, expected.logvar)
 
 
-@pytest.mark.parametrize("version", ("wan2.1", "wan2.2"))
-def test_channels_last_encode_within_the_contract(version):
+@pytest.mark.parametrize("version,frames,height,width", (
+    ("wan2.1", 33, 480, 832), ("wan2.2", 33, 480, 832),
+    ("wan2.1", 9, 720, 1280),   # the H100's folded first conv, 1280 wide
+    ("wan2.2", 9, 704, 1280),   # the H100's 256 + 64 split tiles at 176x320
+), ids=("wan2.1-480p", "wan2.2-480p", "wan2.1-720p", "wan2.2-704p"))
+def test_channels_last_encode_within_the_contract(version, frames, height, width):
     vae = build_wan(version, "full").to("cuda", torch.bfloat16)
-    video = _video(33, 480, 832)
+    video = _video(frames, height, width)
     with torch.no_grad():
         expected_latents = vae.encode(video).latent_dist.mode()
         expected = vae.decode(expected_latents).sample
