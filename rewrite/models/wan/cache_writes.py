@@ -111,8 +111,9 @@ def static_cache_formats(graph_module: fx.GraphModule, user_inputs: list[str]) -
     """Per cache input of a steady step graph (``user_inputs`` as for `write_caches_in_place`), the memory
     format its static buffer should have so that the step's copy of the new cache into it is a plain memcpy:
     ``torch.channels_last_3d`` where the graph returns that new cache channels-last (its output's fake value,
-    e.g. `rewrite::causal_conv3d`'s next cache) and every reader of the cache input is a ``rewrite`` custom op
-    (their values do not depend on an input's strides); else None (keep the layout chunk 0 gives it).
+    e.g. `rewrite::causal_conv3d`'s next cache) and every reader of the cache input is a ``rewrite`` custom op or
+    reads its sizes alone (`_reads_no_strides`: their values do not depend on an input's strides); else None
+    (`rewrite.runtime.graph_memory.CacheArena.buffers`: contiguous in the shared block, chunk 0's layout outside).
 
     Why: chunk 0 may return such a cache in another layout (Wan's `time_conv` caches come out of it
     contiguous), and a static buffer in that layout makes every steady step copy the new cache across
@@ -126,7 +127,20 @@ def static_cache_formats(graph_module: fx.GraphModule, user_inputs: list[str]) -
         readers = list(placeholders[name].users)
         channels_last = (isinstance(val, torch.Tensor) and val.dim() == 5 and not val.is_contiguous()
                          and val.is_contiguous(memory_format=torch.channels_last_3d))
-        custom_readers = all(r.op == "output" or (r.op == "call_function" and isinstance(r.target, torch._ops.OpOverload)
-                                                  and r.target.namespace == "rewrite") for r in readers)
-        formats.append(torch.channels_last_3d if channels_last and custom_readers else None)
+        formats.append(torch.channels_last_3d if channels_last and all(map(_reads_no_strides, readers)) else None)
     return formats
+
+
+# ATen ops reading a tensor's sizes alone: a symbolic graph reads a cache input's batch, height and width with them
+# (the encoder's shape arithmetic), and a buffer's layout does not change what they return.
+_SIZE_READERS = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_size.default,
+                           torch.ops.aten.sym_numel.default})
+
+
+def _reads_no_strides(reader: fx.Node) -> bool:
+    """Whether `reader`'s values do not depend on its input's strides: the graph's output, a ``rewrite`` custom op
+    (each assembles its own operands) or an op reading sizes alone (`_SIZE_READERS`)."""
+    if reader.op == "output":
+        return True
+    return reader.op == "call_function" and (reader.target in _SIZE_READERS or (
+        isinstance(reader.target, torch._ops.OpOverload) and reader.target.namespace == "rewrite"))

@@ -140,3 +140,40 @@ def test_a_cache_read_by_an_aten_op_keeps_its_layout():
     new.meta["val"] = torch.empty((1, 4, 2, 3, 3), memory_format=torch.channels_last_3d)
     graph.output((y, new))
     assert static_cache_formats(fx.GraphModule(torch.nn.Module(), graph), ["x", "c0"]) == [None]
+
+
+@pytest.mark.parametrize("size_reader,expected", [
+    (aten.sym_size.int, torch.channels_last_3d),  # sizes alone: the layout is free
+    (aten.sym_stride.int, None),                   # strides: the buffer's layout would change what it reads
+])
+def test_a_cache_whose_sizes_are_read_follows_the_steady_graph(size_reader, expected):
+    """A symbolic graph reads a cache input's sizes for its shape arithmetic (the encoder's steps do): that reader
+    leaves the buffer free to take the steady step's channels-last layout, a stride reader does not."""
+    graph = fx.Graph()
+    x, c0 = graph.placeholder("x"), graph.placeholder("c0")
+    graph.call_function(size_reader, (c0, 3))
+    y = graph.call_function(torch.ops.rewrite.rms_norm.default, (x, c0))  # a rewrite op reads the cache
+    new = graph.call_function(aten.mul.Tensor, (x, 2))
+    new.meta["val"] = torch.empty((1, 4, 2, 3, 3), memory_format=torch.channels_last_3d)
+    graph.output((y, new))
+    assert static_cache_formats(fx.GraphModule(torch.nn.Module(), graph), ["x", "c0"]) == [expected]
+
+
+def test_the_encoders_static_caches_take_the_layout_its_steady_graph_returns(monkeypatch):
+    """Wan 2.1's tiny encoder at ``channels_last`` (the channels-last conv paths taken as on a GPU): every cache its
+    steady step returns channels-last gets a channels-last buffer, so no step copies a cache across layouts (on
+    the H100 such copies were 15% of a 720p encode's kernel time: docs/tuning.md 1.22)."""
+    from rewrite.models.wan.config import build_wan
+    from rewrite.models.wan.encoder_capture import capture_wan_encoder
+    from rewrite.ops import dispatch, selftest
+
+    monkeypatch.setattr(dispatch, "INTERPRETING", True)
+    monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *a, **k: True)
+    vae = build_wan("wan2.1", "tiny").to(torch.bfloat16)
+    steady = [g for g in capture_wan_encoder(vae.encoder, torch.bfloat16, torch.device("cpu")) if "steady" in g.name][0]
+    rewrite_graph(steady, "channels_last")
+    formats = static_cache_formats(steady.graph_module, steady.user_input_names)
+    new = list(next(n for n in steady.graph_module.graph.nodes if n.op == "output").args[0])[1:]
+    returned_channels_last = [not v.meta["val"].is_contiguous() for v in new]
+    assert sum(returned_channels_last) >= 10
+    assert [f is torch.channels_last_3d for f in formats] == returned_channels_last
