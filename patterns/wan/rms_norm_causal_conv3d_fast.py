@@ -5,15 +5,17 @@ Matches:  rewrite::rms_norm_causal_conv3d(x, gamma, scale, norm_bias, eps, upcas
           (after every family that builds or rewires that op: `rms_norm_causal_conv3d`, `residual_bias`,
           `norm_input_bias`; cache, bias, residual and the deferred biases each present or absent)
 Replaces: rewrite::rms_norm_causal_conv3d_fast(the same arguments) (`rewrite.models.wan.ops_fast`)
-Exactness: tolerance. The conv is `rewrite.kernels.conv3d.conv3d`'s implicit GEMM: its fp32 sum runs in another
+Exactness: tolerance. The conv is `rewrite.kernels.conv3d.conv3d`'s implicit GEMM (or, where measured faster,
+          `rewrite.kernels.winograd`'s F(2x2, 3x3) with its transforms' roundings): its fp32 sum runs in another
           order than cuDNN's, and bias and residual are added before the one rounding (the README's
           `channels_last` contract; measured in docs/results.md). Where the op's kernel path does not serve a
           call, it runs the replaced `lossless` op.
 Level: channels_last.
 Guard: the graph runs on CUDA (or on CPU under the Triton interpreter, for tests), and `wan_fast.fast_reason`
-          accepts the conv: bf16/fp16 and either a shape the Triton conv tiles and `triton_conv3d.chosen`
-          measured faster than cuDNN's, or (cuDNN's conv kept) a channel count whose one-pass norm measured
-          faster than the exact one (the reason names what declined).
+          accepts the conv: bf16/fp16 and a shape the Triton conv tiles and `triton_conv3d.chosen` measured
+          faster than cuDNN's, or one `winograd.chosen` measured faster than both on the card, or (cuDNN's conv
+          kept) a channel count whose one-pass norm measured faster than the exact one (the reason names what
+          declined).
 """
 
 from __future__ import annotations

@@ -30,15 +30,24 @@ class WinogradTile(NamedTuple):
     split_output: bool = False  # materialized: a program per point GEMM writing fp32 sums, then the output transform
 
 
-#: (card, in channels, out channels, dtype) -> tile, for the convs this kernel measured faster than both the
-#: Triton direct conv and cuDNN on that card (the sweep fills it; empty: never chosen)
-_MEASURED_FASTER: dict[tuple[str, int, int, torch.dtype], WinogradTile] = {}
+#: card -> {(in channels, out channels, output width, dtype): tile}, for the convs this kernel measured faster than
+#: both the Triton direct conv and cuDNN on that card (`python -m rewrite.tools.sweep_winograd`, docs/tuning.md 1.21).
+#: The H100's one entry: Wan 2.2's 1024-channel convs at 90x160 (the 720p decode's up block 1), split form, 1.42x
+#: cuDNN. Not its 512 at 180x320 (1.09x, for 3.3 GB of fp32 sums and transformed input in the graphs' pool) nor
+#: its 256 (0.70x). Widths are exact: another size's plane was not measured and keeps its conv.
+_MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
+    "NVIDIA H100 80GB HBM3": {
+        (1024, 1024, 160, torch.bfloat16): WinogradTile(128, 256, 64, 8, 3, materialized=True, split_output=True),
+    },
+}
 
 
-def chosen(in_channels: int, out_channels: int, dtype: torch.dtype, device: torch.device) -> Optional[WinogradTile]:
-    """The tile with which this kernel serves the conv on `device`'s card, or None (the direct conv or cuDNN)."""
+def chosen(in_channels: int, out_channels: int, width: int, dtype: torch.dtype,
+           device: torch.device) -> Optional[WinogradTile]:
+    """The tile with which this kernel serves a conv (channels, the output's width, dtype) on `device`'s card, or
+    None (the direct conv or cuDNN)."""
     card = cards.name(device)
-    return None if card is None else _MEASURED_FASTER.get((card, in_channels, out_channels, dtype))
+    return None if card is None else _MEASURED_FASTER.get(card, {}).get((in_channels, out_channels, width, dtype))
 
 
 def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:

@@ -25,14 +25,21 @@ OUTPUT_TRANSFORM = ((1.0, 1.0, 1.0, 0.0), (0.0, 1.0, -1.0, -1.0))
 POINTS = 16  # 4 x 4 products per 2x2 output block
 
 
+def _filter_points(weight: Tensor, dim: int) -> Tensor:
+    """G applied along `dim` (3 filter taps -> 4 points), by its rows' sums rather than a product with a constant:
+    no host-to-device copy, so the transform may be captured in a CUDA graph."""
+    first, middle, last = weight.unbind(dim)
+    return torch.stack((first, (first + middle + last) * 0.5, (first - middle + last) * 0.5, last), dim)
+
+
 def transformed_weight(weight: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """``G g G^T`` of every (output channel, input channel, temporal tap) of a [O, C, kt, 3, 3] conv weight, as
     the GEMMs' right operand [16, kt * C, O] (point-major, then tap-major, output channels contiguous) in `dtype`
-    (default: the weight's). Computed in fp32 (fp64 for an fp64 weight)."""
+    (default: the weight's). Computed in fp32 (fp64 for an fp64 weight), with `FILTER_TRANSFORM`'s entries."""
     if weight.dim() != 5 or tuple(weight.shape[3:]) != (3, 3):
         raise ValueError(f"transformed_weight: expected a [O, C, kt, 3, 3] conv weight, got {tuple(weight.shape)}")
     compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
-    g = torch.tensor(FILTER_TRANSFORM, dtype=compute, device=weight.device)
     out_channels, in_channels, taps = weight.shape[:3]
-    u = torch.einsum("rh,octhw,sw->rstco", g, weight.to(compute), g)  # [4, 4, kt, C, O]
-    return u.reshape(POINTS, taps * in_channels, out_channels).to(dtype or weight.dtype).contiguous()
+    u = _filter_points(_filter_points(weight.to(compute), 3), 4)  # [O, C, kt, 4, 4]
+    return u.permute(3, 4, 2, 1, 0).reshape(POINTS, taps * in_channels, out_channels).to(dtype or weight.dtype) \
+        .contiguous()

@@ -18,9 +18,9 @@ no temporary), `materialized` writes it to memory first and runs plain pipelined
 a temporary of 4x the padded input). Both keep five fp32 accumulators: a point's GEMM sum and the block's four
 outputs, into which each point's sum is added with the output transform's coefficients.
 
-What is not here yet: the epilogues of the direct conv beyond bias and residual, and a measured choice
-(`chosen`, whose table is empty until the GPU sweep `python -m rewrite.tools.sweep_winograd` fills it per card):
-no op routes to this kernel yet.
+Routed by `rewrite.models.wan.ops_fast.rms_norm_causal_conv3d_fast` where `chosen` (a per-card table from the GPU
+sweep `python -m rewrite.tools.sweep_winograd`) names a tile for the conv. Not here yet: the direct conv's
+epilogues beyond bias and residual (the next norm into the next conv's padded input).
 """
 
 from __future__ import annotations

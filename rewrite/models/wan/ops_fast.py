@@ -7,6 +7,10 @@ writes the padded channels-last conv input and the next cache (`triton_norm_fast
 channel counts where it measured faster, `one_pass_norm_chosen`; else the ``lossless`` op's kernel, exactly
 as that op does), then one Triton kernel convolves and adds bias, residual and the residual's deferred bias
 to the fp32 accumulator before the one rounding, storing straight into the output layout (no epilogue pass).
+Where the direct conv is not chosen but `winograd.chosen` names a tile for the conv on this card (bf16/fp16,
+3x3 planes), the same norm kernel's padded input is convolved by Winograd F(2x2, 3x3)
+(`rewrite.kernels.winograd`) with the weight's kept transform (`weight_store.transformed_for`, recomputed on a
+decode's first chunk), bias, residual and its deferred bias added in fp32 before one rounding.
 Where `triton_conv3d.chosen` keeps cuDNN's conv but the one-pass norm is chosen for the channel count, the
 op runs that norm and then the ``lossless`` op's cuDNN conv and epilogue on its padded input. Everywhere the
 kernel path does not serve (a CPU tensor outside the interpreter tests, autograd, a shape or dtype
@@ -16,7 +20,8 @@ reproduced for x where the exact norm kernel would run), the ``lossless`` op run
 
 Tolerance (measured: docs/results.md, tests/models/wan/test_ops_fast.py): the conv's fp32 sum runs in another order
 than cuDNN's and bias and residual are added before one rounding, so outputs differ from ``lossless`` by
-about one bf16/fp16 ulp per conv; the one-pass norm computes in fp32 and rounds once (ATen rounds after each
+about one bf16/fp16 ulp per conv (the Winograd conv: its transforms' roundings too, about 1 dB of the decode's
+PSNR in issue 40's measurement); the one-pass norm computes in fp32 and rounds once (ATen rounds after each
 op): about one ulp of its output; the full-decode contract is `rewrite.contract`'s (PSNR >= 45 dB and a
 max-abs that grows with the video, against ``off``).
 """
@@ -34,13 +39,16 @@ from rewrite.kernels import layout
 from rewrite.kernels.conv3d import conv3d as triton_conv3d
 from rewrite.kernels.norm import one_pass as triton_norm_fast
 from rewrite.kernels.pad import causal_pad as triton_pad
+from rewrite.kernels.winograd import materialized as winograd_materialized
+from rewrite.kernels.winograd import winograd
+from rewrite.kernels.winograd.weight_store import transformed_for
 from rewrite.models.wan import ops as _exact  # registers rewrite::rms_norm_causal_conv3d
 from rewrite.models.wan.ops import ConvStage
 from rewrite.ops.cache_into import writes_next_caches
 from rewrite.kernels.layout import conv_output_shape
 from rewrite.ops.op_info import reads_channels_last_weight
 
-__all__ = ["chain_reason", "conv_reason", "fast_reason", "one_pass_norm_chosen", "pair_reason",
+__all__ = ["chain_reason", "conv_reason", "fast_reason", "one_pass_norm_chosen", "pair_reason", "winograd_tile",
            "rms_norm_causal_conv3d_fast", "rms_norm_causal_conv3d_pair_fast", "rms_norm_causal_conv3d_pair_fast_chain"]
 
 rewrite_ops = torch.ops.rewrite
@@ -70,13 +78,29 @@ def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weigh
     return in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype, x.device) is None
 
 
+def winograd_tile(in_shape, weight_shape, dtype: torch.dtype,
+                  device: Optional[torch.device] = None) -> Optional[winograd.WinogradTile]:
+    """The tile with which the Winograd kernel serves this conv (its padded input's shape, the weight's, the dtype)
+    where `winograd.chosen` measured it faster than both other convs on `device`'s card; else None."""
+    if device is None or winograd.unsupported_reason(in_shape, weight_shape, dtype) is not None:
+        return None
+    out_channels, in_channels, _, _, kernel_width = weight_shape
+    tile = winograd.chosen(in_channels, out_channels, in_shape[4] - kernel_width + 1, dtype, device)
+    if tile is not None and tile.materialized and winograd_materialized.unsupported_reason(in_channels, out_channels):
+        return None
+    return tile
+
+
 def fast_reason(in_shape, weight_shape, dtype: torch.dtype, device: Optional[torch.device] = None) -> Optional[str]:
-    """None when the fast op's kernel path serves this conv: the Triton conv (`conv_reason`) or, where cuDNN's
-    conv stays, the one-pass norm before it (a channel count in `_ONE_PASS_BEFORE_CUDNN_CHANNELS`, bf16/fp16);
-    else why the ``lossless`` op runs it. Read by the pattern's guard on the graph's shapes."""
+    """None when the fast op's kernel path serves this conv: the Triton conv (`conv_reason`), the Winograd conv
+    (`winograd_tile`) or, where cuDNN's conv stays, the one-pass norm before it (a channel count in
+    `_ONE_PASS_BEFORE_CUDNN_CHANNELS`, bf16/fp16); else why the ``lossless`` op runs it. Read by the pattern's
+    guard on the graph's shapes."""
     reason = conv_reason(in_shape, weight_shape, dtype, device)
-    if reason is None or (dtype in triton_conv3d.SUPPORTED_DTYPES and in_shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
-                          and in_shape[1] <= triton_norm_fast.MAX_CHANNELS):
+    if reason is None or winograd_tile(in_shape, weight_shape, dtype, device) is not None:
+        return None
+    if dtype in triton_conv3d.SUPPORTED_DTYPES and in_shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS \
+            and in_shape[1] <= triton_norm_fast.MAX_CHANNELS:
         return None
     return f"{reason}; the one-pass norm is not chosen for {in_shape[1]} channels"
 
@@ -94,7 +118,8 @@ _ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 256, 384, 512})
 # Of those, the counts whose one-pass norm also runs before a conv cuDNN keeps (the op then runs the lossless
 # op's conv on its padded input): Wan 2.2's 256 and 512. Not Wan 2.1's 96 (`conv_out`) and 192 / 384 (its
 # 90x160 level, 480p's 416 and 208 wide levels): with them one-pass, Wan 2.1 720p's max-abs against `off` went
-# past the level's bound of the time, 6e-2, for a few milliseconds (docs/tuning.md section 5, "Notes moved from the runners");
+# past the level's bound of the time, 6e-2, for a few milliseconds (docs/tuning.md section 5, "Notes moved from the
+# runners");
 # their norms keep the exact kernel, the lossless op's numbers.
 _ONE_PASS_BEFORE_CUDNN_CHANNELS = frozenset({256, 512})
 
@@ -109,6 +134,27 @@ def _triton_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residua
     if fold:
         return triton_conv3d.conv3d_channels_last_folded(padded, weight, bias, residual, out, residual_bias, fold=fold)
     return triton_conv3d.conv3d_channels_last(padded, weight, bias, residual, out, residual_bias)
+
+
+def _winograd_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor], out: Tensor,
+                   residual_bias: Optional[Tensor], tile: winograd.WinogradTile, refresh: bool) -> Tensor:
+    """The fast ops' Winograd conv of a padded channels-last input into `out`, with the weight's kept transform
+    (`weight_store.transformed_for`; `refresh`: recomputed from the weight, on a decode's first chunk). The
+    residual's deferred bias joins the conv's bias in fp32 (the kernel adds the bias in fp32 before its one
+    rounding)."""
+    if residual_bias is not None:
+        bias = residual_bias.float() if bias is None else bias.float() + residual_bias.float()
+    return winograd.winograd_conv3d_channels_last(padded, transformed_for(weight, refresh), bias, residual, out, tile)
+
+
+def _conv_output(padded: Tensor, weight: Tensor, residual: Optional[Tensor], channels_last_out: bool) -> Tensor:
+    """The fast ops' conv output: channels-last where `channels_last_out`, else in the layout
+    `layout.conv_output_strides` gives next to the residual."""
+    shape = conv_output_shape(padded.shape, weight.shape)
+    if channels_last_out:
+        return torch.empty(shape, dtype=padded.dtype, device=padded.device, memory_format=CL)
+    return torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=padded.dtype,
+                               device=padded.device)
 
 
 def _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias, into=None):
@@ -142,12 +188,22 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
     args = (x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, residual, x_bias,
             residual_bias, channels_last_out)
     if channels_last_out and (bias is not None or residual is not None):
-        raise ValueError("rms_norm_causal_conv3d_fast: channels_last_out is for the raw conv output (no bias, no residual)")
+        raise ValueError("rms_norm_causal_conv3d_fast: channels_last_out is for the raw conv output (no bias, "
+                         "no residual)")
     tensors = tuple(t for t in (x, gamma, cache, weight, bias, residual, x_bias, residual_bias) if t is not None)
     if not _exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_fast", tensors,
                                      triton_conv3d.SUPPORTED_DTYPES):
         return rewrite_ops.rms_norm_causal_conv3d.default(*args)
     served = _serves(x, cache, pad, mode, weight, residual)
+    in_shape = None if served else _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
+    tile = None if in_shape is None else winograd_tile(in_shape, weight.shape, x.dtype, x.device)
+    if tile is not None:
+        normalized = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias, into)
+        if normalized is not None:
+            padded, next_cache = normalized
+            out = _conv_output(padded, weight, residual, channels_last_out)
+            _winograd_conv(padded, weight, bias, residual, out, residual_bias, tile, refresh=mode == "chunk0")
+            return out, next_cache
     if (not served and one_pass_norm_chosen(x) and x.shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
             and _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual) is not None):
         # cuDNN's conv stays; its input comes from the one-pass norm
@@ -160,12 +216,7 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
         normalized = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias, into)
         if normalized is not None:
             padded, next_cache = normalized
-            shape = conv_output_shape(padded.shape, weight.shape)
-            if channels_last_out:
-                out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL)
-            else:
-                out = torch.empty_strided(shape, layout.conv_output_strides(shape, residual), dtype=x.dtype,
-                                          device=x.device)
+            out = _conv_output(padded, weight, residual, channels_last_out)
             _triton_conv(padded, weight, bias, residual, out, residual_bias)
             return out, next_cache
     return rewrite_ops.rms_norm_causal_conv3d.default(*args)

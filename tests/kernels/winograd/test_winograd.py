@@ -167,4 +167,4 @@ def test_bad_arguments_raise_errors_naming_what_was_expected():
 
 def test_no_conv_is_routed_to_winograd_off_a_measured_card():
     """The choice is read from a per-card table the GPU sweep fills: a CPU tensor never takes it."""
-    assert winograd.chosen(96, 96, torch.bfloat16, torch.device("cpu")) is None
+    assert winograd.chosen(96, 96, 160, torch.bfloat16, torch.device("cpu")) is None

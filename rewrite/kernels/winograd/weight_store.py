@@ -1,0 +1,57 @@
+"""The transformed weights (`transforms.transformed_weight`) of the convs an op serves by Winograd, one per weight.
+
+An op hands the Winograd kernel a conv weight transformed into [16, kt * C, O]: computed per call it costs about
+what the kernel gains (docs/tuning.md 1.21), so `transformed_for` keeps one per weight tensor and returns it on
+later calls. The entry dies with its weight (a module's weights, or the channels-last copies its runner keeps,
+die with the module: the memory goes with them).
+
+Staleness: a CUDA graph replays the kernels it captured and reads the kept tensor, not the weight. So the op asks
+for a `refresh` on the first chunk of every decode (the causal conv's ``chunk0`` mode, which every decode runs
+first and which is captured in a graph of its own): the transform is recomputed from the weight's current values
+into the kept tensor, and an in-place weight update (`load_state_dict`) reaches the next decode, as the
+channels-last weight copies' refresh does (`rewrite.models.wan.conv_weights`).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import Tensor
+
+from rewrite.kernels.winograd.transforms import transformed_weight
+
+__all__ = ["transformed_for"]
+
+# id(weight) -> (a weak reference to the weight, its transformed weight)
+_TRANSFORMED: dict[int, tuple[weakref.ref, Tensor]] = {}
+
+
+def _forget(key: int, reference: weakref.ref) -> None:
+    entry = _TRANSFORMED.get(key)
+    if entry is not None and entry[0] is reference:
+        del _TRANSFORMED[key]
+
+
+def _matches(transformed: Tensor, weight: Tensor) -> bool:
+    """The kept tensor still fits the weight (a parameter keeps its identity when `.data` is swapped, as
+    `module.to(...)` does: another dtype, device or shape then needs a new transform)."""
+    out_channels, in_channels, taps = weight.shape[:3]
+    return (transformed.dtype == weight.dtype and transformed.device == weight.device
+            and tuple(transformed.shape[1:]) == (taps * in_channels, out_channels))
+
+
+def transformed_for(weight: Tensor, refresh: bool) -> Tensor:
+    """`transformed_weight(weight)` in the weight's dtype, kept while `weight` lives: computed on the first call
+    for this weight tensor, recomputed into the kept tensor where `refresh`, else the kept one as it is."""
+    key = id(weight)
+    entry = _TRANSFORMED.get(key)
+    with torch.no_grad():
+        if entry is None or entry[0]() is not weight or not _matches(entry[1], weight):
+            reference = weakref.ref(weight, lambda ref, key=key: _forget(key, ref))
+            entry = (reference, transformed_weight(weight.detach()))
+            _TRANSFORMED[key] = entry
+        elif refresh:
+            entry[1].copy_(transformed_weight(weight.detach()))
+    return entry[1]
+

@@ -1,0 +1,125 @@
+"""The fast norm + causal conv op's Winograd route (`rewrite.models.wan.ops_fast`): where `winograd.chosen` names a
+tile for the conv, the op convolves the norm kernel's padded input with the Winograd kernel and the weight's kept
+transform; elsewhere the routes stay as they were.
+
+Tolerance of the conv against float64: the Winograd kernel's derived bound (tests/kernels/winograd/test_winograd.py
+states it), with one fp32 addition more on every path (the residual's deferred bias joins the bias in fp32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rewrite.kernels.conv3d import conv3d as triton_conv3d
+from rewrite.kernels.winograd import weight_store, winograd
+from rewrite.kernels.winograd.transforms import transformed_weight
+from rewrite.models.wan import ops_fast as wan_fast
+from rewrite.ops.dispatch import INTERPRETING
+from tests.kernels.winograd.test_winograd import UNIT_ROUNDING, _magnitudes
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
+TILE = winograd.WinogradTile(16, 16, 16, 4, 1, materialized=True, split_output=True)  # the H100 entry's form
+SHAPE, WEIGHT = (1, 1024, 4, 92, 162), (1024, 1024, 3, 3, 3)  # Wan 2.2 720p's up block 1, as the guard sees it
+
+
+def test_no_conv_takes_winograd_off_a_measured_card():
+    """The H100's entry is read for that card only: a CPU device (and no device) leaves the conv where it was."""
+    assert wan_fast.winograd_tile(SHAPE, WEIGHT, torch.bfloat16, torch.device("cpu")) is None
+    assert wan_fast.winograd_tile(SHAPE, WEIGHT, torch.bfloat16) is None
+    assert "one-pass norm is not chosen for 1024" in wan_fast.fast_reason(SHAPE, WEIGHT, torch.bfloat16,
+                                                                          torch.device("cpu"))
+
+
+def test_the_h100_entry_is_read_by_exact_width_and_dtype(monkeypatch):
+    from rewrite.kernels import cards
+
+    monkeypatch.setattr(cards, "name", lambda device: "NVIDIA H100 80GB HBM3")
+    cuda = torch.device("cuda")
+    tile = wan_fast.winograd_tile(SHAPE, WEIGHT, torch.bfloat16, cuda)
+    assert tile is not None and tile.materialized and tile.split_output
+    assert wan_fast.fast_reason(SHAPE, WEIGHT, torch.bfloat16, cuda) is None  # the fast op now takes 1024
+    assert wan_fast.winograd_tile((1, 1024, 4, 122, 242), WEIGHT, torch.bfloat16, cuda) is None  # 1080p: unmeasured
+    assert wan_fast.winograd_tile(SHAPE, WEIGHT, torch.float16, cuda) is None  # fp16: unmeasured
+    assert wan_fast.winograd_tile(SHAPE, (1024, 1024, 3, 1, 1), torch.bfloat16, cuda) is None  # not 3x3
+
+
+def _case(seed: int, residual: bool, residual_bias: bool):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 16, 2, 5, 7, generator=g).to(torch.bfloat16)
+    cache = torch.randn(1, 16, 2, 5, 7, generator=g).to(torch.bfloat16)
+    gamma = (1 + 0.1 * torch.randn(16, 1, 1, 1, generator=g)).to(torch.bfloat16)
+    weight = (torch.randn(16, 16, 3, 3, 3, generator=g) / (27 * 16) ** 0.5).to(torch.bfloat16)
+    bias = torch.randn(16, generator=g).to(torch.bfloat16)
+    res = torch.randn(1, 16, 2, 5, 7, generator=g).to(torch.bfloat16) if residual else None
+    res_bias = torch.randn(16, generator=g).to(torch.bfloat16) if residual_bias else None
+    return [t if t is None else t.to(DEVICE) for t in (x, cache, gamma, weight, bias, res, res_bias)]
+
+
+def _route_to_winograd(monkeypatch):
+    from tests.op_cases import kernel_gates_open
+
+    kernel_gates_open(monkeypatch)
+    monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {})  # the direct conv is not chosen
+    monkeypatch.setattr(winograd, "chosen", lambda *args: TILE)
+
+
+@needs_kernels
+@pytest.mark.parametrize("residual,residual_bias", [(False, False), (True, False), (True, True)],
+                         ids=("bias", "residual", "residual-and-its-bias"))
+def test_the_fast_op_convolves_by_winograd_where_chosen(kernel_allowed_on_cpu, monkeypatch, residual, residual_bias):
+    """The next cache is the norm kernel's, bit for bit; the output is the conv of that kernel's padded input within
+    the Winograd bound of float64 (module docstring), stored in the layout the direct conv's route gives."""
+    _route_to_winograd(monkeypatch)
+    calls = []
+    original = winograd.winograd_conv3d_channels_last
+    monkeypatch.setattr(winograd, "winograd_conv3d_channels_last", lambda *a: calls.append(a[-1]) or original(*a))
+    x, cache, gamma, weight, bias, res, res_bias = _case(3, residual, residual_bias)
+    pad = [1, 1, 1, 1, 0, 0]  # the two cached frames stand before x
+    out, next_cache = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache,
+                                                                    pad, "steady", weight, bias, res, None, res_bias)
+    assert calls == [TILE], "the Winograd conv did not run"
+    padded, expected_cache = wan_fast._normalized_input(x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache, pad, "steady",
+                                                        None)
+    assert torch.equal(next_cache, expected_cache)
+    padded, weight, bias = padded.cpu(), weight.cpu(), bias.cpu()
+    exact = F.conv3d(padded.double(), weight.double(), bias.double())
+    magnitude_bias = bias.double().abs()
+    if res is not None:
+        exact = exact + res.cpu().double()
+    if res_bias is not None:
+        exact = exact + res_bias.cpu().double()[:, None, None, None]
+        magnitude_bias = magnitude_bias + res_bias.cpu().double().abs()
+    n = weight.shape[1] * weight.shape[2] + 24  # test_winograd's K + 23, and the deferred bias's addition
+    gamma_n = n * 2.0 ** -24 / (1 - n * 2.0 ** -24)
+    u16 = UNIT_ROUNDING[torch.bfloat16]
+    bound = ((gamma_n + 2 * u16 + u16 * u16) * _magnitudes(padded, weight, magnitude_bias, None if res is None else
+                                                           res.cpu()) + u16 * exact.abs())
+    error = (out.cpu().double() - exact).abs()
+    assert torch.all(error <= bound), f"worst error / bound {(error / bound).max().item():.3g}"
+    assert out.stride() == wan_fast._conv_output(padded, weight, res, False).stride()
+
+
+@needs_kernels
+def test_the_first_chunk_refreshes_the_kept_transform(kernel_allowed_on_cpu, monkeypatch):
+    """A weight updated in place between decodes: the next decode's first chunk (``chunk0``) transforms it again,
+    so its later chunks (replayed graphs read the kept tensor) see the new weight."""
+    _route_to_winograd(monkeypatch)
+    x, _, gamma, weight, bias, _, _ = _case(4, False, False)
+    x = x[:, :, :1]  # a decode's first chunk: one frame
+    pad = [1, 1, 1, 1, 2, 0]
+    args = (gamma, 4.0, 0.0, 1e-12, True, "silu", None, pad, "chunk0", weight, bias, None)
+    calls = []
+    original = winograd.winograd_conv3d_channels_last
+    monkeypatch.setattr(winograd, "winograd_conv3d_channels_last", lambda *a: calls.append(a[-1]) or original(*a))
+    torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args)
+    assert calls == [TILE], "the Winograd conv did not run"
+    kept = weight_store.transformed_for(weight, refresh=False)
+    with torch.no_grad():
+        weight.mul_(-1)
+    torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args)
+    assert weight_store.transformed_for(weight, refresh=False) is kept
+    assert torch.equal(kept, transformed_weight(weight))
