@@ -33,6 +33,11 @@ def _forget(key: int, reference: weakref.ref) -> None:
         del _TRANSFORMED[key]
 
 
+def _referent(entry: tuple[weakref.ref, Tensor]) -> Tensor | None:
+    reference = entry[0]
+    return reference()
+
+
 def _matches(transformed: Tensor, weight: Tensor) -> bool:
     """The kept tensor still fits the weight (a parameter keeps its identity when `.data` is swapped, as
     `module.to(...)` does: another dtype, device or shape then needs a new transform)."""
@@ -47,7 +52,7 @@ def transformed_for(weight: Tensor, refresh: bool) -> Tensor:
     key = id(weight)
     entry = _TRANSFORMED.get(key)
     with torch.no_grad():
-        if entry is None or entry[0]() is not weight or not _matches(entry[1], weight):
+        if entry is None or _referent(entry) is not weight or not _matches(entry[1], weight):
             reference = weakref.ref(weight, lambda ref, key=key: _forget(key, ref))
             entry = (reference, transformed_weight(weight.detach()))
             _TRANSFORMED[key] = entry
