@@ -18,9 +18,10 @@ no temporary), `materialized` writes it to memory first and runs plain pipelined
 a temporary of 4x the padded input). Both keep five fp32 accumulators: a point's GEMM sum and the block's four
 outputs, into which each point's sum is added with the output transform's coefficients.
 
-Routed by `rewrite.models.wan.ops_fast.rms_norm_causal_conv3d_fast` where `chosen` (a per-card table from the GPU
-sweep `python -m rewrite.tools.sweep_winograd`) names a tile for the conv. Not here yet: the direct conv's
-epilogues beyond bias and residual (the next norm into the next conv's padded input).
+Routed by `rewrite.models.wan.ops_fast.rms_norm_causal_conv3d_fast` where `chosen` (a per-card table, filled from
+the GPU sweep `python -m rewrite.tools.sweep_winograd` once a full decode has measured the entry) names a tile for
+the conv; `common.UNMEASURED_CANDIDATES` holds the sweep's winners waiting for that measurement. Not here yet: the
+direct conv's epilogues beyond bias and residual (the next norm into the next conv's padded input).
 """
 
 from __future__ import annotations

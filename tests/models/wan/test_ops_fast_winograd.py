@@ -27,17 +27,22 @@ SHAPE, WEIGHT = (1, 1024, 4, 92, 162), (1024, 1024, 3, 3, 3)  # Wan 2.2 720p's u
 
 
 def test_no_conv_takes_winograd_off_a_measured_card():
-    """The H100's entry is read for that card only: a CPU device (and no device) leaves the conv where it was."""
+    """No card's table is read for a CPU device (nor without a device): the conv stays where it was."""
     assert wan_fast.winograd_tile(SHAPE, WEIGHT, torch.bfloat16, torch.device("cpu")) is None
     assert wan_fast.winograd_tile(SHAPE, WEIGHT, torch.bfloat16) is None
     assert "one-pass norm is not chosen for 1024" in wan_fast.fast_reason(SHAPE, WEIGHT, torch.bfloat16,
                                                                           torch.device("cpu"))
 
 
-def test_the_h100_entry_is_read_by_exact_width_and_dtype(monkeypatch):
+def test_a_card_entry_is_read_by_exact_width_and_dtype(monkeypatch):
+    """The H100's candidate (`UNMEASURED_CANDIDATES`) routed as a measured entry would be: its card, widths and
+    dtype only."""
     from rewrite.kernels import cards
+    from rewrite.kernels.winograd import common
 
-    monkeypatch.setattr(cards, "name", lambda device: "NVIDIA H100 80GB HBM3")
+    card = "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(common, "_MEASURED_FASTER", {card: common.UNMEASURED_CANDIDATES[card]})
+    monkeypatch.setattr(cards, "name", lambda device: card)
     cuda = torch.device("cuda")
     tile = wan_fast.winograd_tile(SHAPE, WEIGHT, torch.bfloat16, cuda)
     assert tile is not None and tile.materialized and tile.split_output
