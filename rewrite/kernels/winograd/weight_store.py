@@ -15,6 +15,7 @@ channels-last weight copies' refresh does (`rewrite.models.wan.conv_weights`).
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -23,19 +24,19 @@ from rewrite.kernels.winograd.transforms import transformed_weight
 
 __all__ = ["transformed_for"]
 
-# id(weight) -> (a weak reference to the weight, its transformed weight)
-_TRANSFORMED: dict[int, tuple[weakref.ref, Tensor]] = {}
+class _Kept(NamedTuple):
+    weight: weakref.ref  # to the weight the transform was computed from
+    transformed: Tensor
+
+
+# id(weight) -> its kept transform
+_TRANSFORMED: dict[int, _Kept] = {}
 
 
 def _forget(key: int, reference: weakref.ref) -> None:
     entry = _TRANSFORMED.get(key)
-    if entry is not None and entry[0] is reference:
+    if entry is not None and entry.weight is reference:
         del _TRANSFORMED[key]
-
-
-def _referent(entry: tuple[weakref.ref, Tensor]) -> Tensor | None:
-    reference = entry[0]
-    return reference()
 
 
 def _matches(transformed: Tensor, weight: Tensor) -> bool:
@@ -52,11 +53,9 @@ def transformed_for(weight: Tensor, refresh: bool) -> Tensor:
     key = id(weight)
     entry = _TRANSFORMED.get(key)
     with torch.no_grad():
-        if entry is None or _referent(entry) is not weight or not _matches(entry[1], weight):
+        if entry is None or entry.weight() is not weight or not _matches(entry.transformed, weight):
             reference = weakref.ref(weight, lambda ref, key=key: _forget(key, ref))
-            entry = (reference, transformed_weight(weight.detach()))
-            _TRANSFORMED[key] = entry
+            entry = _TRANSFORMED[key] = _Kept(reference, transformed_weight(weight.detach()))
         elif refresh:
-            entry[1].copy_(transformed_weight(weight.detach()))
-    return entry[1]
-
+            entry.transformed.copy_(transformed_weight(weight.detach()))
+    return entry.transformed

@@ -205,7 +205,7 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
             _winograd_conv(padded, weight, bias, residual, out, residual_bias, tile, refresh=mode == "chunk0")
             return out, next_cache
     if (not served and one_pass_norm_chosen(x) and x.shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
-            and _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual) is not None):
+            and in_shape is not None):
         # cuDNN's conv stays; its input comes from the one-pass norm
         padded, next_cache = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias,
                                                into)

@@ -67,8 +67,9 @@ def _magnitudes(padded, weight, bias, residual):
     return y
 
 
-def _bound(padded, weight, bias, residual, exact, dtype):
-    n = weight.shape[1] * weight.shape[2] + 23
+def _bound(padded, weight, bias, residual, exact, dtype, more_additions=0):
+    """The module docstring's bound; `more_additions`: fp32 operations a caller adds on every path."""
+    n = weight.shape[1] * weight.shape[2] + 23 + more_additions
     gamma = n * 2.0 ** -24 / (1 - n * 2.0 ** -24)
     u16 = UNIT_ROUNDING[dtype]
     return (gamma + 2 * u16 + u16 * u16) * _magnitudes(padded, weight, bias, residual) + u16 * exact.abs()
