@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Session 33's first GPU call, highest priority first (JSONs of finished steps come back if the call is cut off):
+# issue 39's two open encode targets after the cache layout fix (Wan 2.2 704x1280x121, Wan 2.1 720x1280x81 at three
+# levels), the one-pass norm at Wan 2.2's encoder widths, then issue 40's Winograd decode A/B
+# (gpu_winograd_decode_ab.sh). About 9 minutes on an H100. Logs to $OUT.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
+nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+for case in "wan2.2 704x1280 121" "wan2.1 720x1280 81"; do
+  set -- $case
+  timeout 110 rewrite-bench --model $1 --encode --size $2 --frames $3 --levels off,lossless,channels_last \
+    --json $OUT/encode_${1/./}_$2x$3.json 2>&1 | grep -v Warn | tail -4
+done
+for width in 160 320 640; do
+  timeout 80 python3 -m rewrite.tools.sweep_norm --only "$width @" --json $OUT/norm_wan22_encoder_${width}.json \
+    2>&1 | tail -4
+done
+bash docs/data/experiments/gpu_winograd_decode_ab.sh 2>&1 | tail -8
