@@ -481,23 +481,6 @@ if triton is not None:
             return below * s_h + w * s_w, inside
 
     @triton.jit
-    def _flat_epilogue_store(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
-                             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
-                             BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
-        """`_epilogue` for a flat program: its positions' offsets `pix_o` / `pix_r` from the output / residual
-        row pointers and the mask `inside` come from `_pixels` (any strides)."""
-        n = n0 + tl.arange(0, BLOCK_N)
-        mask = inside[:, None] & (n < C_OUT)[None, :]
-        if HAS_BIAS:
-            acc += _per_channel(bias_ptr, n, C_OUT)
-        if HAS_RESIDUAL:
-            r = tl.load(res_row + _offsets(pix_r, n, 1, sr1, WIDE), mask=mask, other=0.0).to(tl.float32)
-            if HAS_RES_BIAS:
-                r += _per_channel(rb_ptr, n, C_OUT)
-            acc += r
-        tl.store(out_row + _offsets(pix_o, n, 1, so1, WIDE), _round(acc, out_row.dtype.element_ty), mask=mask)
-
-    @triton.jit
     def _flat_summed(acc, n0, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr, C_OUT, so1, sr1,
                      dtype: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                      HAS_RES_BIAS: tl.constexpr, HAS_OUT: tl.constexpr, BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
@@ -578,11 +561,12 @@ if triton is not None:
                 _flat_store_normalized(y, n0, inv_norm, inside, pad_row, pad_col, in_cache, n_desc, cache_base, pix_c,
                                        gamma_ptr, C_OUT, nbias, SILU, BLOCK_W, BLOCK_N)
         else:
-            _flat_epilogue_store(acc, n0, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT, so1, sr1,
-                                 HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, BLOCK_N, WIDE)
+            out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+            _flat_summed(acc, n0, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr, C_OUT, so1, sr1, out_dtype,
+                         HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, True, BLOCK_N, WIDE)
             if N_REST > 0:
-                _flat_epilogue_store(acc2, BLOCK_N, pix_o, pix_r, inside, out_row, res_row, bias_ptr, rb_ptr, C_OUT,
-                                     so1, sr1, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, N_REST, WIDE)
+                _flat_summed(acc2, BLOCK_N, out_row, res_row, pix_o, pix_r, inside, bias_ptr, rb_ptr, C_OUT, so1, sr1,
+                             out_dtype, HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, True, N_REST, WIDE)
 
     @triton.jit
     def _row_dots(a_desc, a_row, c0, wt, wt2, acc, acc2, N_REST: tl.constexpr):
