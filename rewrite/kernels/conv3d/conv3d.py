@@ -335,9 +335,9 @@ if triton is not None:
     def _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, dtype: tl.constexpr,
                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr, OUT_MODE: tl.constexpr,
                 RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
-        """The output of channels n0.. (conv + bias + residual (+ its deferred bias), rounded once to the
-        activation dtype) for the NORM epilogue, also stored by TMA where OUT_MODE is not 0 (a conv whose own
-        output is read again: a residual block's output is the next block's shortcut)."""
+        """The output of channels n0.. (conv + bias + residual (+ its deferred bias), rounded once to `dtype`),
+        stored by TMA where OUT_MODE is not 0: the plain epilogue's output, or the NORM epilogue's where the conv's
+        own output is read again (a residual block's output is the next block's shortcut)."""
         n = n0 + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
             acc += _per_channel(bias_ptr, n, C_OUT)
@@ -373,21 +373,6 @@ if triton is not None:
             desc.store([b, n0, t * H + h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, BLOCK_W]))
         else:
             desc.store([b * T + t, n0, h, w0], tl.reshape(tl.trans(tile), [1, BLOCK_N, 1, BLOCK_W]))
-
-    @triton.jit
-    def _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
-                       HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RES_BIAS: tl.constexpr,
-                       OUT_MODE: tl.constexpr, RES_MODE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
-        """`_epilogue` with the residual read and the output written by TMA (no per-element addresses)."""
-        n = n0 + tl.arange(0, BLOCK_N)
-        if HAS_BIAS:
-            acc += _per_channel(bias_ptr, n, C_OUT)
-        if HAS_RESIDUAL:
-            r = _load_rows(r_desc, b, t, h, w0, n0, T_OUT, H_OUT, RES_MODE, BLOCK_W, BLOCK_N).to(tl.float32)
-            if HAS_RES_BIAS:
-                r += _per_channel(rb_ptr, n, C_OUT)
-            acc += r
-        _store_rows(o_desc, _round(acc, o_desc.dtype), b, t, h, w0, n0, T_OUT, H_OUT, OUT_MODE, BLOCK_W, BLOCK_N)
 
     @triton.jit
     def _inverse_norm(squares, scale, eps):
@@ -447,11 +432,12 @@ if triton is not None:
                 _store_normalized(y, n0, inv_norm, w, pad_row, PW + w0, cache_row, w0, in_cache, n_desc, c_desc,
                                   gamma_ptr, C_OUT, W_OUT, nbias, SILU, BLOCK_W, BLOCK_N)
         elif OUT_MODE != 0:
+            out_dtype: tl.constexpr = o_desc.dtype
             if N_REST > 0:  # the narrow accumulator first: fewer registers live while the residual tile is
-                _epilogue_rows(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT,
-                               HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
-            _epilogue_rows(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, HAS_BIAS,
-                           HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
+                _summed(acc2, BLOCK_N, b, t, h, w0, o2_desc, r2_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, out_dtype,
+                        HAS_BIAS, HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, N_REST)
+            _summed(acc, n0, b, t, h, w0, o_desc, r_desc, bias_ptr, rb_ptr, C_OUT, T_OUT, H_OUT, out_dtype, HAS_BIAS,
+                    HAS_RESIDUAL, HAS_RES_BIAS, OUT_MODE, RES_MODE, BLOCK_W, BLOCK_N)
         else:
             b64 = b.to(tl.int64)
             t64 = t.to(tl.int64)
