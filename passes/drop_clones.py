@@ -1,9 +1,11 @@
-"""Drop `clone`s of a functional graph: the clone's users read its input instead.
+"""Drop copies of a functional graph's tensors: the copy's users read its input instead.
 
-Matches: `aten.clone.default(x)` with no memory format or `preserve_format` whose output has the strides of
-`x` (ATen's preserve-format clone of a dense tensor keeps them). In an exported graph nothing mutates a
+Matches: `aten.clone.default(x)` with no memory format or `preserve_format`, and `aten.pad.default(x, pad, ...)`
+with every pad entry 0 (ATen's `constant_pad_nd` then returns a preserve-format clone), whose output has the
+strides of `x` (ATen's preserve-format clone of a dense tensor keeps them). In an exported graph nothing mutates a
 tensor, so the copy is never needed for its value: Wan 2.2's up blocks keep `x.clone()` of the block input
-for the DupUp3D shortcut at the block's end, a full read and write of the block input per step.
+for the DupUp3D shortcut at the block's end, and its encoder's `AvgDown3D` shortcuts pad the block input by
+`pad_t` = 0 frames in every steady step; each a full read and write of the block input per step.
 Exactness: exact (the users read the same values in the same layout).
 Preconditions, checked: no node of the graph is a mutating op (schema `is_mutable`; a call that is not an
 `OpOverload` counts as mutating unless it is a function of Python's `operator` module: getitem, symbolic
@@ -40,10 +42,19 @@ def _strides(node) -> tuple | None:
     return tuple(value.stride()) if isinstance(value, torch.Tensor) else None
 
 
-def _droppable(node: fx.Node) -> bool:
-    if node.op != "call_function" or node.target is not aten.clone.default:
+def _copies_its_input(node: fx.Node) -> bool:
+    """A preserve-format clone, or a pad by 0 on every side (a clone of its input, whatever the mode)."""
+    if node.op != "call_function":
         return False
-    if node.kwargs.get("memory_format") not in (None, torch.preserve_format):
+    if node.target is aten.clone.default:
+        return node.kwargs.get("memory_format") in (None, torch.preserve_format)
+    if node.target is aten.pad.default:
+        return all(type(entry) is int and entry == 0 for entry in node.args[1])
+    return False
+
+
+def _droppable(node: fx.Node) -> bool:
+    if not _copies_its_input(node):
         return False
     strides = _strides(node)
     if strides is None or strides != _strides(node.args[0]):
@@ -52,7 +63,7 @@ def _droppable(node: fx.Node) -> bool:
 
 
 def drop_redundant_clones(gm: fx.GraphModule, ctx: PassContext | None = None) -> PassResult:
-    """Replace each droppable clone by its input; see the module docstring."""
+    """Replace each droppable copy (clone or zero pad) by its input; see the module docstring."""
     mutating = _mutating_node(gm.graph)
     if mutating is not None:
         return PassResult(gm, False, {"dropped": 0, "skipped": f"{mutating.name} ({mutating.target}) may mutate"})

@@ -91,3 +91,42 @@ def test_the_clone_of_a_permuted_dense_tensor_is_dropped(frame_major):
     expected = gm(x)
     assert drop_redundant_clones(gm).stats["dropped"] == 1
     assert torch.equal(gm(x), expected)
+
+
+class _ZeroPads(torch.nn.Module):
+    def forward(self, x):
+        padded = torch.nn.functional.pad(x, (0, 0, 0, 0))  # a clone: its view's reader reads x instead
+        returned = torch.nn.functional.pad(x, (0, 0, 0, 0))  # a graph output must not alias x: kept
+        return torch.relu(padded.view(-1)), torch.nn.functional.pad(x, (1, 0, 0, 0)), returned
+
+
+def _pads(gm):
+    return [n.args[1] for n in gm.graph.nodes if n.target is aten.pad.default]
+
+
+def test_a_pad_by_zero_is_dropped_like_a_clone_unless_it_reaches_an_output():
+    x = torch.randn(2, 3, 4, 5)
+    gm = _export(_ZeroPads(), x)
+    before = copy.deepcopy(gm)
+    assert sorted(_pads(gm)) == [[0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
+    assert drop_redundant_clones(gm).stats["dropped"] == 1
+    assert sorted(_pads(gm)) == [[0, 0, 0, 0], [1, 0, 0, 0]]
+    expected, got = before(x), gm(x)
+    assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(expected, got))
+
+
+def test_the_wan22_encoders_avg_down_pads_by_zero_frames_go():
+    """Wan 2.2's encoder pads each `AvgDown3D` shortcut's input by `pad_t` frames: 0 in a steady step (a copy of
+    the block input for nothing), 1 for the temporal blocks' single frame in chunk 0 (kept). The encodes stay
+    `torch.equal` to diffusers (tests/models/wan/test_encode.py)."""
+    from rewrite.models.wan.config import build_wan
+    from rewrite.models.wan.encoder_capture import capture_wan_encoder
+    from rewrite.pipeline import rewrite_graph
+
+    vae = build_wan("wan2.2", "tiny")
+    chunk0, steady = capture_wan_encoder(vae.encoder, torch.float32, torch.device("cpu"))
+    zero = [0, 0, 0, 0, 0, 0]
+    assert zero in _pads(steady.graph_module) and zero in _pads(chunk0.graph_module)
+    for graph in (chunk0, steady):
+        rewrite_graph(graph, "lossless")
+    assert _pads(steady.graph_module) == [] and _pads(chunk0.graph_module) == [[0, 0, 0, 0, 1, 0]] * 2
