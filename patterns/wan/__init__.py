@@ -8,6 +8,8 @@ PATTERN_MODULES: tuple[str, ...] = (
     "causal_conv3d", "upsample_conv2d",
     # the encoder's downsamplers
     "pad_conv2d", "time_conv",
+    # Wan 2.2's down-block ends (channels_last only)
+    "avg_down_add",
     # after causal_conv3d, whose op it feeds
     "rms_norm_causal_conv3d",
     # after upsample_conv2d and dup_up_add, which it chains

@@ -16,6 +16,14 @@ whose causal pad is all zeros) and the next cache ``x[:, :, -1:].clone()``. Kern
 of self-check: the cached frame and x are written once into channels-last memory (the reference copies them
 by `cat`, again by the pad and once more in cuDNN's transposes), cuDNN convolves them channels-last without
 bias and `conv_epilogue` adds the bias. Exactness: exact.
+
+`rewrite::avg_down_add(main, x, pad, unfold_shape, channels_shape, fold_shape)` is ``main + AvgDown3D(x)``, the end
+of a Wan 2.2 `WanResidualDownBlock`: x padded by `pad_t` zero frames in front (`pad` = [0, 0, 0, 0, pad_t, 0]), each
+(factor_t, factor_s, factor_s) block of positions unfolded into channels, each run of `group` unfolded channels
+averaged (the three views' shapes give the factors), the result added to `main`.
+Kernel path (CUDA, or the Triton interpreter in tests): `rewrite.kernels.downsample.avg_down` gathers each output's
+values from x in one pass, where ATen runs a pad, a permuted copy, a mean and an add. Matched at level
+``channels_last`` only (patterns/wan/avg_down_add.py says why).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import torch
 from torch import Tensor
 
 from rewrite.kernels import layout
+from rewrite.kernels.downsample import avg_down as triton_avg_down
 from rewrite.kernels.epilogue import epilogue as triton_epilogue
 from rewrite.kernels.pad import causal_pad as triton_pad
 from rewrite.models.wan.ops import FLOAT_DTYPES
@@ -132,3 +141,38 @@ def time_conv(x: Tensor, cache: Tensor, pad: list[int], weight: Tensor, bias: Op
 @time_conv.register_fake
 def _(x, cache, pad, weight, bias, stride):
     return time_conv_reference(x, cache, pad, weight, bias, stride)
+
+
+# ---- Wan 2.2's AvgDown3D shortcut and the down block's residual add ----------------------------------------------
+def avg_down_add_reference(main: Tensor, x: Tensor, pad: list[int], unfold_shape: list[int], channels_shape: list[int],
+                           fold_shape: list[int]) -> Tensor:
+    """The replaced subgraph, as diffusers' `AvgDown3D.forward` and the block's add run it (`pad` all zeros: the
+    graph had no pad, or a pad by nothing)."""
+    if any(pad):
+        x = aten.pad.default(x, pad, "constant", 0.0)
+    unfolded = aten.contiguous.default(aten.permute.default(aten.view.default(x, unfold_shape),
+                                                            [0, 1, 3, 5, 7, 2, 4, 6]))
+    grouped = aten.view.default(aten.view.default(unfolded, channels_shape), fold_shape)
+    return aten.add.Tensor(main, aten.mean.dim(grouped, [2]))
+
+
+def avg_down_factors(pad: list[int], unfold_shape: list[int], fold_shape: list[int]) -> tuple[int, int, int, int]:
+    """(pad_t, factor_t, factor_s, group) of the shortcut's pad, unfold view [B, C, T/ft, ft, H/fs, fs, W/fs, fs]
+    and group view [B, O, group, T/ft, H/fs, W/fs]."""
+    return int(pad[4]), int(unfold_shape[3]), int(unfold_shape[5]), int(fold_shape[2])
+
+
+@torch.library.custom_op("rewrite::avg_down_add", mutates_args=())
+def avg_down_add(main: Tensor, x: Tensor, pad: list[int], unfold_shape: list[int], channels_shape: list[int],
+                 fold_shape: list[int]) -> Tensor:
+    """``main + AvgDown3D(x)`` (module docstring)."""
+    factors = avg_down_factors(pad, unfold_shape, fold_shape)
+    if (main.dtype == x.dtype and use_kernel("avg_down_add", (main, x), FLOAT_DTYPES)
+            and triton_avg_down.avg_down_add_reason(main.shape, x.shape, *factors) is None):
+        return triton_avg_down.avg_down_add(main, x, *factors)
+    return avg_down_add_reference(main, x, pad, unfold_shape, channels_shape, fold_shape)
+
+
+@avg_down_add.register_fake
+def _(main, x, pad, unfold_shape, channels_shape, fold_shape):
+    return torch.empty_like(main)  # ATen's add of main and the mean's contiguous output takes main's layout

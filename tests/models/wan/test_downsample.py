@@ -126,3 +126,92 @@ def test_time_conv_channels_last_path_on_cpu(monkeypatch):
     assert actual[0].shape == expected[0].shape and actual[0].stride() == expected[0].stride()
     assert torch.allclose(actual[0], expected[0], rtol=1e-5, atol=1e-5)  # see the module docstring
     assert torch.equal(actual[1], expected[1]) and actual[1].stride() == expected[1].stride()
+
+
+# ---- Wan 2.2's AvgDown3D shortcut and the down block's add (`rewrite::avg_down_add`, level channels_last) ----------
+def _avg_down_operands(factor_t, factor_s, out_channels, frames, dtype=torch.float32, seed=6):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 8, frames, 6, 10, generator=g).to(dtype)
+    t_out = (frames + (factor_t - frames % factor_t) % factor_t) // factor_t
+    main = torch.randn(2, out_channels, t_out, 6 // factor_s, 10 // factor_s, generator=g).to(dtype)
+    return main.transpose(1, 2).contiguous().transpose(1, 2), x  # main frame-major, as the downsamplers leave it
+
+
+def _avg_down_args(module, x):
+    """The op's (pad, unfold, channels, fold) for diffusers' `module` on x, as its forward builds them."""
+    pad_t = (module.factor_t - x.shape[2] % module.factor_t) % module.factor_t
+    b, c, t, h, w = x.shape[0], x.shape[1], x.shape[2] + pad_t, x.shape[3], x.shape[4]
+    ft, fs = module.factor_t, module.factor_s
+    unfold = [b, c, t // ft, ft, h // fs, fs, w // fs, fs]
+    return ([0, 0, 0, 0, pad_t, 0], unfold, [b, c * module.factor, t // ft, h // fs, w // fs],
+            [b, module.out_channels, module.group_size, t // ft, h // fs, w // fs])
+
+
+AVG_DOWNS = [(1, 2, 16, 4), (2, 2, 16, 4), (2, 2, 16, 1), (2, 2, 8, 4), (1, 1, 8, 4)]  # factor_t, factor_s, out, frames
+
+
+@pytest.mark.parametrize("factor_t,factor_s,out_channels,frames", AVG_DOWNS)
+def test_avg_down_add_reference_is_diffusers_shortcut_and_add(factor_t, factor_s, out_channels, frames):
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AvgDown3D
+
+    module = AvgDown3D(8, out_channels, factor_t, factor_s)
+    main, x = _avg_down_operands(factor_t, factor_s, out_channels, frames, torch.bfloat16)
+    expected = main + module(x)
+    with use_backend("reference"):
+        actual = torch.ops.rewrite.avg_down_add(main, x, *_avg_down_args(module, x))
+    assert torch.equal(actual, expected) and actual.stride() == expected.stride()
+
+
+@needs_interpreter
+@pytest.mark.parametrize("factor_t,factor_s,out_channels,frames", AVG_DOWNS)
+def test_avg_down_add_kernel_path_on_cpu(factor_t, factor_s, out_channels, frames):
+    """The kernel path against diffusers in fp32: the group's sum in another order than ATen's CPU mean, within
+    fp32's rounding of a sum of at most 8 values (`assert_close`'s fp32 defaults, rtol 1.3e-6, atol 1e-5)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AvgDown3D
+
+    module = AvgDown3D(8, out_channels, factor_t, factor_s)
+    main, x = _avg_down_operands(factor_t, factor_s, out_channels, frames)
+    expected = main + module(x)
+    with use_backend("triton"):
+        actual = torch.ops.rewrite.avg_down_add(main, x, *_avg_down_args(module, x))
+    torch.testing.assert_close(actual, expected)
+    assert actual.stride() == expected.stride()
+
+
+@pytest.mark.parametrize("version,level,expected", [("wan2.2", "channels_last", 3), ("wan2.2", "lossless", 0),
+                                                    ("wan2.1", "channels_last", 0)])
+def test_the_avg_down_pattern_takes_wan22s_down_block_ends_at_channels_last(monkeypatch, version, level, expected):
+    """On a CPU capture of the tiny encoder standing in for a CUDA one (the interpreter's gate opened): the three
+    down blocks that downsample end in the op at ``channels_last`` (the last block's shortcut, which unfolds
+    nothing, has no permuted copy to spare and keeps its ops); none at ``lossless``; Wan 2.1 has no shortcut."""
+    from rewrite.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "INTERPRETING", True)
+    monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *a, **k: True)
+    encoder = build_wan(version, "tiny").to(torch.bfloat16).encoder
+    for graph in capture_wan_encoder(encoder, torch.bfloat16, torch.device("cpu")):
+        rewrite_graph(graph, level)
+        targets = [n.target for n in graph.graph_module.graph.nodes if n.op == "call_function"]
+        assert targets.count(torch.ops.rewrite.avg_down_add.default) == expected
+        assert targets.count(torch.ops.aten.mean.dim) == (4 if version == "wan2.2" else 0) - expected
+
+
+def test_the_shortcut_ops_arguments_rebuild_diffusers_encode(monkeypatch):
+    """Wan 2.2's tiny encoder optimized at ``channels_last`` with the shortcut op in both step graphs (gates opened
+    as on a GPU), then run on every op's reference path: `torch.equal` to diffusers, so the pad, unfold and group
+    shapes the pattern hands the op are the replaced views' (the kernel reads its factors from the same shapes)."""
+    import copy
+
+    from rewrite import optimize, report
+    from rewrite.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "INTERPRETING", True)
+    monkeypatch.setattr(selftest, "channels_last_conv_is_exact", lambda *a, **k: True)
+    vae = build_wan("wan2.2", "tiny").to(torch.bfloat16)
+    reference = copy.deepcopy(vae)
+    video = torch.randn(1, 3, 9, 32, 48, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    optimize(vae, level="channels_last")
+    with torch.no_grad(), use_backend("reference"):
+        actual, expected = vae.encode(video).latent_dist, reference.encode(video).latent_dist
+    assert torch.equal(actual.mean, expected.mean) and torch.equal(actual.logvar, expected.logvar)
+    assert str(report(vae)).count("avg_down_add[padded=True]=3") == 2  # chunk 0's graph and the steady one's
