@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 33's first GPU call, highest priority first (JSONs of finished steps come back if the call is cut off):
-# issue 39's two open encode targets after the cache layout fix (Wan 2.2 704x1280x121, Wan 2.1 720x1280x81 at three
+# whether the AvgDown3D kernel is ATen's shortcut bit for bit, issue 39's two open encode targets after the cache
+# layout fix, the zero pads dropped and the AvgDown3D shortcut in one pass (Wan 2.2 704x1280x121, Wan 2.1 720x1280x81 at three
 # levels), the one-pass norm at Wan 2.2's encoder widths alone and in the 704p encode (its norms one-pass at 160 / 320 /
 # 640 channels, before cuDNN's convs too), then issue 40's Winograd decode A/B (gpu_winograd_decode_ab.sh). About
 # 10 minutes on an H100. Logs to $OUT.
@@ -8,6 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/downsample 2>&1 | tail -4
 for case in "wan2.2 704x1280 121" "wan2.1 720x1280 81"; do
   set -- $case
   timeout 110 rewrite-bench --model $1 --encode --size $2 --frames $3 --levels off,lossless,channels_last \

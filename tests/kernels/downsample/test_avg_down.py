@@ -90,3 +90,27 @@ def test_shapes_it_does_not_serve_are_refused_by_name(main_shape, x_shape, facto
     main, x = torch.zeros(main_shape), torch.zeros(x_shape)
     with pytest.raises(ValueError, match=match):
         triton_avg_down.avg_down_add(main, x, *factors)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=str)
+@pytest.mark.parametrize("c,frames,h,w,factor_t,factor_s,out,pad_t", [
+    (160, 4, 352, 640, 1, 2, 320, 0),  # Wan 2.2's 704x1280 encode, steady step: down blocks 0-2 (groups 2, 4, 8)
+    (320, 4, 176, 320, 2, 2, 640, 0),
+    (640, 2, 88, 160, 2, 2, 640, 0),
+    (640, 1, 88, 160, 2, 2, 640, 1),   # chunk 0: one frame padded by one
+])
+def test_gpu_the_kernel_is_atens_shortcut_and_add(dtype, c, frames, h, w, factor_t, factor_s, out, pad_t):
+    """Whether the order read from ATen's CUDA mean is the one it runs: `torch.equal` to diffusers' AvgDown3D and
+    the add at the encoder's full-size shapes (the pattern waits for this at ``channels_last``)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AvgDown3D
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(1, c, frames, h, w, generator=g) * 3).to("cuda", dtype)
+    module = AvgDown3D(c, out, factor_t, factor_s)
+    shape = triton_avg_down.avg_down_shape(x.shape, pad_t, factor_t, factor_s, module.group_size)
+    main = _layout(torch.randn(shape, generator=g).to("cuda", dtype), "frame_major")
+    expected = main + module(x)
+    actual = triton_avg_down.avg_down_add(main, x, pad_t, factor_t, factor_s, module.group_size)
+    assert actual.stride() == expected.stride()
+    assert torch.equal(actual, expected), (actual.float() - expected.float()).abs().max().item()
