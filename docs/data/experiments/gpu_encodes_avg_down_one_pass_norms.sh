@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Session 33's first GPU call, highest priority first (JSONs of finished steps come back if the call is cut off):
 # whether the AvgDown3D kernel is ATen's shortcut bit for bit, issue 39's two open encode targets after the cache
-# layout fix, the zero pads dropped and the AvgDown3D shortcut in one pass (Wan 2.2 704x1280x121, Wan 2.1 720x1280x81 at three
-# levels), the one-pass norm at Wan 2.2's encoder widths alone and in the 704p encode (its norms one-pass at 160 / 320 /
-# 640 channels, before cuDNN's convs too), then issue 40's Winograd decode A/B (gpu_winograd_decode_ab.sh). About
-# 10 minutes on an H100. Logs to $OUT.
+# layout fix, the zero pads dropped and the AvgDown3D shortcut in one pass (Wan 2.2 704x1280x121, Wan 2.1
+# 720x1280x81 at three levels), the one-pass norm at Wan 2.2's encoder widths alone and in the 704p encode (its norms
+# one-pass at 160 / 320 / 640 channels, before cuDNN's convs too). Issue 40's Winograd decode A/B is
+# gpu_winograd_decode_ab.sh. About 7 minutes on an H100. Logs to $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
@@ -27,4 +27,3 @@ ops_fast._ONE_PASS_BEFORE_CUDNN_CHANNELS |= {160, 320, 640}
 from rewrite.tools.bench import main
 sys.exit(main(sys.argv[1:]))" --model wan2.2 --encode --size 704x1280 --frames 121 --levels off,channels_last \
   --json $OUT/encode_wan22_704x1280x121_one_pass_norms.json 2>&1 | grep -v Warn | tail -3
-bash docs/data/experiments/gpu_winograd_decode_ab.sh 2>&1 | tail -8
