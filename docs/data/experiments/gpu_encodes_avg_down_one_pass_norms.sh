@@ -15,10 +15,7 @@ for case in "wan2.2 704x1280 121" "wan2.1 720x1280 81"; do
   timeout 110 rewrite-bench --model $1 --encode --size $2 --frames $3 --levels off,lossless,channels_last \
     --json $OUT/encode_${1/./}_$2x$3.json 2>&1 | grep -v Warn | tail -4
 done
-for width in 160 320 640; do
-  timeout 80 python3 -m rewrite.tools.sweep_norm --only "$width @" --json $OUT/norm_wan22_encoder_${width}.json \
-    2>&1 | tail -4
-done
+timeout 120 python3 -m rewrite.tools.sweep_norm --json $OUT/norm_one_pass_all_shapes.json 2>&1 | tail -15
 timeout 100 python3 -c "
 import sys
 from rewrite.models.wan import ops_fast
