@@ -201,6 +201,17 @@ def _cases() -> dict[str, list[Case]]:
         add("time_conv", f"{lay}_bias_{bias}", LAYOUTS[lay](rnd(1, c, 4, h, w)), rnd(1, c, 1, h, w), [0] * 6,
             rnd(c, c, 3, 1, 1, scale=0.2), rnd(c) if bias else None, [2, 1, 1], weight=3)
 
+    # Wan 2.2's AvgDown3D shortcut and the down block's add: spatial (group 2), spatio-temporal with chunk 0's pad
+    for (ft, pad_t, frames), x_layout, main_layout in itertools.product(((1, 0, 2), (2, 0, 4), (2, 1, 1)),
+                                                                        ("contiguous", "frame_major"),
+                                                                        ("contiguous", "frame_major")):
+        t_out, group = (frames + pad_t) // ft, ft * 2 * 2 * c // 8
+        x = LAYOUTS[x_layout](rnd(1, c, frames, 6, 8))
+        main = LAYOUTS[main_layout](rnd(1, 8, t_out, 3, 4))
+        unfold, channels = [1, c, t_out, ft, 3, 2, 4, 2], [1, c * ft * 4, t_out, 3, 4]
+        add("avg_down_add", f"ft_{ft}_pad_{pad_t}_x_{x_layout}_main_{main_layout}", main, x, [0, 0, 0, 0, pad_t, 0],
+            unfold, channels, [1, 8, group, t_out, 3, 4])
+
     # the channels_last level's upsample conv by phases: bf16, 16 channels (the kernel's multiple) in and out
     planes16 = {"contiguous": rnd(2, 16, h, w, dtype=torch.bfloat16),
                 "channels_last": channels_last(rnd(2, 16, h, w, dtype=torch.bfloat16)),
