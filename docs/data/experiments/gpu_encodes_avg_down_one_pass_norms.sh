@@ -2,9 +2,9 @@
 # Session 33's first GPU call, highest priority first (JSONs of finished steps come back if the call is cut off):
 # whether the AvgDown3D kernel is ATen's shortcut bit for bit, issue 39's two open encode targets after the cache
 # layout fix, the zero pads dropped and the AvgDown3D shortcut in one pass (Wan 2.2 704x1280x121, Wan 2.1
-# 720x1280x81 at three levels), the one-pass norm at Wan 2.2's encoder widths alone and in the 704p encode (its norms
-# one-pass at 160 / 320 / 640 channels, before cuDNN's convs too). Issue 40's Winograd decode A/B is
-# gpu_winograd_decode_ab.sh. About 7 minutes on an H100. Logs to $OUT.
+# 720x1280x81 at three levels), then the 704p encode with its norms one-pass at 160 / 320 / 640 channels (before
+# cuDNN's convs too). Issue 40's Winograd decode A/B is gpu_winograd_decode_ab.sh. About 5 minutes on an H100.
+# Logs to $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
@@ -15,7 +15,6 @@ for case in "wan2.2 704x1280 121" "wan2.1 720x1280 81"; do
   timeout 110 rewrite-bench --model $1 --encode --size $2 --frames $3 --levels off,lossless,channels_last \
     --json $OUT/encode_${1/./}_$2x$3.json 2>&1 | grep -v Warn | tail -4
 done
-timeout 120 python3 -m rewrite.tools.sweep_norm --json $OUT/norm_one_pass_all_shapes.json 2>&1 | tail -15
 timeout 100 python3 -c "
 import sys
 from rewrite.models.wan import ops_fast
