@@ -2,10 +2,7 @@
 # Written in session 31, not run yet (issue 39): after the static caches' layout fix (`cache_writes._reads_no_strides`),
 # the full-size encode tests (bit-identical at lossless, the channels_last contract incl. the H100's new entries at
 # 720p / 704p), then the three encodes at three levels. About 8 minutes on an H100. Logs to $OUT.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+. docs/data/experiments/gpu_setup.sh || exit 1
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rA tests/models/wan/test_full_size_encodes.py 2>&1 \
   | grep -E "latents:|passed|failed|Error" | cut -c1-300
 for case in "wan2.1 720x1280 81" "wan2.2 704x1280 121" "wan2.1 480x832 81"; do

@@ -2,10 +2,7 @@
 # Written in session 31, not run yet: the static caches' layout fix also gives two of the decoder's caches (read for
 # their sizes) channels-last buffers on the tiny CPU capture. The full-size decode tests and Wan 2.1 / 2.2 720p
 # decodes at three levels, to see whether the decode changed. Logs to $OUT.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+. docs/data/experiments/gpu_setup.sh || exit 1
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/models/wan/test_full_size_decodes.py 2>&1 | tail -3
 for model in wan2.1 wan2.2; do
   timeout 120 rewrite-bench --model $model --size 720x1280 --frames 81 --levels off,lossless,channels_last \

@@ -3,10 +3,7 @@
 # refactors (2bd7c46 and the next commit), Wan 2.1 480x832x81 at three levels, then where Wan 2.2's 704p channels_last encode spends
 # its time: the captured profile at 21 frames and the eager one by launching op (which ATen kernels are the
 # shortcuts' pad / permute / mean / add, which are cache copies). About 9 minutes on an H100. Logs to $OUT.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+. docs/data/experiments/gpu_setup.sh || exit 1
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rA tests/models/wan/test_full_size_encodes.py 2>&1 \
   | grep -E "latents:|passed|failed|Error" | cut -c1-300
 timeout 90 rewrite-bench --model wan2.1 --encode --size 480x832 --frames 81 --levels off,lossless,channels_last \

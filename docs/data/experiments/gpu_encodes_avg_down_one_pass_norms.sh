@@ -5,10 +5,7 @@
 # 720x1280x81 at three levels), then the 704p encode with its norms one-pass at 160 / 320 / 640 channels (before
 # cuDNN's convs too). Issue 40's Winograd decode A/B is gpu_winograd_decode_ab.sh. About 5 minutes on an H100.
 # Logs to $OUT.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+. docs/data/experiments/gpu_setup.sh || exit 1
 timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/downsample 2>&1 | tail -4
 for case in "wan2.2 704x1280 121" "wan2.1 720x1280 81"; do
   set -- $case

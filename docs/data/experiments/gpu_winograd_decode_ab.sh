@@ -4,10 +4,7 @@
 # the sweep's winners (`winograd.common.UNMEASURED_CANDIDATES`: 1024 -> 1024 at 90x160), with off again as the
 # reference of its ratio and contract columns. If the second is faster within the contract (PSNR >= 45 dB, the
 # max-abs bound), move the entry into `_MEASURED_FASTER`. About 4 minutes. Logs to $OUT.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+. docs/data/experiments/gpu_setup.sh || exit 1
 timeout 130 rewrite-bench --model wan2.2 --size 720x1280 --frames 81 --levels off,lossless,channels_last \
   --json $OUT/decode_wan22_720x1280x81.json 2>&1 | grep -v Warn | tail -4
 timeout 110 python3 -c "
