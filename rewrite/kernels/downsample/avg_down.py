@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rewrite.kernels.launch import launch_flat
+from rewrite.kernels.launch import BLOCK, launch, plane_grid
 from rewrite.kernels.layout import reference_layout
 from rewrite.ops.dispatch import triton
 
@@ -29,15 +29,20 @@ if triton is not None:
     import triton.language as tl
 
     from rewrite.kernels.aten_math import round_to as _round
-    from rewrite.kernels.index import position as _position
+    from rewrite.kernels.index import plane_coords as _plane
 
     @triton.jit
-    def _avg_down_add_kernel(main_ptr, x_ptr, out_ptr, numel, C_OUT, T_OUT, H_OUT, W_OUT, PAD_T,
+    def _avg_down_add_kernel(main_ptr, x_ptr, out_ptr, C_OUT, T_OUT, H_OUT, W_OUT, PAD_T,
                              sm0, sm1, sm2, sm3, sm4, sx0, sx1, sx2, sx3, sx4, so0, so1, so2, so3, so4,
                              FT: tl.constexpr, FS: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr):
-        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = i < numel
-        b, o, t, h, w = _position(i, C_OUT, T_OUT, H_OUT, W_OUT)
+        """One output plane (b, o, t) per program along axis 0, BLOCK of its positions along axis 1: the group's
+        source channels and frames are the program's scalars, the positions 32-bit (the divisions per element
+        are what 64-bit index math made slow in the DupUp epilogue: docs/tuning.md 1.3), offsets 64-bit."""
+        b, o, t = _plane(tl.program_id(0), C_OUT, T_OUT)
+        s = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = s < H_OUT * W_OUT
+        h = (s // W_OUT).to(tl.int64)
+        w = (s % W_OUT).to(tl.int64)
         sums0 = tl.zeros([BLOCK], dtype=tl.float32)
         sums1 = tl.zeros([BLOCK], dtype=tl.float32)
         sums2 = tl.zeros([BLOCK], dtype=tl.float32)
@@ -46,9 +51,9 @@ if triton is not None:
             unfolded = o * GROUP + g
             offset = unfolded % (FT * FS * FS)
             frame = t * FT + offset // (FS * FS) - PAD_T  # the pad's frames are zeros
-            src = (x_ptr + b * sx0 + (unfolded // (FT * FS * FS)) * sx1 + frame * sx2
+            src = (x_ptr + (b * sx0 + (unfolded // (FT * FS * FS)) * sx1 + frame * sx2)
                    + (h * FS + (offset // FS) % FS) * sx3 + (w * FS + offset % FS) * sx4)
-            value = tl.load(src, mask=mask & (frame >= 0), other=0.0).to(tl.float32)
+            value = tl.load(src, mask=mask & (s * 0 + frame >= 0), other=0.0).to(tl.float32)  # a vector mask
             if g % 4 == 0:
                 sums0 += value
             elif g % 4 == 1:
@@ -58,9 +63,9 @@ if triton is not None:
             else:
                 sums3 += value
         mean = _round(((sums0 + sums1) + sums2 + sums3) * (1.0 / GROUP), x_ptr.dtype.element_ty)
-        m = tl.load(main_ptr + b * sm0 + o * sm1 + t * sm2 + h * sm3 + w * sm4, mask=mask, other=0.0)
+        m = tl.load(main_ptr + (b * sm0 + o * sm1 + t * sm2) + h * sm3 + w * sm4, mask=mask, other=0.0)
         out = _round(m.to(tl.float32) + mean.to(tl.float32), out_ptr.dtype.element_ty)
-        tl.store(out_ptr + b * so0 + o * so1 + t * so2 + h * so3 + w * so4, out, mask=mask)
+        tl.store(out_ptr + (b * so0 + o * so1 + t * so2) + h * so3 + w * so4, out, mask=mask)
 
 
 MAX_GROUP = 8  # Wan 2.2's groups: 1, 2, 4, 8
@@ -102,7 +107,9 @@ def avg_down_add(main: Tensor, x: Tensor, pad_t: int, factor_t: int, factor_s: i
     strides = reference_layout(("add_contiguous",),
                                lambda a: a + torch.empty_like(a, memory_format=torch.contiguous_format), main)
     out = torch.empty_strided(main.shape, strides, dtype=main.dtype, device=main.device)
-    _, c_out, t_out, h_out, w_out = main.shape
-    launch_flat(_avg_down_add_kernel, out.numel(), main, x, out, out.numel(), c_out, t_out, h_out, w_out, pad_t,
-                *main.stride(), *x.stride(), *out.stride(), FT=factor_t, FS=factor_s, GROUP=group)
+    b, c_out, t_out, h_out, w_out = main.shape
+    if out.numel():
+        launch(_avg_down_add_kernel, plane_grid(b, c_out, t_out, h_out * w_out), main, x, out, c_out, t_out, h_out,
+               w_out, pad_t, *main.stride(), *x.stride(), *out.stride(), FT=factor_t, FS=factor_s, GROUP=group,
+               BLOCK=BLOCK)
     return out
