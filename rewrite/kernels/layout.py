@@ -75,12 +75,23 @@ def reference_layout(key: tuple, fn: Callable, *tensors: Tensor) -> tuple[int, .
     return strides
 
 
+def add_contiguous_layout(t: Tensor, contiguous_first: bool) -> tuple[int, ...]:
+    """The strides of ATen's add of `t` and a contiguous tensor of its shape: ``contiguous + t`` where
+    `contiguous_first`, else ``t + contiguous``. Keyed by the order, because TensorIterator breaks layout ties by
+    operand order: for a frame-major `t` the first keeps the contiguous layout and the second `t`'s."""
+    if contiguous_first:
+        return reference_layout(("add_contiguous_first",),
+                                lambda a: torch.empty_like(a, memory_format=torch.contiguous_format) + a, t)
+    return reference_layout(("add_contiguous_second",),
+                            lambda a: a + torch.empty_like(a, memory_format=torch.contiguous_format), t)
+
+
 def conv_output_strides(shape: list[int], residual: Optional[Tensor]) -> tuple[int, ...]:
     """The layout of a causal conv's replaced output: ATen's conv of the contiguous padded input is
     contiguous; with a residual, the add's layout over that and the residual."""
     if residual is None:
         return tuple(torch.empty(shape, device="meta").stride())  # contiguous
-    return reference_layout(("add_contiguous",), lambda r: torch.add(torch.empty_like(r, memory_format=torch.contiguous_format), r), residual)
+    return add_contiguous_layout(residual, contiguous_first=True)
 
 
 def suggest_memory_format(t: Tensor) -> torch.memory_format:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from rewrite.kernels.launch import BLOCK, launch, plane_grid
-from rewrite.kernels.layout import reference_layout
+from rewrite.kernels.layout import add_contiguous_layout
 from rewrite.ops.dispatch import triton
 
 if triton is not None:
@@ -104,9 +104,8 @@ def avg_down_add(main: Tensor, x: Tensor, pad_t: int, factor_t: int, factor_s: i
         raise ValueError(f"avg_down_add: {reason}")
     if main.dtype != x.dtype:
         raise ValueError(f"avg_down_add: main is {main.dtype}, x {x.dtype} (one dtype expected)")
-    strides = reference_layout(("add_contiguous",),
-                               lambda a: a + torch.empty_like(a, memory_format=torch.contiguous_format), main)
-    out = torch.empty_strided(main.shape, strides, dtype=main.dtype, device=main.device)
+    out = torch.empty_strided(main.shape, add_contiguous_layout(main, contiguous_first=False), dtype=main.dtype,
+                              device=main.device)
     b, c_out, t_out, h_out, w_out = main.shape
     if out.numel():
         launch(_avg_down_add_kernel, plane_grid(b, c_out, t_out, h_out * w_out), main, x, out, c_out, t_out, h_out,

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from rewrite.ops.dispatch import triton
-from rewrite.kernels.layout import reference_layout
+from rewrite.kernels.layout import add_contiguous_layout, reference_layout
 from rewrite.kernels.launch import Tile, launch, launch_flat
 from rewrite.kernels.upsample.reference import temporal_interleave_reference, upsample_nearest2x_reference
 
@@ -121,7 +121,7 @@ def temporal_interleave(y: Tensor) -> Tensor:
 
 def dup_up_add(main: Tensor, x: Tensor, repeats: int, factor_t: int, factor_s: int, first_frame: int) -> Tensor:
     """`main + DupUp3D(x)[:, :, first_frame:]` gathered in one pass."""
-    strides = reference_layout(("add_contiguous",), lambda a: a + torch.empty_like(a, memory_format=torch.contiguous_format), main)
+    strides = add_contiguous_layout(main, contiguous_first=False)
     out = torch.empty_strided(main.shape, strides, dtype=main.dtype, device=main.device)
     b, c, t, h, w = main.shape
     launch_flat(_dup_up_add_kernel, out.numel(), main, x, out, out.numel(), c, t, h, w, repeats, factor_t, factor_s,
