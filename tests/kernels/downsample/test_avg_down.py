@@ -11,18 +11,11 @@ import torch
 
 from rewrite.kernels.downsample import avg_down as triton_avg_down
 from tests.kernels.norm.test_rms_norm import DEVICE, DTYPES, needs_kernels
+from tests.op_cases import LAYOUTS, frame_major
 
 # (factor_t, factor_s, group, pad_t, x channels): Wan 2.2's four down blocks (group 2, 4, 8 and the unfactored 1),
 # the temporal ones also with chunk 0's frame of padding
 CASES = [(1, 2, 2, 0, 4), (2, 2, 4, 0, 4), (2, 2, 4, 1, 4), (2, 2, 8, 0, 8), (2, 2, 8, 1, 8), (1, 1, 1, 0, 4)]
-
-
-def _layout(t: torch.Tensor, name: str) -> torch.Tensor:
-    if name == "frame_major":  # [b, t, c, h, w] memory: a per-frame conv's output, as the downsamplers leave it
-        return t.transpose(1, 2).contiguous().transpose(1, 2)
-    if name == "channels_last":
-        return t.contiguous(memory_format=torch.channels_last_3d)
-    return t.contiguous()
 
 
 def _grouped(x, pad_t, factor_t, factor_s, group):
@@ -50,9 +43,9 @@ def _operands(case, dtype, main_layout, x_layout, seed=0):
     frames = 4 - pad_t
     # magnitudes from 1e-3 to 1e3, so that the order of the sums shows in the low bits
     scale = 10.0 ** torch.randint(-3, 4, (2, c, frames, 6, 10), generator=g)
-    x = _layout((torch.randn(2, c, frames, 6, 10, generator=g) * scale).to(DEVICE, dtype), x_layout)
+    x = LAYOUTS[x_layout]((torch.randn(2, c, frames, 6, 10, generator=g) * scale).to(DEVICE, dtype))
     shape = triton_avg_down.avg_down_shape(x.shape, pad_t, factor_t, factor_s, group)
-    main = _layout(torch.randn(shape, generator=g).to(DEVICE, dtype), main_layout)
+    main = LAYOUTS[main_layout](torch.randn(shape, generator=g).to(DEVICE, dtype))
     return main, x
 
 
@@ -109,7 +102,7 @@ def test_gpu_the_kernel_is_atens_shortcut_and_add(dtype, c, frames, h, w, factor
     x = (torch.randn(1, c, frames, h, w, generator=g) * 3).to("cuda", dtype)
     module = AvgDown3D(c, out, factor_t, factor_s)
     shape = triton_avg_down.avg_down_shape(x.shape, pad_t, factor_t, factor_s, module.group_size)
-    main = _layout(torch.randn(shape, generator=g).to("cuda", dtype), "frame_major")
+    main = frame_major(torch.randn(shape, generator=g).to("cuda", dtype))  # as the downsamplers leave it
     expected = main + module(x)
     actual = triton_avg_down.avg_down_add(main, x, pad_t, factor_t, factor_s, module.group_size)
     assert actual.stride() == expected.stride()

@@ -19,6 +19,7 @@ from rewrite.ops import selftest
 from rewrite.ops.dispatch import use_backend
 from rewrite.pipeline import rewrite_graph
 from tests.kernels.norm.test_rms_norm import needs_interpreter
+from tests.op_cases import frame_major
 
 PAD, STRIDE = [0, 1, 0, 1], [2, 2]
 
@@ -134,7 +135,7 @@ def _avg_down_operands(factor_t, factor_s, out_channels, frames, dtype=torch.flo
     x = torch.randn(2, 8, frames, 6, 10, generator=g).to(dtype)
     t_out = (frames + (factor_t - frames % factor_t) % factor_t) // factor_t
     main = torch.randn(2, out_channels, t_out, 6 // factor_s, 10 // factor_s, generator=g).to(dtype)
-    return main.transpose(1, 2).contiguous().transpose(1, 2), x  # main frame-major, as the downsamplers leave it
+    return frame_major(main), x  # as the downsamplers leave it
 
 
 def _avg_down_args(module, x):
