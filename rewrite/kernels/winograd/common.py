@@ -47,12 +47,18 @@ UNMEASURED_CANDIDATES: dict[str, dict[tuple[int, int, int, torch.dtype], Winogra
 }
 
 
-def chosen(in_channels: int, out_channels: int, width: int, dtype: torch.dtype,
+def chosen(in_channels: int, out_channels: int, width, dtype: torch.dtype,
            device: torch.device) -> Optional[WinogradTile]:
     """The tile with which this kernel serves a conv (channels, the output's width, dtype) on `device`'s card, or
-    None (the direct conv or cuDNN)."""
+    None (the direct conv or cuDNN). A width that is not a plain int (a symbolic graph's, as a pattern's guard
+    sees it) cannot be looked up: any tile of the card's entries for these channels and dtype is returned, and the
+    op decides at run time on its tensors' width (as `conv3d.chosen` does)."""
     card = cards.name(device)
-    return None if card is None else _MEASURED_FASTER.get(card, {}).get((in_channels, out_channels, width, dtype))
+    entries = _MEASURED_FASTER.get(card, {}) if card is not None else {}
+    if not isinstance(width, int):
+        return next((tile for (i, o, _, d), tile in entries.items() if (i, o, d) == (in_channels, out_channels, dtype)),
+                    None)
+    return entries.get((in_channels, out_channels, width, dtype))
 
 
 def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[str]:

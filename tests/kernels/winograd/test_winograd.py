@@ -169,3 +169,26 @@ def test_bad_arguments_raise_errors_naming_what_was_expected():
 def test_no_conv_is_routed_to_winograd_off_a_measured_card():
     """The choice is read from a per-card table the GPU sweep fills: a CPU tensor never takes it."""
     assert winograd.chosen(96, 96, 160, torch.bfloat16, torch.device("cpu")) is None
+
+
+def test_a_symbolic_width_is_looked_up_by_channels_and_dtype(monkeypatch):
+    """A pattern's guard sees the graph's symbolic width (a SymInt, unhashable): the card's entries are read by
+    channels and dtype, and the op decides on its tensors' width; an empty table answers None without hashing."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from rewrite.kernels import cards
+    from rewrite.kernels.winograd import common
+
+    env = ShapeEnv()
+    width = env.create_symintnode(env.create_symbol(160, ConstantSource("width")), hint=160)
+    card = "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(cards, "name", lambda device: card)
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(common, "_MEASURED_FASTER", {})
+    assert winograd.chosen(1024, 1024, width, torch.bfloat16, cuda) is None
+    monkeypatch.setattr(common, "_MEASURED_FASTER", {card: common.UNMEASURED_CANDIDATES[card]})
+    assert winograd.chosen(1024, 1024, width, torch.bfloat16, cuda) == common.UNMEASURED_CANDIDATES[card][
+        (1024, 1024, 160, torch.bfloat16)]
+    assert winograd.chosen(512, 512, width, torch.bfloat16, cuda) is None
+    assert winograd.chosen(1024, 1024, width, torch.float16, cuda) is None
