@@ -462,8 +462,10 @@ def run(args) -> dict:
 
 
 def _path_of(summary) -> str:
-    """The report's path of the last call, with how the graphs served it when the runner says."""
-    return f"{summary.last_path}: {summary.last_detail}" if summary.last_detail else summary.last_path
+    """The report's path of the last call, with how the graphs served it or why the reference path did, when the
+    runner says (a level that fell back names its reason in the table and the JSON)."""
+    note = summary.last_detail or (summary.last_reason if summary.level != "off" else None)
+    return f"{summary.last_path}: {note}" if note else summary.last_path
 
 
 def _triton_version() -> str | None:

@@ -25,6 +25,7 @@ import torch
 
 import rewrite
 from rewrite.tools import bench, bench_distributed
+from rewrite.reporting import Report
 from rewrite.tools.cli_output import BROKEN_PIPE_STATUS
 
 AUK_ARGS = ["--model", "auk", "--config", "tiny", "--seconds", "0.2,0.5", "--levels", "off,lossless",
@@ -376,3 +377,16 @@ def test_torchrun_two_ranks_against_one_gpu(tmp_path):
     assert d["one_gpu_lossless_s"] == one["best_s"] > 0 and d["sharded_s"] == sharded["best_s"] > 0
     assert d["speedup_vs_one_gpu"] == pytest.approx(one["best_s"] / sharded["best_s"])
     assert "2 ranks (gloo, bands, output rank0)" in done.stdout and "bit-identical True" in done.stdout
+
+
+@pytest.mark.parametrize(("level", "path", "reason", "detail", "shown"), [
+    ("channels_last", "reference", "capture failed for encoder: ValueError: x", None,
+     "reference: capture failed for encoder: ValueError: x"),
+    ("lossless", "graphs", None, "streamed", "graphs: streamed"),
+    ("lossless", "graphs", None, None, "graphs"),
+    ("off", "reference", "not optimized", None, "reference"),
+])
+def test_the_path_column_names_why_a_level_fell_back(level, path, reason, detail, shown):
+    summary = Report(model="AutoencoderKLWan", level=level, graphs=[], fallbacks={}, last_path=path,
+                             last_reason=reason, last_detail=detail)
+    assert bench._path_of(summary) == shown
