@@ -7,11 +7,12 @@ Matches:  d = mean(view(view(contiguous(permute(view([pad(]x[, pad)], unfold), [
 Replaces: rewrite::avg_down_add(main, x, pad, unfold, channels, fold) (`rewrite.models.wan.downsample`): each output
           gathered from x and averaged in one pass, where ATen runs a pad, a permuted copy of the block input, a mean
           and the add.
-Exactness: tolerance. The kernel sums each group in the order read from ATen's CUDA mean (`Reduce.cuh`'s four
-          accumulators) with its rounding points, so it is expected to be bit-identical; that has not been checked
-          against ATen on a GPU, so the pattern stays at ``channels_last`` (its contract covers any order of a sum).
-          Where the op's kernel path does not serve a call, it runs the replaced ops.
-Level: channels_last.
+Exactness: exact. The kernel sums each group in the order of ATen's CUDA mean (`Reduce.cuh`'s four
+          accumulators, one thread per output for groups of at most 8) with its rounding points, and writes the
+          layout ATen's add gives; the GPU test (tests/kernels/downsample/test_avg_down.py) holds it to
+          `torch.equal` with diffusers' module and add. Where the op's kernel path does not serve a call, it runs
+          the replaced ops.
+Level: lossless.
 Guard: the graph runs on CUDA (or on CPU under the Triton interpreter, for tests); x is 5-D with main's dtype; the
           views unfold x's (t, h, w) by (factor_t, factor_s, factor_s) into channels and group them as
           `rewrite.kernels.downsample.avg_down.avg_down_add_reason` accepts; the pad pads frames in front only;
@@ -76,7 +77,7 @@ def guard(match) -> str | None:
     return triton_avg_down.avg_down_add_reason(tuple(main.shape), tuple(x.shape), *factors)
 
 
-_COMMON = dict(name="avg_down_add", exactness="tolerance", level="channels_last",
+_COMMON = dict(name="avg_down_add", exactness="exact", level="lossless",
                module_types=("WanResidualDownBlock", "AvgDown3D"))
 PATTERNS = (
     variants(search_padded, replace_padded, guard, scalars=("pad", "unfold_shape", "channels_shape", "fold_shape"),

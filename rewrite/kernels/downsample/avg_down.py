@@ -11,9 +11,8 @@ gathers its `group` inputs straight from x.
 Arithmetic: the `group` values summed in fp32 into four partial sums (value g into sum g % 4, in order of g), the
 partial sums added left to right, times 1 / group, rounded to x's dtype, then added to `main` in fp32 and rounded
 once: the order and rounding points of ATen's CUDA mean over a non-innermost dim of a few values (one thread
-per output, four accumulators: `Reduce.cuh`) and of its add, as read from ATen's source. Used at level
-``channels_last`` (not yet checked against ATen on a GPU, so not claimed exact); any strides in, the output in
-the layout ATen's add gives.
+per output, four accumulators: `Reduce.cuh`) and of its add, as read from ATen's source and held to
+`torch.equal` by the GPU test; any strides in, the output in the layout ATen's add gives.
 """
 
 from __future__ import annotations

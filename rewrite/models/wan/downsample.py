@@ -22,8 +22,8 @@ of a Wan 2.2 `WanResidualDownBlock`: x padded by `pad_t` zero frames in front (`
 (factor_t, factor_s, factor_s) block of positions unfolded into channels, each run of `group` unfolded channels
 averaged (the three views' shapes give the factors), the result added to `main`.
 Kernel path (CUDA, or the Triton interpreter in tests): `rewrite.kernels.downsample.avg_down` gathers each output's
-values from x in one pass, where ATen runs a pad, a permuted copy, a mean and an add. Matched at level
-``channels_last`` only (patterns/wan/avg_down_add.py says why).
+values from x in one pass, where ATen runs a pad, a permuted copy, a mean and an add, in the order and with the
+rounding points of ATen's CUDA mean and add. Exactness: exact.
 """
 
 from __future__ import annotations

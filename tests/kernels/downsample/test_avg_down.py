@@ -92,10 +92,12 @@ def test_shapes_it_does_not_serve_are_refused_by_name(main_shape, x_shape, facto
     (320, 4, 176, 320, 2, 2, 640, 0),
     (640, 2, 88, 160, 2, 2, 640, 0),
     (640, 1, 88, 160, 2, 2, 640, 1),   # chunk 0: one frame padded by one
+    (16, 4, 8, 12, 1, 2, 32, 0),       # small planes: few outputs, where ATen could share a reduction out
+    (32, 1, 4, 6, 2, 2, 32, 1),
 ])
 def test_gpu_the_kernel_is_atens_shortcut_and_add(dtype, c, frames, h, w, factor_t, factor_s, out, pad_t):
-    """Whether the order read from ATen's CUDA mean is the one it runs: `torch.equal` to diffusers' AvgDown3D and
-    the add at the encoder's full-size shapes (the pattern waits for this at ``channels_last``)."""
+    """The order of ATen's CUDA mean is the one it runs: `torch.equal` to diffusers' AvgDown3D and the add at the
+    encoder's full-size shapes and at small ones (what the pattern's ``lossless`` level rests on)."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import AvgDown3D
 
     g = torch.Generator().manual_seed(3)
