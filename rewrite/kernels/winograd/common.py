@@ -32,19 +32,20 @@ class WinogradTile(NamedTuple):
 
 #: card -> {(in channels, out channels, output width, dtype): tile}, for the convs this kernel measured faster than
 #: both the Triton direct conv and cuDNN on that card, in a full decode within the level's contract. Widths are
-#: exact: another size's plane was not measured and keeps its conv. Empty until `UNMEASURED_CANDIDATES` is measured.
-_MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {}
-
-#: The same keys for convs whose kernel sweep (`python -m rewrite.tools.sweep_winograd`, docs/tuning.md 1.21) found
-#: this kernel faster, not yet measured in a full decode (speed and the contract), so not routed: the H100's
-#: Wan 2.2 1024 -> 1024 at 90x160 (the 720p decode's up block 1), split form, 1.42x cuDNN. Not its 512 at 180x320
-#: (1.09x, for 3.3 GB of fp32 sums and transformed input in the graphs' pool) nor its 256 (0.70x).
-#: docs/data/experiments/gpu_winograd_decode_ab.sh measures a decode with them routed.
-UNMEASURED_CANDIDATES: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
+#: exact: another size's plane was not measured and keeps its conv. The H100's Wan 2.2 1024 -> 1024 at 90x160
+#: (the 720p decode's up block 1), split form: 1.42x cuDNN in the kernel sweep (docs/tuning.md 1.21), and the
+#: 720p decode faster with it within the contract (1.23). Not its 512 at 180x320 (1.09x alone, for 3.3 GB of fp32
+#: sums and transformed input in the graphs' pool) nor its 256 (0.70x); the H200 has no sweep of this kernel yet.
+_MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
     "NVIDIA H100 80GB HBM3": {
         (1024, 1024, 160, torch.bfloat16): WinogradTile(128, 256, 64, 8, 3, materialized=True, split_output=True),
     },
 }
+
+#: The same keys for convs whose kernel sweep (`python -m rewrite.tools.sweep_winograd`) found this kernel faster,
+#: not yet measured in a full decode (speed and the contract), so not routed. Empty: the one candidate so far was
+#: measured (docs/data/experiments/gpu_winograd_decode_ab.sh measures a decode with the candidates merged in).
+UNMEASURED_CANDIDATES: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {}
 
 
 def chosen(in_channels: int, out_channels: int, width, dtype: torch.dtype,

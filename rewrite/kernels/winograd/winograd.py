@@ -20,7 +20,7 @@ outputs, into which each point's sum is added with the output transform's coeffi
 
 Routed by `rewrite.models.wan.ops_fast.rms_norm_causal_conv3d_fast` where `chosen` (a per-card table, filled from
 the GPU sweep `python -m rewrite.tools.sweep_winograd` once a full decode has measured the entry) names a tile for
-the conv; `common.UNMEASURED_CANDIDATES` holds the sweep's winners waiting for that measurement. Not here yet: the
+the conv; `common.UNMEASURED_CANDIDATES` holds sweep winners waiting for that measurement. Not here yet: the
 direct conv's epilogues beyond bias and residual (the next norm into the next conv's padded input).
 """
 

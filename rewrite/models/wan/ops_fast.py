@@ -112,16 +112,18 @@ def one_pass_norm_chosen(x: Tensor) -> bool:
 
 
 # Channel counts whose one-pass norm (into the padded conv input) measured faster on the H200 than the exact
-# two-pass kernel at every Wan shape swept (docs/tuning.md section 1.8). Not Wan 2.2's 1024: faster alone, but
-# the 720p decode did not move while its error against `off` grew (tuning.md 1.14).
-_ONE_PASS_NORM_CHANNELS = frozenset({96, 192, 256, 384, 512})
+# two-pass kernel at every Wan shape swept (docs/tuning.md section 1.8), and Wan 2.2's encoder widths 160, 320 and
+# 640 (the 704p encode faster with them on the H100, within the contract: tuning.md 1.24). Not Wan 2.2's 1024:
+# faster alone, but the 720p decode did not move while its error against `off` grew (tuning.md 1.14).
+_ONE_PASS_NORM_CHANNELS = frozenset({96, 160, 192, 256, 320, 384, 512, 640})
 # Of those, the counts whose one-pass norm also runs before a conv cuDNN keeps (the op then runs the lossless
-# op's conv on its padded input): Wan 2.2's 256 and 512. Not Wan 2.1's 96 (`conv_out`) and 192 / 384 (its
+# op's conv on its padded input): Wan 2.2's 256 and 512, and its encoder's 160, 320 and 640 (where cuDNN keeps
+# every conv of the 704p encode). Not Wan 2.1's 96 (`conv_out`) and 192 / 384 (its
 # 90x160 level, 480p's 416 and 208 wide levels): with them one-pass, Wan 2.1 720p's max-abs against `off` went
 # past the level's bound of the time, 6e-2, for a few milliseconds (docs/tuning.md section 5, "Notes moved from the
 # runners");
 # their norms keep the exact kernel, the lossless op's numbers.
-_ONE_PASS_BEFORE_CUDNN_CHANNELS = frozenset({256, 512})
+_ONE_PASS_BEFORE_CUDNN_CHANNELS = frozenset({160, 256, 320, 512, 640})
 
 
 def _triton_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor], out: Tensor,
