@@ -28,6 +28,8 @@ max-abs that grows with the video, against ``off``).
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from typing import Optional
 
@@ -53,6 +55,7 @@ __all__ = ["chain_reason", "conv_reason", "fast_reason", "one_pass_norm_chosen",
 
 rewrite_ops = torch.ops.rewrite
 CL = torch.channels_last_3d
+logger = logging.getLogger("rewrite")
 
 
 def conv_reason(in_shape, weight_shape, dtype: torch.dtype, device: Optional[torch.device] = None) -> Optional[str]:
@@ -221,7 +224,19 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
             out = _conv_output(padded, weight, residual, channels_last_out)
             _triton_conv(padded, weight, bias, residual, out, residual_bias)
             return out, next_cache
+        _log_no_norm_kernel(tuple(x.shape), x.stride(), x.dtype, tuple(weight.shape[:2]))
     return rewrite_ops.rms_norm_causal_conv3d.default(*args)
+
+
+@functools.lru_cache(maxsize=256)
+def _log_no_norm_kernel(shape: tuple, strides: tuple, dtype: torch.dtype, channels: tuple) -> None:
+    """Says once per input shape, layout and conv that the Triton conv was chosen but the op ran the ``lossless``
+    op: it convolves only an input its norm kernel wrote, and neither norm kernel served x (the one-pass one
+    not chosen for its channel count, the exact one without a plan of ATen's order, e.g. for a channels-last x).
+    A speed loss, never a wrong answer."""
+    logger.info("rms_norm_causal_conv3d_fast: the Triton conv is chosen for %d -> %d channels, but no norm kernel "
+                "serves x %s (strides %s, %s): the lossless op runs the norm and the conv", channels[1], channels[0],
+                list(shape), list(strides), dtype)
 
 
 @rms_norm_causal_conv3d_fast.register_fake

@@ -114,6 +114,28 @@ def test_fast_op_serves_a_narrow_head(kernel_allowed_on_cpu, monkeypatch, fold):
 
 
 @needs_kernels
+def test_a_chosen_conv_without_a_norm_kernel_runs_the_lossless_op_and_says_so(served_16_channels,
+                                                                               kernel_allowed_on_cpu, monkeypatch,
+                                                                               caplog):
+    """The Triton conv is chosen for 16 -> 16 channels, but x is channels-last (the exact norm kernel has no plan
+    for it, on CUDA as on the CPU) and 16 channels are not one-pass: the lossless op's answer, and one INFO line
+    naming the conv and x's layout, not repeated for the next call."""
+    ran = []
+    monkeypatch.setattr(triton_conv3d, "conv3d_channels_last", lambda *a, **k: ran.append(1))
+    wan_fast._log_no_norm_kernel.cache_clear()
+    args = list(_op_inputs(16, 16, torch.bfloat16))
+    args[0] = args[0].contiguous(memory_format=torch.channels_last_3d)
+    assert wan_fast._serves(args[0], args[7], args[8], args[9], args[10], args[12])
+    with caplog.at_level("INFO", logger="rewrite"):
+        fast, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
+        torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
+    exact, _ = torch.ops.rewrite.rms_norm_causal_conv3d(*args)
+    assert not ran and torch.equal(fast, exact)
+    lines = [r.getMessage() for r in caplog.records if "no norm kernel serves x" in r.getMessage()]
+    assert len(lines) == 1 and "16 -> 16 channels" in lines[0] and str(list(args[0].stride())) in lines[0]
+
+
+@needs_kernels
 def test_fast_op_runs_the_lossless_op_where_the_kernel_does_not_serve(kernel_allowed_on_cpu):
     # 16 -> 16 channels is not in the measured table: the lossless op's answer, bit for bit
     args = _op_inputs(16, 16, torch.bfloat16)
