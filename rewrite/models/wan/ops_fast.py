@@ -209,6 +209,7 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
             out = _conv_output(padded, weight, residual, channels_last_out)
             _winograd_conv(padded, weight, bias, residual, out, residual_bias, tile, refresh=mode == "chunk0")
             return out, next_cache
+        _log_no_norm_kernel("Winograd", tuple(x.shape), x.stride(), x.dtype, tuple(weight.shape[:2]))
     if (not served and one_pass_norm_chosen(x) and x.shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
             and in_shape is not None):
         # cuDNN's conv stays; its input comes from the one-pass norm
@@ -224,19 +225,19 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
             out = _conv_output(padded, weight, residual, channels_last_out)
             _triton_conv(padded, weight, bias, residual, out, residual_bias)
             return out, next_cache
-        _log_no_norm_kernel(tuple(x.shape), x.stride(), x.dtype, tuple(weight.shape[:2]))
+        _log_no_norm_kernel("Triton", tuple(x.shape), x.stride(), x.dtype, tuple(weight.shape[:2]))
     return rewrite_ops.rms_norm_causal_conv3d.default(*args)
 
 
 @functools.lru_cache(maxsize=256)
-def _log_no_norm_kernel(shape: tuple, strides: tuple, dtype: torch.dtype, channels: tuple) -> None:
-    """Says once per input shape, layout and conv that the Triton conv was chosen but the op ran the ``lossless``
-    op: it convolves only an input its norm kernel wrote, and neither norm kernel served x (the one-pass one
-    not chosen for its channel count, the exact one without a plan of ATen's order, e.g. for a channels-last x).
-    A speed loss, never a wrong answer."""
-    logger.info("rms_norm_causal_conv3d_fast: the Triton conv is chosen for %d -> %d channels, but no norm kernel "
-                "serves x %s (strides %s, %s): the lossless op runs the norm and the conv", channels[1], channels[0],
-                list(shape), list(strides), dtype)
+def _log_no_norm_kernel(conv: str, shape: tuple, strides: tuple, dtype: torch.dtype, channels: tuple) -> None:
+    """Says once per conv kernel ("Triton" or "Winograd"), input shape, layout and conv that the kernel was chosen
+    but the op ran the ``lossless`` op: it convolves only an input its norm kernel wrote, and neither norm kernel
+    served x (the one-pass one not chosen for its channel count, the exact one without a plan of ATen's order,
+    e.g. for a channels-last x). A speed loss, never a wrong answer."""
+    logger.info("rms_norm_causal_conv3d_fast: the %s conv is chosen for %d -> %d channels, but no norm kernel "
+                "serves x %s (strides %s, %s): the lossless op runs the norm and the conv", conv, channels[1],
+                channels[0], list(shape), list(strides), dtype)
 
 
 @rms_norm_causal_conv3d_fast.register_fake

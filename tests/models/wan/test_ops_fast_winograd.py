@@ -106,6 +106,25 @@ def test_the_fast_op_convolves_by_winograd_where_chosen(kernel_allowed_on_cpu, m
 
 
 @needs_kernels
+def test_winograd_without_a_norm_kernel_runs_the_lossless_op_and_says_so(kernel_allowed_on_cpu, monkeypatch, caplog):
+    """Winograd chosen, but no norm kernel serves x (no exact plan, 16 channels not one-pass): the lossless op's
+    answer, the Winograd kernel not run, and one INFO line naming it."""
+    from rewrite.kernels import layout
+
+    _route_to_winograd(monkeypatch)
+    monkeypatch.setattr(layout, "norm_plan", lambda *a, **k: None)
+    monkeypatch.setattr(winograd, "winograd_conv3d_channels_last", lambda *a: pytest.fail("the Winograd conv ran"))
+    wan_fast._log_no_norm_kernel.cache_clear()
+    x, cache, gamma, weight, bias, _, _ = _case(5, False, False)
+    args = (x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache, [1, 1, 1, 1, 0, 0], "steady", weight, bias, None)
+    with caplog.at_level("INFO", logger="rewrite"):
+        out, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
+    exact, _ = torch.ops.rewrite.rms_norm_causal_conv3d(*args)
+    assert torch.equal(out, exact)
+    assert [r.getMessage() for r in caplog.records if "Winograd conv is chosen for 16 -> 16" in r.getMessage()]
+
+
+@needs_kernels
 def test_the_first_chunk_refreshes_the_kept_transform(kernel_allowed_on_cpu, monkeypatch):
     """A weight updated in place between decodes: the next decode's first chunk (``chunk0``) transforms it again,
     so its later chunks (replayed graphs read the kept tensor) see the new weight."""
