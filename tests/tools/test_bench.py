@@ -388,5 +388,5 @@ def test_torchrun_two_ranks_against_one_gpu(tmp_path):
 ])
 def test_the_path_column_names_why_a_level_fell_back(level, path, reason, detail, shown):
     summary = Report(model="AutoencoderKLWan", level=level, graphs=[], fallbacks={}, last_path=path,
-                             last_reason=reason, last_detail=detail)
+                     last_reason=reason, last_detail=detail)
     assert bench._path_of(summary) == shown

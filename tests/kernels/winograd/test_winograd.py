@@ -185,10 +185,10 @@ def test_a_symbolic_width_is_looked_up_by_channels_and_dtype(monkeypatch):
     card = "NVIDIA H100 80GB HBM3"
     monkeypatch.setattr(cards, "name", lambda device: card)
     cuda = torch.device("cuda")
+    shipped = common._MEASURED_FASTER
     monkeypatch.setattr(common, "_MEASURED_FASTER", {})
     assert winograd.chosen(1024, 1024, width, torch.bfloat16, cuda) is None
-    monkeypatch.undo()
-    monkeypatch.setattr(cards, "name", lambda device: card)
+    monkeypatch.setattr(common, "_MEASURED_FASTER", shipped)
     assert winograd.chosen(1024, 1024, width, torch.bfloat16, cuda) == common._MEASURED_FASTER[card][
         (1024, 1024, 160, torch.bfloat16)]
     assert winograd.chosen(512, 512, width, torch.bfloat16, cuda) is None

@@ -14,17 +14,12 @@ import copy
 import pytest
 import torch
 
-from rewrite import optimize, report
+from rewrite import optimize, report, supported
 from rewrite.kernels import cards
 from rewrite.kernels.winograd import common as winograd_common
-from rewrite.models.qwenimage import runner as _qwenimage  # noqa: F401  (registers the family's class names)
-from rewrite.models.qwenimage.config import build_qwenimage
-from rewrite.models.wan.config import build_wan
 from rewrite.ops.dispatch import INTERPRETING
 from tests import quick
 
-BUILDERS = {"wan2.1": lambda: build_wan("wan2.1", "tiny"), "wan2.2": lambda: build_wan("wan2.2", "tiny"),
-            "qwenimage": lambda: build_qwenimage("tiny")}
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 CASES = [pytest.param("wan2.2", H100, "as shipped", id="wan2.2-h100")] + [
     pytest.param(model, card, winograd, id=ident, marks=quick.slow) for model, card, winograd, ident in (
@@ -43,7 +38,7 @@ def test_captures_on_a_measured_card(monkeypatch, model, card, winograd):
     monkeypatch.setattr(cards, "name", lambda device: card)
     if winograd == "no Winograd entry":
         monkeypatch.setattr(winograd_common, "_MEASURED_FASTER", {})
-    vae = BUILDERS[model]().to(torch.bfloat16)
+    vae = supported.get(model).build("tiny", dtype=torch.bfloat16)
     optimized = optimize(copy.deepcopy(vae), "channels_last")
     video = torch.randn(1, 3, 5, 32, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     latents = torch.randn(1, vae.config.z_dim, 2, 4, 4, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
