@@ -25,7 +25,8 @@ def candidate_tiles() -> dict:
     register file holds its five accumulators with few spills (ptxas, checked on a CPU); the materialized form's
     pipelined TMA GEMM at the usual tensor-core block shapes; one of those with its input transform by 1 and 2
     output frames (the temporary's size against the time); the materialized form with its 16 point GEMMs as one
-    pipelined loop; and split (one GEMM per program into fp32 sums, then the output transform)."""
+    pipelined loop; split (one GEMM per program into fp32 sums, then the output transform); and large, the split
+    form of F(4x4, 3x3) (`large_tile`)."""
     from rewrite.kernels.winograd.winograd import WinogradTile
 
     fused = [WinogradTile(m, n, k, warps, 2) for m, n, k, warps in ((32, 64, 32, 8), (64, 64, 32, 8), (32, 128, 32, 8),
@@ -39,7 +40,10 @@ def candidate_tiles() -> dict:
         (64, 128, 64, 4, 4))]
     split = [WinogradTile(m, n, k, warps, stages, True, 0, False, True) for m, n, k, warps, stages in (
         (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4))]
-    return {"fused": fused, "materialized": materialized, "by_frame": by_frame, "one_loop": one_loop, "split": split}
+    large = [WinogradTile(m, n, k, warps, stages, True, 0, False, True, 4) for m, n, k, warps, stages in (
+        (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4))]
+    return {"fused": fused, "materialized": materialized, "by_frame": by_frame, "one_loop": one_loop, "split": split,
+            "large": large}
 
 
 def main(argv=None) -> int:
@@ -48,7 +52,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="wan22,wan21", help=f"comma-separated: {', '.join(SHAPES)}")
     parser.add_argument("--only", default=None,
                         help="only the shapes whose name starts with one of these (comma-separated)")
-    parser.add_argument("--groups", default="fused,materialized,by_frame,one_loop,split",
+    parser.add_argument("--groups", default="fused,materialized,by_frame,one_loop,split,large",
                         help="the candidate tile groups to try (comma-separated)")
     parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
     parser.add_argument("--json", help="write the results here")
@@ -57,8 +61,8 @@ def main(argv=None) -> int:
     import triton.testing
 
     from rewrite.kernels.conv3d import conv3d as triton_conv3d
-    from rewrite.kernels.winograd import materialized, winograd
-    from rewrite.kernels.winograd.transforms import transformed_weight
+    from rewrite.kernels.winograd import large_tile, materialized, winograd
+    from rewrite.kernels.winograd.transforms import input_scale_4, transformed_weight, transformed_weight_4
     from rewrite.ops import compile_ahead
 
     if not torch.cuda.is_available():
@@ -116,16 +120,29 @@ def main(argv=None) -> int:
                   f"{row['bmm_core_ms']:8.3f} ms ({flops / row['bmm_core_ms'] / 1e9:6.0f} direct-equivalent TFLOP/s)",
                   flush=True)
             transformed = transformed_weight(weight, dtype)
+            transformed_4, point_scales = transformed_weight_4(weight)
+            bound = padded.abs().amax().float()  # the fast op gives the norm's bound instead (no pass over x)
+            if any(tile.output_block == 4 for tile in tiles):
+                row["large_input_transform_ms"] = triton.testing.do_bench_cudagraph(
+                    lambda p=padded, s=input_scale_4(bound): large_tile.input_transform(p, s))
+                print(f"  F(4x4, 3x3) input transform alone {row['large_input_transform_ms']:8.3f} ms", flush=True)
+
+            def conv(p, o, tile):
+                if tile.output_block == 4:
+                    large_tile.large_tile_conv3d(p, transformed_4, point_scales, bound, None, None, o, tile)
+                else:
+                    winograd.winograd_conv3d_channels_last(p, transformed, None, None, o, tile)
+
             with compile_ahead.compile_ahead() as ahead:  # every tile's kernel compiled in parallel first
                 for tile in tiles if ahead else ():
                     try:
-                        winograd.winograd_conv3d_channels_last(padded, transformed, None, None, out, tile)
+                        conv(padded, out, tile)
                     except Exception:  # noqa: BLE001 - the timed run below reports it
                         pass
             for tile in tiles:
                 try:
-                    def run(p=padded, u=transformed, o=out, tile=tile):
-                        winograd.winograd_conv3d_channels_last(p, u, None, None, o, tile)
+                    def run(p=padded, o=out, tile=tile):
+                        conv(p, o, tile)
                     run()
                     err = (out.float() - exact).abs().max().item()
                     ms = triton.testing.do_bench_cudagraph(run)

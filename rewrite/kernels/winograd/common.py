@@ -28,6 +28,7 @@ class WinogradTile(NamedTuple):
     transform_frames: int = 0  # materialized: output frames per input transform, one batch element (0: all at once)
     one_loop: bool = False  # materialized: the 16 point GEMMs as one pipelined loop (else a loop per point)
     split_output: bool = False  # materialized: a program per point GEMM writing fp32 sums, then the output transform
+    output_block: int = 2  # 2: F(2x2, 3x3); 4: F(4x4, 3x3) (`large_tile`: the split form, fp16 operands)
 
 
 #: card -> {(in channels, out channels, output width, dtype): tile}, for the convs this kernel measured faster than
@@ -80,21 +81,30 @@ def unsupported_reason(in_shape, weight_shape, dtype: torch.dtype) -> Optional[s
 
 def checked_shape(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
                   out: Tensor) -> tuple[int, ...]:
-    """The output shape [B, O, T, H, W] after the argument checks both forms share
+    """The output shape [B, O, T, H, W] after the argument checks both F(2x2, 3x3) forms share
     (`winograd.winograd_conv3d_channels_last` states them)."""
+    channels = padded.shape[1] if padded.dim() == 5 else None
+    if weight.dim() != 3 or weight.shape[0] != POINTS or not channels or weight.shape[1] % channels \
+            or not weight.is_contiguous():
+        raise ValueError(f"winograd conv3d: weight must be transformed_weight's contiguous "
+                         f"[{POINTS}, kt * {channels}, O], got {tuple(weight.shape)} for an input "
+                         f"{tuple(padded.shape)}")
+    if weight.dtype != padded.dtype:
+        raise ValueError(f"winograd conv3d: weight dtype {weight.dtype}, input {padded.dtype}")
+    return checked_geometry(padded, weight.shape[1] // channels, weight.shape[2], bias, residual, out)
+
+
+def checked_geometry(padded: Tensor, taps: int, out_channels: int, bias: Optional[Tensor], residual: Optional[Tensor],
+                     out: Tensor) -> tuple[int, ...]:
+    """The output shape [B, O, T, H, W] of a conv with `taps` temporal taps, 3x3 planes and `out_channels`, after
+    the checks of the input, output, bias and residual every Winograd form shares."""
     if padded.dim() != 5 or not padded.is_contiguous(memory_format=torch.channels_last_3d):
         raise ValueError(f"winograd conv3d: padded input must be [B, C, T, H, W] in channels-last "
                          f"(NDHWC) contiguous memory, got {tuple(padded.shape)} strides {padded.stride()}")
     batch, channels, tp, hp, wp = padded.shape
-    if weight.dim() != 3 or weight.shape[0] != POINTS or weight.shape[1] % channels or not weight.is_contiguous():
-        raise ValueError(f"winograd conv3d: weight must be transformed_weight's contiguous "
-                         f"[{POINTS}, kt * {channels}, O], got {tuple(weight.shape)}")
-    taps, out_channels = weight.shape[1] // channels, weight.shape[2]
     reason = unsupported_reason(padded.shape, (out_channels, channels, taps, 3, 3), padded.dtype)
     if reason is not None:
         raise ValueError(f"winograd conv3d: {reason}")
-    if weight.dtype != padded.dtype:
-        raise ValueError(f"winograd conv3d: weight dtype {weight.dtype}, input {padded.dtype}")
     shape = (batch, out_channels, tp - taps + 1, hp - 2, wp - 2)
     if tuple(out.shape) != shape or out.dtype != padded.dtype:
         raise ValueError(f"winograd conv3d: out must be {shape} {padded.dtype}, got "

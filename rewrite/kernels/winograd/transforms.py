@@ -43,3 +43,61 @@ def transformed_weight(weight: Tensor, dtype: torch.dtype | None = None) -> Tens
     u = _filter_points(_filter_points(weight.to(compute), 3), 4)  # [O, C, kt, 4, 4]
     return u.permute(3, 4, 2, 1, 0).reshape(POINTS, taps * in_channels, out_channels).to(dtype or weight.dtype) \
         .contiguous()
+
+
+# ---- F(4x4, 3x3) ------------------------------------------------------------------------------------------------
+# A 4x4 block of outputs from a 6x6 patch: 36 products where the direct conv takes 144 (4x fewer; F(2x2, 3x3):
+# 2.25x). Interpolation points 0, 1, -1, 2, -1/2 and infinity: of the sets tried (docs/tuning.md 1.25) the one with
+# the smallest error per layer. Its products are formed from fp16 operands, not bf16: with bf16 operands a layer's
+# error against fp64 was 36 dB where the direct bf16 conv's is 53 and F(2x2, 3x3)'s 48; with fp16 operands 52 dB.
+# B^T's rows are scaled to integers and G's rows by the inverse factors (a point's scale cancels in its product).
+INPUT_TRANSFORM_4 = ((2.0, 3.0, -4.0, -3.0, 2.0, 0.0), (0.0, 2.0, 5.0, 1.0, -2.0, 0.0),
+                     (0.0, 2.0, 1.0, -5.0, 2.0, 0.0), (0.0, -1.0, -2.0, 1.0, 2.0, 0.0),
+                     (0.0, -2.0, 1.0, 2.0, -1.0, 0.0), (0.0, 2.0, 3.0, -4.0, -3.0, 2.0))
+#: G's rows (the Vandermonde rows of the points) divided by the factors B^T's rows were multiplied by
+_ROW_FACTORS_4 = (2.0, 6.0, 6.0, 30.0, 15.0 / 16.0, 2.0)
+_VANDERMONDE_3 = ((1.0, 0.0, 0.0), (1.0, 1.0, 1.0), (1.0, -1.0, 1.0), (1.0, 2.0, 4.0), (1.0, -0.5, 0.25),
+                  (0.0, 0.0, 1.0))
+FILTER_TRANSFORM_4 = tuple(tuple(v / f for v in row) for row, f in zip(_VANDERMONDE_3, _ROW_FACTORS_4))
+OUTPUT_TRANSFORM_4 = ((1.0, 1.0, 1.0, 1.0, 1.0, 0.0), (0.0, 1.0, -1.0, 2.0, -0.5, 0.0),
+                      (0.0, 1.0, 1.0, 4.0, 0.25, 0.0), (0.0, 1.0, -1.0, 8.0, -0.125, 1.0))
+POINTS_4 = 36
+#: the largest |B^T d B| over a patch whose entries are at most 1 in magnitude: the largest product of two rows'
+#: absolute sums (14 x 14); the input transform's scale keeps it inside fp16 with it
+INPUT_GAIN_4 = 196.0
+#: where the scaled operands' largest magnitude is put: half of fp16's largest finite value (65504), a factor 2
+#: of room for the rounding of the bound the input's scale is computed from
+FP16_TARGET = 32768.0
+
+
+def power_of_two_at_most(limit: Tensor) -> Tensor:
+    """The largest power of two at most `limit` (a positive tensor), clamped to [2^-60, 2^60]; zero, inf and NaN
+    give the clamps' ends. Device ops only (a CUDA graph may capture them)."""
+    exponent = torch.floor(torch.log2(limit.float())).nan_to_num(60.0, 60.0, -60.0).clamp(-60.0, 60.0)
+    return torch.exp2(exponent)
+
+
+def transformed_weight_4(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """F(4x4, 3x3)'s ``G g G^T`` of a [O, C, kt, 3, 3] conv weight as fp16 [36, kt * C, O] (point-major, then
+    tap-major, output channels contiguous), each point scaled by a power of two that puts its largest magnitude
+    at `FP16_TARGET` (no overflow, no subnormals for a point's large entries), and those 36 scales (fp32). The
+    transform runs in fp32 (fp64 for an fp64 weight), by `FILTER_TRANSFORM_4`'s rows; device ops only."""
+    if weight.dim() != 5 or tuple(weight.shape[3:]) != (3, 3):
+        raise ValueError(f"transformed_weight_4: expected a [O, C, kt, 3, 3] conv weight, got {tuple(weight.shape)}")
+    compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    out_channels, in_channels, taps = weight.shape[:3]
+    g = weight.to(compute)
+
+    def rows(w: Tensor, dim: int) -> Tensor:
+        first, middle, last = w.unbind(dim)
+        return torch.stack([a * first + b * middle + c * last for a, b, c in FILTER_TRANSFORM_4], dim)
+
+    u = rows(rows(g, 3), 4).permute(3, 4, 2, 1, 0).reshape(POINTS_4, taps * in_channels, out_channels)
+    scales = power_of_two_at_most(FP16_TARGET / u.abs().amax(dim=(1, 2)).float())
+    return (u * scales.to(compute)[:, None, None]).to(torch.float16).contiguous(), scales
+
+
+def input_scale_4(bound: Tensor) -> Tensor:
+    """The power of two by which F(4x4, 3x3)'s input transform scales its values before rounding them to fp16,
+    for an input whose magnitude is at most `bound` (a device scalar): at most `FP16_TARGET` after scaling."""
+    return power_of_two_at_most(FP16_TARGET / (INPUT_GAIN_4 * bound.float().clamp_min(2.0 ** -60)))

@@ -1,0 +1,175 @@
+"""Winograd F(4x4, 3x3) (`rewrite.kernels.winograd.large_tile`): against the conv in float64 on small odd shapes
+(under the interpreter on CPU, on CUDA where there is one), its power-of-two scales, its arguments, the transforms.
+
+Tolerance, derived rather than fitted, as test_winograd.py derives F(2x2, 3x3)'s. Every output is a sum of terms
+coef * x * g, coef the product of the transforms' entries along the term's path. Along one path the kernels perform
+at most n = K + 40 fp32 operations (K = kt * C GEMM terms; the input transform a product and four additions per
+side, 10; the weight transform's coefficients, themselves rounded to fp32, a product and two additions per side,
+8; the output transform a product and five additions per side, 12; bias and residual 2; the scales are powers of
+two and round nothing; 8 more counted for margin), so the fp32 result is within gamma_n * S of the exact value,
+gamma_n = n u / (1 - n u), u = 2**-24, S the same computation on magnitudes (`_magnitudes`). The transformed input
+and weight are each rounded once to fp16 whatever the activation dtype (u16 = 2**-11: 2 u16 + u16**2 more on every
+term, valid while neither lands among fp16's subnormals: the scales put each one's largest magnitude at 2**15 and
+these cases' values are within 2**10 of it) and the output once to its dtype (u_out |y|).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rewrite.kernels.winograd import large_tile
+from rewrite.kernels.winograd.common import WinogradTile
+from rewrite.kernels.winograd.transforms import (FILTER_TRANSFORM_4, FP16_TARGET, INPUT_TRANSFORM_4,
+                                                 OUTPUT_TRANSFORM_4, POINTS_4, input_scale_4, power_of_two_at_most,
+                                                 transformed_weight_4)
+from rewrite.ops.dispatch import INTERPRETING
+from tests import quick
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
+CL = torch.channels_last_3d
+TILE = WinogradTile(16, 16, 8, 4, 1, True, 0, False, True, 4)  # small blocks: partial blocks everywhere
+UNIT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+U16 = 2.0 ** -11
+
+
+def _padded(batch, channels, frames, height, width, cache, generator, taps=3):
+    """The causal conv's padded input: kt - 1 cached frames (or zeros) before the new ones, one zero pixel around."""
+    x = torch.randn(batch, channels, frames, height, width, generator=generator)
+    before = torch.randn(batch, channels, taps - 1, height, width, generator=generator) if cache else x.new_zeros(
+        batch, channels, taps - 1, height, width)
+    return F.pad(torch.cat([before, x], 2), (1, 1, 1, 1))
+
+
+def _magnitudes(padded, weight, bias, residual):
+    """S of the module docstring, in float64: the F(4x4, 3x3) computation on magnitudes."""
+    b, c, tp, hp, wp = padded.shape
+    o, _, kt = weight.shape[:3]
+    t, h, w = tp - kt + 1, hp - 2, wp - 2
+    rows, cols = large_tile.blocks(h, w)
+    d = F.pad(padded.double().abs(), (0, 4 * cols + 2 - wp, 0, 4 * rows + 2 - hp))
+    patches = d.unfold(3, 6, 4).unfold(4, 6, 4)  # [b, c, tp, rows, cols, 6, 6]
+    bt, g, at = (torch.tensor(m, dtype=torch.float64).abs()
+                 for m in (INPUT_TRANSFORM_4, FILTER_TRANSFORM_4, OUTPUT_TRANSFORM_4))
+    v = torch.einsum("ru,bctyxuv,sv->bctyxrs", bt, patches, bt)
+    u = torch.einsum("rh,octhw,sw->octrs", g, weight.double().abs(), g)
+    m = sum(torch.einsum("ocrs,bctyxrs->botyxrs", u[:, :, tap], v[:, :, tap: tap + t]) for tap in range(kt))
+    y = torch.einsum("ir,botyxrs,js->botyixj", at, m, at).reshape(b, o, t, 4 * rows, 4 * cols)[..., :h, :w]
+    if bias is not None:
+        y = y + bias.double().abs()[:, None, None, None]
+    if residual is not None:
+        y = y + residual.double().abs()
+    return y
+
+
+def _bound(padded, weight, bias, residual, exact, dtype):
+    n = weight.shape[1] * weight.shape[2] + 40
+    gamma = n * 2.0 ** -24 / (1 - n * 2.0 ** -24)
+    return (gamma + 2 * U16 + U16 * U16) * _magnitudes(padded, weight, bias, residual) \
+        + UNIT_ROUNDING[dtype] * exact.abs()
+
+
+def _conv(padded, weight, bias=None, residual=None, bound=None, tile=TILE):
+    """`large_tile_conv3d` into a new channels-last output, the weight transformed here, the bound the input's."""
+    padded = padded.contiguous(memory_format=CL)
+    batch, _, tp, hp, wp = padded.shape
+    shape = (batch, weight.shape[0], tp - weight.shape[2] + 1, hp - 2, wp - 2)
+    out = torch.empty(shape, dtype=padded.dtype, device=padded.device, memory_format=CL)
+    u, scales = transformed_weight_4(weight)
+    bound = padded.abs().amax() if bound is None else bound
+    return large_tile.large_tile_conv3d(padded, u, scales, bound, bias, residual, out, tile)
+
+
+CASES = {  # batch, in channels, out channels, output frames, height, width, cache, bias, residual, taps
+    "one-frame-odd-plane": (1, 16, 16, 1, 5, 7, False, True, False, 3),        # sides not multiples of 4
+    "three-frames-cache": (2, 24, 24, 3, 6, 9, True, True, True, 3),           # partial blocks, batch 2
+    "one-column": (1, 16, 8, 1, 4, 1, True, False, True, 3),                  # a plane one pixel wide
+    "wide-k": (1, 40, 24, 2, 8, 8, False, True, True, 3),                      # K = 3 channel blocks per tap
+    "one-tap": (1, 16, 16, 2, 7, 6, False, False, False, 1),                   # a 1x3x3 kernel
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype,case", quick.product(
+    {str(dtype): (dtype,) for dtype in (torch.float32, torch.bfloat16, torch.float16)},
+    {name: (name,) for name in CASES}))
+def test_large_tile_conv3d_is_within_its_derived_bound_of_the_exact_conv(dtype, case):
+    if dtype == torch.float32 and not INTERPRETING:
+        pytest.skip("fp32 is served only under the interpreter")
+    batch, cin, cout, frames, height, width, cache, has_bias, has_residual, taps = CASES[case]
+    generator = torch.Generator().manual_seed(0)
+    padded = _padded(batch, cin, frames, height, width, cache, generator, taps).to(dtype)
+    weight = (torch.randn(cout, cin, taps, 3, 3, generator=generator) / (9 * taps * cin) ** 0.5).to(dtype)
+    bias = torch.randn(cout, generator=generator).to(dtype) if has_bias else None
+    residual = torch.randn(batch, cout, frames, height, width, generator=generator).to(dtype) if has_residual else None
+    exact = F.conv3d(padded.double(), weight.double(), None if bias is None else bias.double())
+    if residual is not None:
+        exact = exact + residual.double()
+    actual = _conv(padded.to(DEVICE), weight.to(DEVICE), None if bias is None else bias.to(DEVICE),
+                   None if residual is None else residual.to(DEVICE)).cpu()
+    bound = _bound(padded, weight, bias, residual, exact, dtype)
+    error = (actual.double() - exact).abs()
+    assert actual.dtype == dtype and actual.is_contiguous(memory_format=CL)
+    assert torch.all(error <= bound), f"worst error / bound {(error / bound).max().item():.3g}"
+
+
+@needs_kernels
+def test_inputs_past_fp16s_range_are_scaled_into_it():
+    """Values of 2000 give transformed inputs up to 196 x 2000, past fp16's 65504: the input's power-of-two scale
+    keeps them finite, and the result is as close, relative to its magnitude, as at unit scale."""
+    generator = torch.Generator().manual_seed(3)
+    padded = _padded(1, 16, 2, 6, 6, True, generator).bfloat16()
+    weight = (torch.randn(16, 16, 3, 3, 3, generator=generator) / (27 * 16) ** 0.5).bfloat16()
+    unit = _conv(padded.to(DEVICE), weight.to(DEVICE)).cpu()
+    large = _conv((padded * 2048.0).to(DEVICE), weight.to(DEVICE)).cpu()
+    assert torch.isfinite(large).all()
+    assert torch.equal(large, unit * 2048.0)  # a power of two through every step: the same roundings, scaled
+
+
+def test_the_transforms_give_the_direct_filters_product():
+    """One 6x6 input patch: A^T [(G g G^T) * (B^T d B)] A equals the valid 3x3 conv of d (4x4), in float64; the
+    scaled weight's points times their inverse scales give G g G^T."""
+    generator = torch.Generator().manual_seed(2)
+    d = torch.randn(6, 6, generator=generator, dtype=torch.float64)
+    g = torch.randn(1, 1, 1, 3, 3, generator=generator, dtype=torch.float64)
+    u, scales = transformed_weight_4(g)
+    assert u.shape == (POINTS_4, 1, 1) and u.dtype == torch.float16 and scales.shape == (POINTS_4,)
+    assert u.double().abs().view(-1).max() <= FP16_TARGET
+    bt, gt, at = (torch.tensor(m, dtype=torch.float64) for m in (INPUT_TRANSFORM_4, FILTER_TRANSFORM_4,
+                                                                 OUTPUT_TRANSFORM_4))
+    exact_u = gt @ g.view(3, 3) @ gt.T
+    y = at @ (exact_u * (bt @ d @ bt.T)) @ at.T
+    direct = F.conv2d(d.view(1, 1, 6, 6), g.view(1, 1, 3, 3)).view(4, 4)
+    assert torch.allclose(y, direct, rtol=0, atol=1e-12)  # float64 rounding of 36 short sums: far below 1e-12
+    # the kept points: exact_u rounded once to fp16 after a power-of-two scale (relative error at most 2**-11)
+    assert torch.all((u.double().view(6, 6) / scales.double().view(6, 6) - exact_u).abs()
+                     <= U16 * exact_u.abs() + 1e-300)
+
+
+def test_the_scales_are_powers_of_two_that_keep_fp16_finite():
+    limits = torch.tensor([3.0, 1.0, 0.75, 2.0 ** 70, 0.0, float("inf")])
+    scales = power_of_two_at_most(limits)
+    assert scales.tolist() == [2.0, 1.0, 0.5, 2.0 ** 60, 2.0 ** -60, 2.0 ** 60]
+    bound = torch.tensor(10.0)
+    scale = input_scale_4(bound)
+    assert scale * 196.0 * bound <= FP16_TARGET < 2 * scale * 196.0 * bound
+
+
+def test_bad_arguments_raise_errors_naming_what_was_expected():
+    padded = torch.zeros(1, 16, 3, 6, 6).contiguous(memory_format=CL)
+    weight, scales = transformed_weight_4(torch.zeros(8, 16, 3, 3, 3))
+    out = torch.empty(1, 8, 1, 4, 4)
+    bound = torch.tensor(1.0)
+    with pytest.raises(ValueError, match="transformed_weight_4's fp16"):
+        large_tile.large_tile_conv3d(padded, weight.float(), scales, bound, None, None, out, TILE)
+    with pytest.raises(ValueError, match=r"point_scales must be \[36\]"):
+        large_tile.large_tile_conv3d(padded, weight, scales[:16], bound, None, None, out, TILE)
+    with pytest.raises(ValueError, match="channels-last"):
+        large_tile.large_tile_conv3d(padded.contiguous(), weight, scales, bound, None, None, out, TILE)
+    with pytest.raises(ValueError, match=r"out must be \(1, 8, 1, 4, 4\)"):
+        large_tile.large_tile_conv3d(padded, weight, scales, bound, None, None, torch.empty(1, 8, 1, 4, 5), TILE)
+    with pytest.raises(ValueError, match="expected a"):
+        transformed_weight_4(torch.zeros(8, 16, 3, 5, 5))
