@@ -20,6 +20,12 @@ import sys
 from rewrite.tools.sweep_conv3d import K3, SHAPES, write_results
 
 
+#: `large_tile.TransformTiles` tried for F(4x4, 3x3)'s transforms: (input patches, channels, warps, output blocks,
+#: channels, warps); the first is the default
+TRANSFORM_VARIANTS = ((8, 64, 8, 8, 64, 8), (4, 64, 4, 4, 64, 4), (8, 32, 4, 8, 32, 4), (16, 64, 8, 16, 32, 8),
+                      (8, 64, 4, 8, 64, 4))
+
+
 def candidate_tiles() -> dict:
     """The tiles tried per shape, by group (`WinogradTile`'s fields, in order): the fused form where sm_90's
     register file holds its five accumulators with few spills (ptxas, checked on a CPU); the materialized form's
@@ -122,10 +128,21 @@ def main(argv=None) -> int:
             transformed = transformed_weight(weight, dtype)
             transformed_4, point_scales = transformed_weight_4(weight)
             bound = padded.abs().amax().float()  # the fast op gives the norm's bound instead (no pass over x)
-            if any(tile.output_block == 4 for tile in tiles):
-                row["large_input_transform_ms"] = triton.testing.do_bench_cudagraph(
-                    lambda p=padded, s=input_scale_4(bound): large_tile.input_transform(p, s))
-                print(f"  F(4x4, 3x3) input transform alone {row['large_input_transform_ms']:8.3f} ms", flush=True)
+            if any(tile.output_block == 4 for tile in tiles):  # the transforms alone, by their programs' tiles
+                rows, columns = large_tile.blocks(h, w)
+                sums = torch.randn(36, t * rows * columns, cout, device="cuda")
+                inverse = torch.ones(36, device="cuda")
+                row["large_transforms_ms"] = {}
+                for variant in TRANSFORM_VARIANTS:
+                    programs = large_tile.TransformTiles(*variant)
+                    row["large_transforms_ms"][str(variant)] = (
+                        triton.testing.do_bench_cudagraph(lambda p=padded, s=input_scale_4(bound), programs=programs:
+                                                          large_tile.input_transform(p, s, programs)),
+                        triton.testing.do_bench_cudagraph(lambda programs=programs: large_tile.output_transform(
+                            sums, inverse, None, None, out, programs)))
+                del sums
+                print(f"  F(4x4, 3x3) transforms alone (input, output ms) by tiles {row['large_transforms_ms']}",
+                      flush=True)
 
             def conv(p, o, tile):
                 if tile.output_block == 4:

@@ -90,12 +90,13 @@ from rewrite.kernels.norm import one_pass as triton_norm_fast
 from rewrite.kernels.pad import causal_pad as triton_pad
 from rewrite.kernels.conv3d.conv3d import ConvTile
 from rewrite.kernels.winograd import fused as winograd_fused
+from rewrite.kernels.winograd import large_tile as winograd_large_tile
 from rewrite.kernels.winograd import materialized as winograd_materialized
 from rewrite.kernels.winograd import winograd
 
 launches = []
 for module in (triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights,
-               winograd_fused, winograd_materialized):
+               winograd_fused, winograd_materialized, winograd_large_tile):
     module.launch = lambda kernel, grid, *args, **kwargs: launches.append((kernel, args, kwargs))
 CL = torch.channels_last_3d
 BF16 = torch.bfloat16
@@ -133,7 +134,8 @@ triton_phase_weights.phase_weights(torch.zeros(192, 384, 3, 3, dtype=BF16))  # a
 for dtype, tile in ((BF16, winograd.WinogradTile()), (torch.float16, winograd.WinogradTile(64, 64, 32, 8, 2)),
                     (BF16, winograd.WinogradTile(64, 128, 64, 8, 3, materialized=True)),
                     (BF16, winograd.WinogradTile(128, 128, 64, 8, 3, materialized=True, one_loop=True)),
-                    (BF16, winograd.WinogradTile(128, 256, 64, 8, 3, materialized=True, split_output=True))):
+                    (BF16, winograd.WinogradTile(128, 256, 64, 8, 3, materialized=True, split_output=True)),
+                    (BF16, winograd.WinogradTile(128, 256, 64, 8, 3, True, 0, False, True, 4))):
     padded = torch.zeros(1, 64, 4, 6, 8, dtype=dtype).contiguous(memory_format=CL)
     winograd.winograd_conv3d(padded, torch.zeros(64, 64, 3, 3, 3, dtype=dtype), torch.zeros(64, dtype=dtype),
                              torch.zeros(1, 64, 2, 4, 6, dtype=dtype), tile)

@@ -23,7 +23,7 @@ the caller gives (`input_scale_4`; the fast op's bound: the norm's output is at 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -41,6 +41,20 @@ PATCH = 6  # input positions per patch side
 def blocks(height: int, width: int) -> tuple[int, int]:
     """(rows, columns) of 4x4 output blocks covering an output plane."""
     return (height + BLOCK - 1) // BLOCK, (width + BLOCK - 1) // BLOCK
+
+
+class TransformTiles(NamedTuple):
+    """The transform kernels' programs: the input transform's patches x channels on its warps, the output
+    transform's 4x4 blocks x output channels on its warps. Each holds 36 (input) or about 30 (output) fp32 tiles of
+    its block at once: at 2 values a thread per tile ptxas gives them about 130 registers and no spills (sm_90, on
+    a CPU), at 4 values 200-254."""
+
+    input_m: int = 8
+    input_c: int = 64
+    input_warps: int = 8
+    output_m: int = 8
+    output_n: int = 64
+    output_warps: int = 8
 
 
 if triton is not None:
@@ -188,27 +202,44 @@ if triton is not None:
                                  so_b, so_c, so_t, so_h, so_w, sr_b, sr_c, sr_t, sr_h, sr_w, HAS_BIAS, HAS_RESIDUAL)
 
 
-def input_transform(padded: Tensor, scale: Tensor, block_m: int = 8, block_c: int = 64) -> Tensor:
+def input_transform(padded: Tensor, scale: Tensor, tiles: TransformTiles = TransformTiles()) -> Tensor:
     """``V`` of the module docstring for a channels-last padded input: [36, B * Tp * TH * TW, C] fp16, each value
-    times `scale` (a device scalar, `transforms.input_scale_4`). A program transforms `block_m` patches by
-    `block_c` channels (36 fp32 tiles of them live at once)."""
+    times `scale` (a device scalar, `transforms.input_scale_4`)."""
     batch, channels, tp, hp, wp = padded.shape
     rows, columns = blocks(hp - 2, wp - 2)
     patches = batch * tp * rows * columns
     v = torch.empty(POINTS_4, patches, channels, dtype=torch.float16, device=padded.device)
-    grid = (triton.cdiv(patches, block_m), triton.cdiv(channels, block_c))
+    grid = (triton.cdiv(patches, tiles.input_m), triton.cdiv(channels, tiles.input_c))
     launch(_input_transform_kernel, grid, padded, v, scale, channels, hp, wp, rows, columns, patches,
-           patches * channels, BLOCK_M=block_m, BLOCK_C=block_c, exact=False)
+           patches * channels, BLOCK_M=tiles.input_m, BLOCK_C=tiles.input_c, num_warps=tiles.input_warps, exact=False)
     return v
 
 
+def output_transform(sums: Tensor, inverse_scales: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                     out: Tensor, tiles: TransformTiles = TransformTiles()) -> Tensor:
+    """`out` (+ bias, + residual) from the points' fp32 sums [36, B * T * TH * TW, O] times `inverse_scales` [36]
+    (fp32): the module docstring's third kernel; returns `out`."""
+    batch, out_channels, frames, height, width = out.shape
+    rows, columns = blocks(height, width)
+    frame_patches = rows * columns
+    res = residual if residual is not None else out
+    launch(_output_transform_kernel, (triton.cdiv(frame_patches, tiles.output_m), batch * frames,
+                                      triton.cdiv(out_channels, tiles.output_n)),
+           sums, inverse_scales, bias if bias is not None else out, res, out, out_channels, frames, height, width,
+           columns, frame_patches, sums.shape[1], *out.stride(), *res.stride(), HAS_BIAS=bias is not None,
+           HAS_RESIDUAL=residual is not None, BLOCK_M=tiles.output_m, BLOCK_N=tiles.output_n,
+           num_warps=tiles.output_warps, exact=False)
+    return out
+
+
 def large_tile_conv3d(padded: Tensor, weight: Tensor, point_scales: Tensor, bound: Tensor, bias: Optional[Tensor],
-                      residual: Optional[Tensor], out: Tensor, tile: WinogradTile) -> Tensor:
+                      residual: Optional[Tensor], out: Tensor, tile: WinogradTile,
+                      tiles: TransformTiles = TransformTiles()) -> Tensor:
     """``conv3d(padded, weight, bias) (+ residual)`` into `out` by the three kernels of the module docstring;
     returns `out`. `weight` and `point_scales` are `transforms.transformed_weight_4`'s ([36, kt * C, O] fp16 and
     [36] fp32), `bound` a device scalar at least the padded input's largest magnitude (module docstring);
     `padded`, `out`, `bias` and `residual` as `winograd_conv3d_channels_last` states; `tile`'s blocks are the point
-    GEMM's."""
+    GEMM's, `tiles` the transforms'."""
     if weight.dim() != 3 or weight.shape[0] != POINTS_4 or weight.dtype != torch.float16:
         raise ValueError(f"winograd F(4x4, 3x3): weight must be transformed_weight_4's fp16 [{POINTS_4}, kt * C, O], "
                          f"got {tuple(weight.shape)} {weight.dtype}")
@@ -228,8 +259,7 @@ def large_tile_conv3d(padded: Tensor, weight: Tensor, point_scales: Tensor, boun
         return out
     taps = weight.shape[1] // channels
     scale = input_scale_4(bound)
-    inverse = (1.0 / (scale * point_scales.float())).contiguous()
-    v = input_transform(padded, scale)
+    v = input_transform(padded, scale, tiles)
     rows, columns = blocks(hp - 2, wp - 2)
     frame_patches = rows * columns
     out_patches = batch * frames * frame_patches
@@ -245,11 +275,4 @@ def large_tile_conv3d(padded: Tensor, weight: Tensor, point_scales: Tensor, boun
            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.stages,
            num_warps=tile.warps, exact=False)
     del v
-    res = residual if residual is not None else out
-    block_m, block_n = 16, min(32, triton.next_power_of_2(out_channels))
-    launch(_output_transform_kernel, (triton.cdiv(frame_patches, block_m), batch * frames,
-                                      triton.cdiv(out_channels, block_n)),
-           sums, inverse, bias if bias is not None else out, res, out, out_channels, frames, out.shape[3], out.shape[4],
-           columns, frame_patches, out_patches, *out.stride(), *res.stride(), HAS_BIAS=bias is not None,
-           HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, exact=False)
-    return out
+    return output_transform(sums, (1.0 / (scale * point_scales.float())).contiguous(), bias, residual, out, tiles)

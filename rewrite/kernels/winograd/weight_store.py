@@ -1,8 +1,8 @@
 """The transformed weights (`transforms.transformed_weight`) of the convs an op serves by Winograd, one per weight.
 
-An op hands the Winograd kernel a conv weight transformed into [16, kt * C, O]: computed per call it costs about
-what the kernel gains (docs/tuning.md 1.21), so `transformed_for` keeps one per weight tensor and returns it on
-later calls. The entry dies with its weight (a module's weights, or the channels-last copies its runner keeps,
+An op hands the Winograd kernel a conv weight transformed into [16, kt * C, O] (F(4x4, 3x3): [36, kt * C, O] in
+fp16 and its points' scales): computed per call it costs about what the kernel gains (docs/tuning.md 1.21), so
+`transformed_for` (`transformed_4_for`) keeps one per weight tensor and returns it on later calls. The entry dies with its weight (a module's weights, or the channels-last copies its runner keeps,
 die with the module: the memory goes with them).
 
 Staleness: a CUDA graph replays the kernels it captured and reads the kept tensor, not the weight. So the op asks
@@ -15,47 +15,63 @@ channels-last weight copies' refresh does (`rewrite.models.wan.conv_weights`).
 from __future__ import annotations
 
 import weakref
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
-from rewrite.kernels.winograd.transforms import transformed_weight
+from rewrite.kernels.winograd.transforms import transformed_weight, transformed_weight_4
 
-__all__ = ["transformed_for"]
+__all__ = ["transformed_4_for", "transformed_for"]
+
 
 class _Kept(NamedTuple):
     weight: weakref.ref  # to the weight the transform was computed from
-    transformed: Tensor
+    dtype: torch.dtype  # the weight's dtype then
+    transformed: tuple[Tensor, ...]
 
 
-# id(weight) -> its kept transform
-_TRANSFORMED: dict[int, _Kept] = {}
+# (id(weight), output block: 2 or 4) -> its kept transform
+_TRANSFORMED: dict[tuple[int, int], _Kept] = {}
 
 
-def _forget(key: int, reference: weakref.ref) -> None:
+def _forget(key: tuple[int, int], reference: weakref.ref) -> None:
     entry = _TRANSFORMED.get(key)
     if entry is not None and entry.weight is reference:
         del _TRANSFORMED[key]
 
 
-def _matches(transformed: Tensor, weight: Tensor) -> bool:
-    """The kept tensor still fits the weight (a parameter keeps its identity when `.data` is swapped, as
+def _matches(entry: _Kept, weight: Tensor) -> bool:
+    """The kept tensors still fit the weight (a parameter keeps its identity when `.data` is swapped, as
     `module.to(...)` does: another dtype, device or shape then needs a new transform)."""
     out_channels, in_channels, taps = weight.shape[:3]
-    return (transformed.dtype == weight.dtype and transformed.device == weight.device
+    transformed = entry.transformed[0]
+    return (entry.dtype == weight.dtype and transformed.device == weight.device
             and tuple(transformed.shape[1:]) == (taps * in_channels, out_channels))
 
 
-def transformed_for(weight: Tensor, refresh: bool) -> Tensor:
-    """`transformed_weight(weight)` in the weight's dtype, kept while `weight` lives: computed on the first call
-    for this weight tensor, recomputed into the kept tensor where `refresh`, else the kept one as it is."""
-    key = id(weight)
+def _kept(weight: Tensor, refresh: bool, output_block: int,
+          transform: Callable[[Tensor], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    key = (id(weight), output_block)
     entry = _TRANSFORMED.get(key)
     with torch.no_grad():
-        if entry is None or entry.weight() is not weight or not _matches(entry.transformed, weight):
+        if entry is None or entry.weight() is not weight or not _matches(entry, weight):
             reference = weakref.ref(weight, lambda ref, key=key: _forget(key, ref))
-            entry = _TRANSFORMED[key] = _Kept(reference, transformed_weight(weight.detach()))
+            entry = _TRANSFORMED[key] = _Kept(reference, weight.dtype, transform(weight.detach()))
         elif refresh:
-            entry.transformed.copy_(transformed_weight(weight.detach()))
+            for kept, fresh in zip(entry.transformed, transform(weight.detach())):
+                kept.copy_(fresh)
     return entry.transformed
+
+
+def transformed_for(weight: Tensor, refresh: bool) -> Tensor:
+    """`transformed_weight(weight)` (F(2x2, 3x3)) in the weight's dtype, kept while `weight` lives: computed on the
+    first call for this weight tensor, recomputed into the kept tensor where `refresh`, else the kept one as it is."""
+    return _kept(weight, refresh, 2, lambda w: (transformed_weight(w),))[0]
+
+
+def transformed_4_for(weight: Tensor, refresh: bool) -> tuple[Tensor, Tensor]:
+    """`transformed_weight_4(weight)` (F(4x4, 3x3): fp16 points and their scales), kept as `transformed_for` keeps
+    F(2x2, 3x3)'s."""
+    u, scales = _kept(weight, refresh, 4, transformed_weight_4)
+    return u, scales

@@ -8,9 +8,10 @@ channel counts where it measured faster, `one_pass_norm_chosen`; else the ``loss
 as that op does), then one Triton kernel convolves and adds bias, residual and the residual's deferred bias
 to the fp32 accumulator before the one rounding, storing straight into the output layout (no epilogue pass).
 Where the direct conv is not chosen but `winograd.chosen` names a tile for the conv on this card (bf16/fp16,
-3x3 planes), the same norm kernel's padded input is convolved by Winograd F(2x2, 3x3)
-(`rewrite.kernels.winograd`) with the weight's kept transform (`weight_store.transformed_for`, recomputed on a
-decode's first chunk), bias, residual and its deferred bias added in fp32 before one rounding.
+3x3 planes), the same norm kernel's padded input is convolved by Winograd F(2x2, 3x3) or F(4x4, 3x3), as the tile says
+(`rewrite.kernels.winograd`), with the weight's kept transform (`weight_store`, recomputed on a decode's first
+chunk), bias, residual and its deferred bias added in fp32 before one rounding; F(4x4, 3x3)'s fp16 operands are
+scaled by a bound on the norm's output computed from gamma on the device (`_norm_output_bound`).
 Where `triton_conv3d.chosen` keeps cuDNN's conv but the one-pass norm is chosen for the channel count, the
 op runs that norm and then the ``lossless`` op's cuDNN conv and epilogue on its padded input. Everywhere the
 kernel path does not serve (a CPU tensor outside the interpreter tests, autograd, a shape or dtype
@@ -41,9 +42,10 @@ from rewrite.kernels import layout
 from rewrite.kernels.conv3d import conv3d as triton_conv3d
 from rewrite.kernels.norm import one_pass as triton_norm_fast
 from rewrite.kernels.pad import causal_pad as triton_pad
+from rewrite.kernels.winograd import large_tile as winograd_large_tile
 from rewrite.kernels.winograd import materialized as winograd_materialized
 from rewrite.kernels.winograd import winograd
-from rewrite.kernels.winograd.weight_store import transformed_for
+from rewrite.kernels.winograd.weight_store import transformed_4_for, transformed_for
 from rewrite.models.wan import ops as _exact  # registers rewrite::rms_norm_causal_conv3d
 from rewrite.models.wan.ops import ConvStage
 from rewrite.ops.cache_into import writes_next_caches
@@ -142,14 +144,26 @@ def _triton_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residua
 
 
 def _winograd_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor], out: Tensor,
-                   residual_bias: Optional[Tensor], tile: winograd.WinogradTile, refresh: bool) -> Tensor:
+                   residual_bias: Optional[Tensor], tile: winograd.WinogradTile, refresh: bool,
+                   input_bound: Tensor) -> Tensor:
     """The fast ops' Winograd conv of a padded channels-last input into `out`, with the weight's kept transform
-    (`weight_store.transformed_for`; `refresh`: recomputed from the weight, on a decode's first chunk). The
-    residual's deferred bias joins the conv's bias in fp32 (the kernel adds the bias in fp32 before its one
-    rounding)."""
+    (`weight_store.transformed_for` or `transformed_4_for`; `refresh`: recomputed from the weight, on a decode's
+    first chunk). The residual's deferred bias joins the conv's bias in fp32 (the kernel adds the bias in fp32
+    before its one rounding). `input_bound`: a device scalar at least the padded input's largest magnitude (the
+    F(4x4, 3x3) form scales its fp16 operands by it)."""
     if residual_bias is not None:
         bias = residual_bias.float() if bias is None else bias.float() + residual_bias.float()
+    if tile.output_block == 4:
+        u, point_scales = transformed_4_for(weight, refresh)
+        return winograd_large_tile.large_tile_conv3d(padded, u, point_scales, input_bound, bias, residual, out, tile)
     return winograd.winograd_conv3d_channels_last(padded, transformed_for(weight, refresh), bias, residual, out, tile)
+
+
+def _norm_output_bound(gamma: Tensor, scale: float, norm_bias: float) -> Tensor:
+    """A device scalar at least the largest magnitude the norm (+ SiLU) can write into the conv's padded input:
+    a normalized vector has entries of at most 1, so ``scale x max |gamma| + |bias|`` (SiLU shrinks magnitudes; the
+    cached frames are the same norm's output, the padding zeros). No pass over the activation, no host sync."""
+    return gamma.detach().abs().amax().float() * abs(scale) + abs(norm_bias)
 
 
 def _conv_output(padded: Tensor, weight: Tensor, residual: Optional[Tensor], channels_last_out: bool) -> Tensor:
@@ -207,7 +221,8 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
         if normalized is not None:
             padded, next_cache = normalized
             out = _conv_output(padded, weight, residual, channels_last_out)
-            _winograd_conv(padded, weight, bias, residual, out, residual_bias, tile, refresh=mode == "chunk0")
+            _winograd_conv(padded, weight, bias, residual, out, residual_bias, tile, mode == "chunk0",
+                           _norm_output_bound(gamma, scale, norm_bias))
             return out, next_cache
         _log_no_norm_kernel("Winograd", tuple(x.shape), x.stride(), x.dtype, tuple(weight.shape[:2]))
     if (not served and one_pass_norm_chosen(x) and x.shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
