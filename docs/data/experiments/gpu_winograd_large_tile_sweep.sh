@@ -4,4 +4,4 @@
 # About 5 minutes. Logs to $OUT.
 . docs/data/experiments/gpu_setup.sh || exit 1
 timeout 500 python3 -m rewrite.tools.sweep_winograd --shapes wan22,wan21 --groups split,large \
-  --json $OUT/winograd_large_tile_wan_h100_bf16.json 2>&1 | grep -v Warn | tee $OUT/sweep.log | tail -90
+  --json $OUT/winograd_large_tile_wan_$(grep -o "H[12]00" $OUT/gpu.txt | head -1 | tr A-Z a-z)_bf16.json 2>&1 | grep -v Warn | tee $OUT/sweep.log | tail -90
