@@ -48,8 +48,9 @@ def transformed_weight(weight: Tensor, dtype: torch.dtype | None = None) -> Tens
 # ---- F(4x4, 3x3) ------------------------------------------------------------------------------------------------
 # A 4x4 block of outputs from a 6x6 patch: 36 products where the direct conv takes 144 (4x fewer; F(2x2, 3x3):
 # 2.25x). Interpolation points 0, 1, -1, 2, -1/2 and infinity: of the sets tried (docs/tuning.md 1.25) the one with
-# the smallest error per layer. Its products are formed from fp16 operands, not bf16: with bf16 operands a layer's
-# error against fp64 was 36 dB where the direct bf16 conv's is 53 and F(2x2, 3x3)'s 48; with fp16 operands 52 dB.
+# the smallest error per layer. Its products are formed from fp16 operands, not bf16: with bf16 operands one layer's
+# error against float64 was 36 dB (F(2x2, 3x3)'s 48, the direct conv's own bf16 output rounding 56), with fp16
+# operands 52 dB (docs/data/experiments/winograd_tile_accuracy_cpu.py).
 # B^T's rows are scaled to integers and G's rows by the inverse factors (a point's scale cancels in its product).
 INPUT_TRANSFORM_4 = ((2.0, 3.0, -4.0, -3.0, 2.0, 0.0), (0.0, 2.0, 5.0, 1.0, -2.0, 0.0),
                      (0.0, 2.0, 1.0, -5.0, 2.0, 0.0), (0.0, -1.0, -2.0, 1.0, 2.0, 0.0),
