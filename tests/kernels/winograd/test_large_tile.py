@@ -65,8 +65,9 @@ def _magnitudes(padded, weight, bias, residual):
     return y
 
 
-def _bound(padded, weight, bias, residual, exact, dtype):
-    n = weight.shape[1] * weight.shape[2] + 40
+def _bound(padded, weight, bias, residual, exact, dtype, more_additions=0):
+    """The module docstring's bound; `more_additions`: fp32 operations a caller adds on every path."""
+    n = weight.shape[1] * weight.shape[2] + 40 + more_additions
     gamma = n * 2.0 ** -24 / (1 - n * 2.0 ** -24)
     return (gamma + 2 * U16 + U16 * U16) * _magnitudes(padded, weight, bias, residual) \
         + UNIT_ROUNDING[dtype] * exact.abs()

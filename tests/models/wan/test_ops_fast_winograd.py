@@ -3,7 +3,8 @@ tile for the conv, the op convolves the norm kernel's padded input with the Wino
 transform; elsewhere the routes stay as they were.
 
 Tolerance of the conv against float64: the Winograd kernel's derived bound (tests/kernels/winograd/test_winograd.py
-states it), with one fp32 addition more on every path (the residual's deferred bias joins the bias in fp32).
+and test_large_tile.py state them), with one fp32 addition more on every path (the residual's deferred bias joins
+the bias in fp32).
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ import torch.nn.functional as F
 
 from rewrite.kernels.conv3d import conv3d as triton_conv3d
 from rewrite.kernels.winograd import weight_store, winograd
-from rewrite.kernels.winograd.transforms import transformed_weight
+from rewrite.kernels.winograd.transforms import transformed_weight, transformed_weight_4
 from rewrite.models.wan import ops_fast as wan_fast
 from rewrite.ops.dispatch import INTERPRETING
-from tests.kernels.winograd.test_winograd import _bound
+from tests.kernels.winograd import test_large_tile, test_winograd
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
 TILE = winograd.WinogradTile(16, 16, 16, 4, 1, materialized=True, split_output=True)  # the H100 entry's form
+TILE_4 = TILE._replace(output_block=4)  # F(4x4, 3x3)
 SHAPE, WEIGHT = (1, 1024, 4, 92, 162), (1024, 1024, 3, 3, 3)  # Wan 2.2 720p's up block 1, as the guard sees it
 
 
@@ -63,31 +65,44 @@ def _case(seed: int, residual: bool, residual_bias: bool):
     return [t if t is None else t.to(DEVICE) for t in (x, cache, gamma, weight, bias, res, res_bias)]
 
 
-def _route_to_winograd(monkeypatch):
+def _route_to_winograd(monkeypatch, tile=TILE):
     from tests.op_cases import kernel_gates_open
 
     kernel_gates_open(monkeypatch)
     monkeypatch.setattr(triton_conv3d, "_FASTER_THAN_CUDNN", {})  # the direct conv is not chosen
-    monkeypatch.setattr(winograd, "chosen", lambda *args: TILE)
+    monkeypatch.setattr(winograd, "chosen", lambda *args: tile)
+
+
+def _record_calls(monkeypatch) -> list:
+    """The tiles the op's Winograd convs ran with, by either entry (F(2x2, 3x3)'s or F(4x4, 3x3)'s)."""
+    from rewrite.kernels.winograd import large_tile
+
+    calls = []
+    small, large = winograd.winograd_conv3d_channels_last, large_tile.large_tile_conv3d
+    monkeypatch.setattr(winograd, "winograd_conv3d_channels_last", lambda *a: calls.append(a[-1]) or small(*a))
+    monkeypatch.setattr(large_tile, "large_tile_conv3d", lambda *a: calls.append(a[-1]) or large(*a))
+    return calls
 
 
 @needs_kernels
+@pytest.mark.parametrize("tile", (TILE, TILE_4), ids=("F(2x2, 3x3)", "F(4x4, 3x3)"))
 @pytest.mark.parametrize("residual,residual_bias", [(False, False), (True, False), (True, True)],
                          ids=("bias", "residual", "residual-and-its-bias"))
-def test_the_fast_op_convolves_by_winograd_where_chosen(kernel_allowed_on_cpu, monkeypatch, residual, residual_bias):
+def test_the_fast_op_convolves_by_winograd_where_chosen(kernel_allowed_on_cpu, monkeypatch, residual, residual_bias,
+                                                        tile):
     """The next cache is the norm kernel's, bit for bit; the output is the conv of that kernel's padded input within
-    the Winograd bound of float64 (module docstring), stored in the layout the direct conv's route gives."""
-    _route_to_winograd(monkeypatch)
-    calls = []
-    original = winograd.winograd_conv3d_channels_last
-    monkeypatch.setattr(winograd, "winograd_conv3d_channels_last", lambda *a: calls.append(a[-1]) or original(*a))
+    the Winograd bound of float64 (module docstring), stored in the layout the direct conv's route gives. F(4x4, 3x3)
+    scales its fp16 input by the norm's bound from gamma, not by the input itself."""
+    _route_to_winograd(monkeypatch, tile)
+    calls = _record_calls(monkeypatch)
     x, cache, gamma, weight, bias, res, res_bias = _case(3, residual, residual_bias)
     pad = [1, 1, 1, 1, 0, 0]  # the two cached frames stand before x
     out, next_cache = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache,
                                                                     pad, "steady", weight, bias, res, None, res_bias)
-    assert calls == [TILE], "the Winograd conv did not run"
+    assert calls == [tile], "the Winograd conv did not run"
     padded, expected_cache = wan_fast._normalized_input(x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache, pad, "steady",
                                                         None)
+    assert padded.abs().max() <= wan_fast._norm_output_bound(gamma, 4.0, 0.0)
     assert torch.equal(next_cache, expected_cache)
     padded, weight, bias = padded.cpu(), weight.cpu(), bias.cpu()
     exact = F.conv3d(padded.double(), weight.double(), bias.double())
@@ -98,8 +113,9 @@ def test_the_fast_op_convolves_by_winograd_where_chosen(kernel_allowed_on_cpu, m
         exact = exact + res_bias.cpu().double()[:, None, None, None]
         magnitude_bias = magnitude_bias + res_bias.cpu().double().abs()
     # one fp32 addition more on every path than the kernel's own bound counts: the deferred bias joining the bias
-    bound = _bound(padded, weight, magnitude_bias, None if res is None else res.cpu(), exact, torch.bfloat16,
-                   more_additions=1)
+    derived = test_large_tile._bound if tile.output_block == 4 else test_winograd._bound
+    bound = derived(padded, weight, magnitude_bias, None if res is None else res.cpu(), exact, torch.bfloat16,
+                    more_additions=1)
     error = (out.cpu().double() - exact).abs()
     assert torch.all(error <= bound), f"worst error / bound {(error / bound).max().item():.3g}"
     assert out.stride() == wan_fast._conv_output(padded, weight, res, False).stride()
@@ -125,22 +141,27 @@ def test_winograd_without_a_norm_kernel_runs_the_lossless_op_and_says_so(kernel_
 
 
 @needs_kernels
-def test_the_first_chunk_refreshes_the_kept_transform(kernel_allowed_on_cpu, monkeypatch):
+@pytest.mark.parametrize("tile", (TILE, TILE_4), ids=("F(2x2, 3x3)", "F(4x4, 3x3)"))
+def test_the_first_chunk_refreshes_the_kept_transform(kernel_allowed_on_cpu, monkeypatch, tile):
     """A weight updated in place between decodes: the next decode's first chunk (``chunk0``) transforms it again,
     so its later chunks (replayed graphs read the kept tensor) see the new weight."""
-    _route_to_winograd(monkeypatch)
+    _route_to_winograd(monkeypatch, tile)
     x, _, gamma, weight, bias, _, _ = _case(4, False, False)
     x = x[:, :, :1]  # a decode's first chunk: one frame
     pad = [1, 1, 1, 1, 2, 0]
     args = (gamma, 4.0, 0.0, 1e-12, True, "silu", None, pad, "chunk0", weight, bias, None)
-    calls = []
-    original = winograd.winograd_conv3d_channels_last
-    monkeypatch.setattr(winograd, "winograd_conv3d_channels_last", lambda *a: calls.append(a[-1]) or original(*a))
+    calls = _record_calls(monkeypatch)
     torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args)
-    assert calls == [TILE], "the Winograd conv did not run"
-    kept = weight_store.transformed_for(weight, refresh=False)
+    assert calls == [tile], "the Winograd conv did not run"
+    large = tile.output_block == 4
+    kept = (weight_store.transformed_4_for if large else weight_store.transformed_for)(weight, refresh=False)
     with torch.no_grad():
         weight.mul_(-1)
     torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args)
-    assert weight_store.transformed_for(weight, refresh=False) is kept
-    assert torch.equal(kept, transformed_weight(weight))
+    again = (weight_store.transformed_4_for if large else weight_store.transformed_for)(weight, refresh=False)
+    fresh = transformed_weight_4(weight) if large else (transformed_weight(weight),)
+    if large:
+        assert again[0] is kept[0] and again[1] is kept[1]
+        assert all(torch.equal(k, f) for k, f in zip(kept, fresh))
+    else:
+        assert again is kept and torch.equal(kept, fresh[0])
