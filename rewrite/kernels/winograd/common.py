@@ -33,13 +33,15 @@ class WinogradTile(NamedTuple):
 
 #: card -> {(in channels, out channels, output width, dtype): tile}, for the convs this kernel measured faster than
 #: both the Triton direct conv and cuDNN on that card, in a full decode within the level's contract. Widths are
-#: exact: another size's plane was not measured and keeps its conv. The H100's Wan 2.2 1024 -> 1024 at 90x160
-#: (the 720p decode's up block 1), split form: 1.42x cuDNN in the kernel sweep (docs/tuning.md 1.21), and the
-#: 720p decode faster with it within the contract (1.23). Not its 512 at 180x320 (1.09x alone, for 3.3 GB of fp32
-#: sums and transformed input in the graphs' pool) nor its 256 (0.70x); the H200 has no sweep of this kernel yet.
+#: exact: another size's plane was not measured and keeps its conv. The H100's Wan 2.2 720p levels by F(4x4, 3x3)
+#: (docs/tuning.md 1.25; the sweep `sweeps/winograd_large_tile_wan22_h100_bf16.json`): 1024 -> 1024 at 90x160
+#: 2.07x cuDNN, 512 -> 512 at 180x320 1.89x, 256 -> 256 at 360x640 1.24x, and the 720p decode 2.47x `off` with them
+#: (2.13x with F(2x2, 3x3) at 1024 alone), 53.4 dB. The H200 has no sweep of this kernel yet.
 _MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
     "NVIDIA H100 80GB HBM3": {
-        (1024, 1024, 160, torch.bfloat16): WinogradTile(128, 256, 64, 8, 3, materialized=True, split_output=True),
+        (1024, 1024, 160, torch.bfloat16): WinogradTile(128, 256, 64, 8, 3, True, 0, False, True, 4),
+        (512, 512, 320, torch.bfloat16): WinogradTile(128, 256, 64, 8, 3, True, 0, False, True, 4),
+        (256, 256, 640, torch.bfloat16): WinogradTile(128, 128, 64, 8, 3, True, 0, False, True, 4),
     },
 }
 

@@ -109,7 +109,7 @@ if triton is not None:
         tl.store(v_ptr + (30 + s) * point_stride + offsets, _round(p5 * scale, dtype), mask=mask)
 
     @triton.jit
-    def _input_transform_kernel(x_ptr, v_ptr, scale_ptr, C, HP, WP, TH, TW, PATCHES, POINT_STRIDE,
+    def _input_transform_kernel(x_ptr, v_ptr, scale_ptr, C, HP, WP, FRAME_ROWS, TH, TW, PATCHES, POINT_STRIDE,
                                 BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         k = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -119,7 +119,7 @@ if triton is not None:
         frame = m // (TW * TH)  # b * Tp + t of the padded input
         ty = 4 * ((m // TW) % TH)
         tx = 4 * (m % TW)
-        pixel = (frame * HP + ty) * WP + tx
+        pixel = (frame * FRAME_ROWS + ty) * WP + tx  # FRAME_ROWS: HP, or more for a band of a taller plane
         a0, a1, a2, a3, a4, a5 = _patch_row(x_ptr, pixel, rows_ok, 0, k, k_ok, WP, HP, C, ty, tx)
         b0, b1, b2, b3, b4, b5 = _patch_row(x_ptr, pixel, rows_ok, 1, k, k_ok, WP, HP, C, ty, tx)
         c0, c1, c2, c3, c4, c5 = _patch_row(x_ptr, pixel, rows_ok, 2, k, k_ok, WP, HP, C, ty, tx)
@@ -204,14 +204,21 @@ if triton is not None:
 
 def input_transform(padded: Tensor, scale: Tensor, tiles: TransformTiles = TransformTiles()) -> Tensor:
     """``V`` of the module docstring for a channels-last padded input: [36, B * Tp * TH * TW, C] fp16, each value
-    times `scale` (a device scalar, `transforms.input_scale_4`)."""
+    times `scale` (a device scalar, `transforms.input_scale_4`). `padded` may be a band of rows of a channels-last
+    contiguous tensor (a view: its frames further apart than its rows)."""
     batch, channels, tp, hp, wp = padded.shape
+    row = wp * channels
+    if padded.stride(1) != 1 or padded.stride(4) != channels or padded.stride(3) != row \
+            or padded.stride(2) % row or padded.stride(0) != tp * padded.stride(2):
+        raise ValueError(f"winograd F(4x4, 3x3) input transform: expected a channels-last tensor or a band of its "
+                         f"rows, got {tuple(padded.shape)} strides {padded.stride()}")
     rows, columns = blocks(hp - 2, wp - 2)
     patches = batch * tp * rows * columns
     v = torch.empty(POINTS_4, patches, channels, dtype=torch.float16, device=padded.device)
     grid = (triton.cdiv(patches, tiles.input_m), triton.cdiv(channels, tiles.input_c))
-    launch(_input_transform_kernel, grid, padded, v, scale, channels, hp, wp, rows, columns, patches,
-           patches * channels, BLOCK_M=tiles.input_m, BLOCK_C=tiles.input_c, num_warps=tiles.input_warps, exact=False)
+    launch(_input_transform_kernel, grid, padded, v, scale, channels, hp, wp, padded.stride(2) // row, rows, columns,
+           patches, patches * channels, BLOCK_M=tiles.input_m, BLOCK_C=tiles.input_c, num_warps=tiles.input_warps,
+           exact=False)
     return v
 
 
@@ -235,8 +242,9 @@ def output_transform(sums: Tensor, inverse_scales: Tensor, bias: Optional[Tensor
 def large_tile_conv3d(padded: Tensor, weight: Tensor, point_scales: Tensor, bound: Tensor, bias: Optional[Tensor],
                       residual: Optional[Tensor], out: Tensor, tile: WinogradTile,
                       tiles: TransformTiles = TransformTiles()) -> Tensor:
-    """``conv3d(padded, weight, bias) (+ residual)`` into `out` by the three kernels of the module docstring;
-    returns `out`. `weight` and `point_scales` are `transforms.transformed_weight_4`'s ([36, kt * C, O] fp16 and
+    """``conv3d(padded, weight, bias) (+ residual)`` into `out` by the three kernels of the module docstring, over
+    bands of block rows whose temporaries fit `TEMPORARY_BYTES` (each band's patches are its own: no work is
+    repeated); returns `out`. `weight` and `point_scales` are `transforms.transformed_weight_4`'s ([36, kt * C, O] fp16 and
     [36] fp32), `bound` a device scalar at least the padded input's largest magnitude (module docstring);
     `padded`, `out`, `bias` and `residual` as `winograd_conv3d_channels_last` states; `tile`'s blocks are the point
     GEMM's, `tiles` the transforms'."""
@@ -250,15 +258,44 @@ def large_tile_conv3d(padded: Tensor, weight: Tensor, point_scales: Tensor, boun
         raise ValueError(f"winograd F(4x4, 3x3): weight [{POINTS_4}, kt * C, O] (contiguous) for an input "
                          f"[B, C, T, H, W], got {tuple(weight.shape)} and {tuple(padded.shape)}")
     shape = checked_geometry(padded, weight.shape[1] // channels, weight.shape[2], bias, residual, out)
-    batch, channels, tp, hp, wp = padded.shape
     out_channels, frames = shape[1], shape[2]
     reason = materialized.unsupported_reason(channels, out_channels)
     if reason is not None:
         raise ValueError(f"winograd F(4x4, 3x3): {reason}")
     if out.numel() == 0:
         return out
-    taps = weight.shape[1] // channels
     scale = input_scale_4(bound)
+    inverse_scales = (1.0 / (scale * point_scales.float())).contiguous()
+    rows = blocks(shape[3], shape[4])[0]
+    band = band_rows(padded.shape, out_channels, frames)
+    for r0 in range(0, rows, band):
+        r1 = min(rows, r0 + band)
+        _conv_band(padded[:, :, :, BLOCK * r0: BLOCK * r1 + 2], weight, scale, inverse_scales, bias,
+                   None if residual is None else residual[:, :, :, BLOCK * r0: BLOCK * r1],
+                   out[:, :, :, BLOCK * r0: BLOCK * r1], tile, tiles)
+    return out
+
+
+#: the most bytes the transformed input and the fp32 sums of one band of rows may take together (the graphs' pool
+#: holds them at the largest conv's size): Wan 2.2's 256-channel layer at 720p would take 3.7 GB at once, and the
+#: decode's peak rose past `off`'s with it (docs/tuning.md 1.25)
+TEMPORARY_BYTES = 512 * 1024 * 1024
+
+
+def band_rows(padded_shape, out_channels: int, frames: int) -> int:
+    """Block rows per band: as many as keep a band's temporaries within `TEMPORARY_BYTES` (at least one)."""
+    batch, channels, tp, hp, wp = padded_shape
+    rows, columns = blocks(hp - 2, wp - 2)
+    per_row = POINTS_4 * batch * columns * (tp * channels * 2 + frames * out_channels * 4)
+    return max(1, min(rows, TEMPORARY_BYTES // per_row))
+
+
+def _conv_band(padded: Tensor, weight: Tensor, scale: Tensor, inverse_scales: Tensor, bias: Optional[Tensor],
+               residual: Optional[Tensor], out: Tensor, tile: WinogradTile, tiles: TransformTiles) -> None:
+    """The three kernels over one band of rows (views of the caller's checked tensors)."""
+    batch, channels, tp, hp, wp = padded.shape
+    out_channels, frames = out.shape[1], out.shape[2]
+    taps = weight.shape[1] // channels
     v = input_transform(padded, scale, tiles)
     rows, columns = blocks(hp - 2, wp - 2)
     frame_patches = rows * columns
@@ -275,4 +312,4 @@ def large_tile_conv3d(padded: Tensor, weight: Tensor, point_scales: Tensor, boun
            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.stages,
            num_warps=tile.warps, exact=False)
     del v
-    return output_transform(sums, (1.0 / (scale * point_scales.float())).contiguous(), bias, residual, out, tiles)
+    output_transform(sums, inverse_scales, bias, residual, out, tiles)

@@ -174,3 +174,27 @@ def test_bad_arguments_raise_errors_naming_what_was_expected():
         large_tile.large_tile_conv3d(padded, weight, scales, bound, None, None, torch.empty(1, 8, 1, 4, 5), TILE)
     with pytest.raises(ValueError, match="expected a"):
         transformed_weight_4(torch.zeros(8, 16, 3, 5, 5))
+
+
+@needs_kernels
+def test_bands_of_rows_bound_the_temporaries_and_keep_the_result(monkeypatch):
+    """With room for one block row of temporaries at a time, the conv runs band by band (views of the input, the
+    output and the residual) and stays within the derived bound; the band sizes follow the budget."""
+    generator = torch.Generator().manual_seed(4)
+    padded = _padded(2, 16, 2, 11, 9, True, generator).to(torch.bfloat16)  # 3 block rows, the last one short
+    weight = (torch.randn(8, 16, 3, 3, 3, generator=generator) / (27 * 16) ** 0.5).to(torch.bfloat16)
+    bias = torch.randn(8, generator=generator).to(torch.bfloat16)
+    residual = torch.randn(2, 8, 2, 11, 9, generator=generator).to(torch.bfloat16)
+    per_row = 36 * 2 * 3 * (4 * 16 * 2 + 2 * 8 * 4)  # 36 points x batch x 3 block columns x (V + sums) bytes
+    assert large_tile.band_rows(padded.shape, 8, 2) == 3  # the default budget holds all rows
+    monkeypatch.setattr(large_tile, "TEMPORARY_BYTES", per_row)
+    assert large_tile.band_rows(padded.shape, 8, 2) == 1
+    launches = []
+    transform = large_tile.input_transform
+    monkeypatch.setattr(large_tile, "input_transform", lambda p, *a: launches.append(p.shape[3]) or transform(p, *a))
+    exact = F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
+    actual = _conv(padded.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE), residual.to(DEVICE)).cpu()
+    assert launches == [6, 6, 5]  # padded rows per band: 4 + 2, 4 + 2, the last band's 3 + 2
+    error = (actual.double() - exact).abs()
+    bound = _bound(padded, weight, bias, residual, exact, torch.bfloat16)
+    assert torch.all(error <= bound), f"worst error / bound {(error / bound).max().item():.3g}"

@@ -46,7 +46,7 @@ def test_a_card_entry_is_read_by_exact_width_and_dtype(monkeypatch):
     monkeypatch.setattr(cards, "name", lambda device: card)
     cuda = torch.device("cuda")
     tile = wan_fast.winograd_tile(SHAPE, WEIGHT, torch.bfloat16, cuda)
-    assert tile is not None and tile.materialized and tile.split_output
+    assert tile is not None and tile.materialized and tile.split_output and tile.output_block == 4
     assert wan_fast.fast_reason(SHAPE, WEIGHT, torch.bfloat16, cuda) is None  # the fast op now takes 1024
     assert wan_fast.winograd_tile((1, 1024, 4, 122, 242), WEIGHT, torch.bfloat16, cuda) is None  # 1080p: unmeasured
     assert wan_fast.winograd_tile(SHAPE, WEIGHT, torch.float16, cuda) is None  # fp16: unmeasured
