@@ -9,4 +9,4 @@ timeout 240 python3 -m rewrite.tools.sweep_winograd --shapes wan22 --groups spli
   --json $OUT/winograd_large_tile_wan22_${card}_bf16.json 2>&1 | grep -v Warn | tee $OUT/sweep.log | tail -60
 timeout 220 python3 docs/data/experiments/winograd_entries_from_sweep.py $OUT/winograd_large_tile_wan22_${card}_bf16.json \
   --model wan2.2 --size 720x1280 --frames 81 --levels off,channels_last \
-  --json $OUT/wan22_720x1280x81_large_tile_${card}.json 2>&1 | grep -v Warn | tail -6
+  --json $OUT/wan22_720x1280x81_large_tile_${card}.json 2>&1 | grep -v Warn | grep -v "decodes:" | tail -12
