@@ -148,6 +148,18 @@ if triton is not None:
         return inside, m // (TW * TH), 2 * ((m // TW) % TH), 2 * (m % TW)
 
     @triton.jit
+    def output_program(FRAME_PATCHES, O, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Where an output-transform program works: its frame (grid axis 1), its `BLOCK_M` blocks of that frame
+        (axis 0) and `BLOCK_N` output channels (axis 2), their masks, and the blocks' rows of the sums (frame-major,
+        `FRAME_PATCHES` blocks a frame)."""
+        frame = tl.program_id(1)
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_ok = m < FRAME_PATCHES
+        n_ok = n < O
+        return frame, m, n, rows_ok, n_ok, rows_ok[:, None] & n_ok[None, :], frame.to(tl.int64) * FRAME_PATCHES + m
+
+    @triton.jit
     def add_point(acc, point, y00, y01, y10, y11):
         """The output transform A^T M A, one point's fp32 sum at a time (A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]): the
         block's four outputs plus point (r, s)'s coefficients (0 or +-1) times `acc`."""

@@ -61,7 +61,7 @@ if triton is not None:
     import triton.language as tl
 
     from rewrite.kernels.aten_math import round_to as _round
-    from rewrite.kernels.winograd.common import _store
+    from rewrite.kernels.winograd.common import _store, output_program
     from rewrite.kernels.winograd.materialized import _pixel
 
     @triton.jit
@@ -171,13 +171,7 @@ if triton is not None:
                                  BLOCK_N: tl.constexpr):
         """``A^T M A`` of `BLOCK_M` 4x4 blocks of one output frame by `BLOCK_N` channels, bias, residual, one
         rounding."""
-        frame = tl.program_id(1)
-        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows_ok = m < FRAME_PATCHES
-        n_ok = n < O
-        mask = rows_ok[:, None] & n_ok[None, :]
-        rows = frame.to(tl.int64) * FRAME_PATCHES + m
+        frame, m, n, rows_ok, n_ok, mask, rows = output_program(FRAME_PATCHES, O, BLOCK_M, BLOCK_N)
         r00, r01, r02, r03 = _sum_row(m_ptr, inv_ptr, 0, rows, n, mask, O, OUT_PATCHES)
         r10, r11, r12, r13 = _sum_row(m_ptr, inv_ptr, 1, rows, n, mask, O, OUT_PATCHES)
         r20, r21, r22, r23 = _sum_row(m_ptr, inv_ptr, 2, rows, n, mask, O, OUT_PATCHES)
@@ -243,11 +237,11 @@ def large_tile_conv3d(padded: Tensor, weight: Tensor, point_scales: Tensor, boun
                       residual: Optional[Tensor], out: Tensor, tile: WinogradTile,
                       tiles: TransformTiles = TransformTiles()) -> Tensor:
     """``conv3d(padded, weight, bias) (+ residual)`` into `out` by the three kernels of the module docstring, over
-    bands of block rows whose temporaries fit `TEMPORARY_BYTES` (each band's patches are its own: no work is
-    repeated); returns `out`. `weight` and `point_scales` are `transforms.transformed_weight_4`'s ([36, kt * C, O] fp16 and
-    [36] fp32), `bound` a device scalar at least the padded input's largest magnitude (module docstring);
-    `padded`, `out`, `bias` and `residual` as `winograd_conv3d_channels_last` states; `tile`'s blocks are the point
-    GEMM's, `tiles` the transforms'."""
+    bands of block rows whose temporaries fit `TEMPORARY_BYTES` (each band's patches are its own: no work is repeated);
+    returns `out`. `weight` and `point_scales` are `transforms.transformed_weight_4`'s ([36, kt * C, O] fp16 and
+    [36] fp32), `bound` a device scalar at least the padded input's largest magnitude (module docstring); `padded`,
+    `out`, `bias` and `residual` as `winograd_conv3d_channels_last` states; `tile`'s blocks are the point GEMM's,
+    `tiles` the transforms'."""
     if weight.dim() != 3 or weight.shape[0] != POINTS_4 or weight.dtype != torch.float16:
         raise ValueError(f"winograd F(4x4, 3x3): weight must be transformed_weight_4's fp16 [{POINTS_4}, kt * C, O], "
                          f"got {tuple(weight.shape)} {weight.dtype}")

@@ -59,7 +59,7 @@ if triton is not None:
 
     from rewrite.kernels.aten_math import dot as _dot
     from rewrite.kernels.aten_math import round_to as _round
-    from rewrite.kernels.winograd.common import add_point, patch_origin, store_block
+    from rewrite.kernels.winograd.common import add_point, output_program, patch_origin, store_block
 
     @triton.jit
     def _pixel(x_ptr, base, row_ok, v, k, k_ok, WP, C, tx_col):
@@ -202,13 +202,7 @@ if triton is not None:
                                  BLOCK_N: tl.constexpr):
         """The output transform of ``M``'s 16 fp32 sums for `BLOCK_M` 2x2 blocks of one output frame by `BLOCK_N`
         channels, then bias, residual and one rounding (`store_block`): the split form's second kernel."""
-        frame = tl.program_id(1)
-        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows_ok = m < FRAME_PATCHES
-        n_ok = n < O
-        mask = rows_ok[:, None] & n_ok[None, :]
-        rows = frame.to(tl.int64) * FRAME_PATCHES + m
+        frame, m, n, rows_ok, n_ok, mask, rows = output_program(FRAME_PATCHES, O, BLOCK_M, BLOCK_N)
         y00 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         y01 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         y10 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)

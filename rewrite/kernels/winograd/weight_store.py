@@ -1,9 +1,9 @@
 """The transformed weights (`transforms.transformed_weight`) of the convs an op serves by Winograd, one per weight.
 
-An op hands the Winograd kernel a conv weight transformed into [16, kt * C, O] (F(4x4, 3x3): [36, kt * C, O] in
-fp16 and its points' scales): computed per call it costs about what the kernel gains (docs/tuning.md 1.21), so
-`transformed_for` (`transformed_4_for`) keeps one per weight tensor and returns it on later calls. The entry dies with its weight (a module's weights, or the channels-last copies its runner keeps,
-die with the module: the memory goes with them).
+An op hands the Winograd kernel a conv weight transformed into [16, kt * C, O] (F(4x4, 3x3): [36, kt * C, O] in fp16 and
+its points' scales): computed per call it costs about what the kernel gains (docs/tuning.md 1.21), so `transformed_for`
+(`transformed_4_for`) keeps one per weight tensor and returns it on later calls. The entry dies with its weight (a
+module's weights, or the channels-last copies its runner keeps, die with the module: the memory goes with them).
 
 Staleness: a CUDA graph replays the kernels it captured and reads the kept tensor, not the weight. So the op asks
 for a `refresh` on the first chunk of every decode (the causal conv's ``chunk0`` mode, which every decode runs

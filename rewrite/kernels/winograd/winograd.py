@@ -13,10 +13,10 @@ rounding: the arithmetic issue 40 measured against the `channels_last` contract.
 at IEEE precision under the interpreter only (CPU tests); on a GPU they are refused (`unsupported_reason`: the
 fp32 decoders keep their exact ops).
 
-F(2x2, 3x3) in two forms (`WinogradTile.materialized`): `fused` computes the input transform in its operand loads (one kernel,
-no temporary), `materialized` writes it to memory first and runs plain pipelined TMA GEMMs over it (two kernels,
-a temporary of 4x the padded input). Both keep five fp32 accumulators: a point's GEMM sum and the block's four
-outputs, into which each point's sum is added with the output transform's coefficients.
+F(2x2, 3x3) in two forms (`WinogradTile.materialized`): `fused` computes the input transform in its operand loads (one
+kernel, no temporary), `materialized` writes it to memory first and runs plain pipelined TMA GEMMs over it (two kernels,
+a temporary of 4x the padded input). Both keep five fp32 accumulators: a point's GEMM sum and the block's four outputs,
+into which each point's sum is added with the output transform's coefficients.
 
 F(4x4, 3x3) (`WinogradTile.output_block` 4, `large_tile`): 36 products per 4x4 block, fp16 operands with
 power-of-two scales, the split form's three kernels; its entry is `large_tile.large_tile_conv3d` (its own weight

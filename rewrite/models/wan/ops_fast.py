@@ -145,12 +145,12 @@ def _triton_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residua
 
 def _winograd_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor], out: Tensor,
                    residual_bias: Optional[Tensor], tile: winograd.WinogradTile, refresh: bool,
-                   input_bound: Tensor) -> Tensor:
+                   input_bound: Optional[Tensor]) -> Tensor:
     """The fast ops' Winograd conv of a padded channels-last input into `out`, with the weight's kept transform
     (`weight_store.transformed_for` or `transformed_4_for`; `refresh`: recomputed from the weight, on a decode's
     first chunk). The residual's deferred bias joins the conv's bias in fp32 (the kernel adds the bias in fp32
-    before its one rounding). `input_bound`: a device scalar at least the padded input's largest magnitude (the
-    F(4x4, 3x3) form scales its fp16 operands by it)."""
+    before its one rounding). `input_bound`: for the F(4x4, 3x3) form, a device scalar at least the padded input's
+    largest magnitude (it scales its fp16 operands by it); F(2x2, 3x3) does not read it."""
     if residual_bias is not None:
         bias = residual_bias.float() if bias is None else bias.float() + residual_bias.float()
     if tile.output_block == 4:
@@ -221,8 +221,8 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
         if normalized is not None:
             padded, next_cache = normalized
             out = _conv_output(padded, weight, residual, channels_last_out)
-            _winograd_conv(padded, weight, bias, residual, out, residual_bias, tile, mode == "chunk0",
-                           _norm_output_bound(gamma, scale, norm_bias))
+            bound = _norm_output_bound(gamma, scale, norm_bias) if tile.output_block == 4 else None
+            _winograd_conv(padded, weight, bias, residual, out, residual_bias, tile, mode == "chunk0", bound)
             return out, next_cache
         _log_no_norm_kernel("Winograd", tuple(x.shape), x.stride(), x.dtype, tuple(weight.shape[:2]))
     if (not served and one_pass_norm_chosen(x) and x.shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS

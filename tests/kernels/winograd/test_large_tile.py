@@ -26,43 +26,21 @@ from rewrite.kernels.winograd.transforms import (FILTER_TRANSFORM_4, FP16_TARGET
                                                  transformed_weight_4)
 from rewrite.ops.dispatch import INTERPRETING
 from tests import quick
+from tests.kernels.winograd import test_winograd
+from tests.kernels.winograd.test_winograd import UNIT_ROUNDING, _padded
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 needs_kernels = pytest.mark.skipif(not (CUDA or INTERPRETING), reason="needs CUDA or TRITON_INTERPRET=1")
 CL = torch.channels_last_3d
 TILE = WinogradTile(16, 16, 8, 4, 1, True, 0, False, True, 4)  # small blocks: partial blocks everywhere
-UNIT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 U16 = 2.0 ** -11
-
-
-def _padded(batch, channels, frames, height, width, cache, generator, taps=3):
-    """The causal conv's padded input: kt - 1 cached frames (or zeros) before the new ones, one zero pixel around."""
-    x = torch.randn(batch, channels, frames, height, width, generator=generator)
-    before = torch.randn(batch, channels, taps - 1, height, width, generator=generator) if cache else x.new_zeros(
-        batch, channels, taps - 1, height, width)
-    return F.pad(torch.cat([before, x], 2), (1, 1, 1, 1))
 
 
 def _magnitudes(padded, weight, bias, residual):
     """S of the module docstring, in float64: the F(4x4, 3x3) computation on magnitudes."""
-    b, c, tp, hp, wp = padded.shape
-    o, _, kt = weight.shape[:3]
-    t, h, w = tp - kt + 1, hp - 2, wp - 2
-    rows, cols = large_tile.blocks(h, w)
-    d = F.pad(padded.double().abs(), (0, 4 * cols + 2 - wp, 0, 4 * rows + 2 - hp))
-    patches = d.unfold(3, 6, 4).unfold(4, 6, 4)  # [b, c, tp, rows, cols, 6, 6]
-    bt, g, at = (torch.tensor(m, dtype=torch.float64).abs()
-                 for m in (INPUT_TRANSFORM_4, FILTER_TRANSFORM_4, OUTPUT_TRANSFORM_4))
-    v = torch.einsum("ru,bctyxuv,sv->bctyxrs", bt, patches, bt)
-    u = torch.einsum("rh,octhw,sw->octrs", g, weight.double().abs(), g)
-    m = sum(torch.einsum("ocrs,bctyxrs->botyxrs", u[:, :, tap], v[:, :, tap: tap + t]) for tap in range(kt))
-    y = torch.einsum("ir,botyxrs,js->botyixj", at, m, at).reshape(b, o, t, 4 * rows, 4 * cols)[..., :h, :w]
-    if bias is not None:
-        y = y + bias.double().abs()[:, None, None, None]
-    if residual is not None:
-        y = y + residual.double().abs()
-    return y
+    return test_winograd._magnitudes(padded, weight, bias, residual, large_tile.BLOCK,
+                                     (INPUT_TRANSFORM_4, FILTER_TRANSFORM_4, OUTPUT_TRANSFORM_4))
 
 
 def _bound(padded, weight, bias, residual, exact, dtype, more_additions=0):

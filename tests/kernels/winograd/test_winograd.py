@@ -37,29 +37,31 @@ FORMS = {"fused": SMALL, "materialized": SMALL._replace(materialized=True),
 UNIT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
-def _padded(batch, channels, frames, height, width, cache, generator):
-    """The causal conv's padded input as the ops build it: two cached frames (or zeros) before the new frames,
+def _padded(batch, channels, frames, height, width, cache, generator, taps=3):
+    """The causal conv's padded input as the ops build it: kt - 1 cached frames (or zeros) before the new frames,
     one zero pixel around each plane."""
     x = torch.randn(batch, channels, frames, height, width, generator=generator)
-    before = torch.randn(batch, channels, 2, height, width, generator=generator) if cache else x.new_zeros(
-        batch, channels, 2, height, width)
+    before = torch.randn(batch, channels, taps - 1, height, width, generator=generator) if cache else x.new_zeros(
+        batch, channels, taps - 1, height, width)
     return F.pad(torch.cat([before, x], 2), (1, 1, 1, 1))
 
 
-def _magnitudes(padded, weight, bias, residual):
-    """S of the module docstring, in float64: the Winograd computation on magnitudes."""
+def _magnitudes(padded, weight, bias, residual, block=2,
+                transforms=(INPUT_TRANSFORM, FILTER_TRANSFORM, OUTPUT_TRANSFORM)):
+    """S of the module docstring, in float64: the Winograd computation on magnitudes, for `block` x `block` output
+    blocks by `transforms` (B^T, G, A^T)."""
     b, c, tp, hp, wp = padded.shape
     o, _, kt = weight.shape[:3]
     t, h, w = tp - kt + 1, hp - 2, wp - 2
-    rows, cols = (h + 1) // 2, (w + 1) // 2
-    d = F.pad(padded.double().abs(), (0, 2 * cols + 2 - wp, 0, 2 * rows + 2 - hp))
-    patches = d.unfold(3, 4, 2).unfold(4, 4, 2)  # [b, c, tp, rows, cols, 4, 4]
-    bt, g, at = (torch.tensor(m, dtype=torch.float64).abs()
-                 for m in (INPUT_TRANSFORM, FILTER_TRANSFORM, OUTPUT_TRANSFORM))
+    rows, cols = -(-h // block), -(-w // block)
+    patch = block + 2
+    d = F.pad(padded.double().abs(), (0, block * cols + 2 - wp, 0, block * rows + 2 - hp))
+    patches = d.unfold(3, patch, block).unfold(4, patch, block)  # [b, c, tp, rows, cols, patch, patch]
+    bt, g, at = (torch.tensor(m, dtype=torch.float64).abs() for m in transforms)
     v = torch.einsum("ru,bctyxuv,sv->bctyxrs", bt, patches, bt)
     u = torch.einsum("rh,octhw,sw->octrs", g, weight.double().abs(), g)
     m = sum(torch.einsum("ocrs,bctyxrs->botyxrs", u[:, :, tap], v[:, :, tap: tap + t]) for tap in range(kt))
-    y = torch.einsum("ir,botyxrs,js->botyixj", at, m, at).reshape(b, o, t, 2 * rows, 2 * cols)[..., :h, :w]
+    y = torch.einsum("ir,botyxrs,js->botyixj", at, m, at).reshape(b, o, t, block * rows, block * cols)[..., :h, :w]
     if bias is not None:
         y = y + bias.double().abs()[:, None, None, None]
     if residual is not None:
