@@ -43,6 +43,12 @@ SHAPES = {
                 ("up 384->192 @ 4x360x640", 384, 192, 4, 360, 640, K2)],
     "wan22": [("1024 @ 2x90x160", 1024, 1024, 2, 90, 160, K3), ("512 @ 4x180x320", 512, 512, 4, 180, 320, K3),
               ("256 @ 4x360x640", 256, 256, 4, 360, 640, K3)],
+    # the rest of Wan 2.2's 720p decoder convs (mid block, the channel-halving resnets) and its 480p planes
+    "wan22_more": [("1024 @ 1x45x80", 1024, 1024, 1, 45, 80, K3), ("1024->512 @ 4x180x320", 1024, 512, 4, 180, 320, K3),
+                   ("512->256 @ 4x360x640", 512, 256, 4, 360, 640, K3)],
+    "wan22_480": [("1024 @ 1x30x52", 1024, 1024, 1, 30, 52, K3), ("1024 @ 2x60x104", 1024, 1024, 2, 60, 104, K3),
+                  ("512 @ 4x120x208", 512, 512, 4, 120, 208, K3), ("1024->512 @ 4x120x208", 1024, 512, 4, 120, 208, K3),
+                  ("256 @ 4x240x416", 256, 256, 4, 240, 416, K3), ("512->256 @ 4x240x416", 512, 256, 4, 240, 416, K3)],
 }
 # Wan 2.2's up-block ends at 720p and 480p (a steady step): (name, in = out channels, source frames, source height, width,
 # the block input's channels, its frames, the DupUp3D time factor), timed as the ``lossless`` op and by phases

@@ -52,6 +52,76 @@ def candidate_tiles() -> dict:
             "split_best": split[1:2], "large": large}
 
 
+def _time_breakdown(row: dict, padded, weight, bound, tiles) -> None:
+    """Where the time goes, into `row`: the materialized form's input transform alone (by its blocks), the 16
+    GEMMs' core as torch.bmm of the same sizes (issue 40's "GEMM core" measurement; no transforms, bf16 out) and,
+    when a tile is F(4x4, 3x3), its two transforms alone by their programs' tiles."""
+    import torch
+    import triton.testing
+
+    from rewrite.kernels.winograd import large_tile, materialized
+    from rewrite.kernels.winograd.transforms import input_scale_4
+
+    cin, (t, h, w) = padded.shape[1], (side - 2 for side in padded.shape[2:])
+    cout, dtype = weight.shape[0], padded.dtype
+    flops = 2 * cout * cin * 27 * t * h * w
+    out = torch.empty(1, cout, t, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
+    row["input_transform_ms"] = triton.testing.do_bench_cudagraph(
+        lambda p=padded: materialized.input_transform(p))
+    row["input_transform_blocks_ms"] = {
+        f"{bm}x{bc}": triton.testing.do_bench_cudagraph(
+            lambda p=padded, bm=bm, bc=bc: materialized.input_transform(p, bm, bc))
+        for bm, bc in ((32, 32), (64, 32), (32, 64), (64, 64), (16, 128))
+        if bc <= cin and (bm, bc) != materialized.transform_blocks(cin)}  # the default is timed above
+    patches = t * ((h + 1) // 2) * ((w + 1) // 2)
+    lhs = torch.randn(16, patches, 3 * cin, device="cuda", dtype=dtype)
+    rhs = torch.randn(16, 3 * cin, cout, device="cuda", dtype=dtype)
+    row["bmm_core_ms"] = triton.testing.do_bench_cudagraph(lambda a=lhs, b=rhs: torch.bmm(a, b))
+    del lhs, rhs
+    print(f"  input transform blocks (m x c): {row['input_transform_blocks_ms']}", flush=True)
+    print(f"  input transform alone {row['input_transform_ms']:8.3f} ms; 16 GEMMs as torch.bmm "
+          f"{row['bmm_core_ms']:8.3f} ms ({flops / row['bmm_core_ms'] / 1e9:6.0f} direct-equivalent TFLOP/s)",
+          flush=True)
+    if any(tile.output_block == 4 for tile in tiles):  # the transforms alone, by their programs' tiles
+        rows, columns = large_tile.blocks(h, w)
+        sums = torch.randn(36, t * rows * columns, cout, device="cuda")
+        inverse = torch.ones(36, device="cuda")
+        row["large_transforms_ms"] = {}
+        for variant in TRANSFORM_VARIANTS:
+            programs = large_tile.TransformTiles(*variant)
+            row["large_transforms_ms"][str(variant)] = (
+                triton.testing.do_bench_cudagraph(lambda p=padded, s=input_scale_4(bound), programs=programs:
+                                                  large_tile.input_transform(p, s, programs)),
+                triton.testing.do_bench_cudagraph(lambda programs=programs: large_tile.output_transform(
+                    sums, inverse, None, None, out, programs)))
+        del sums
+        print(f"  F(4x4, 3x3) transforms alone (input, output ms) by tiles {row['large_transforms_ms']}",
+              flush=True)
+
+
+def winners(sweep: dict, margin: float = 1.05) -> dict:
+    """From a sweep's JSON (as `main` writes it): {(in channels, out channels, width, dtype): tile} for each shape
+    whose fastest tile ran at least `margin` times faster than both cuDNN and the direct conv. These are candidates
+    for `common._MEASURED_FASTER`, which takes an entry only after a full decode measured it faster within the
+    contract (docs/data/experiments/gpu_winograd_widths.sh does both in one run)."""
+    import torch
+
+    from rewrite.kernels.winograd.winograd import WinogradTile
+
+    dtype = getattr(torch, sweep["dtype"])
+    chosen = {}
+    for row in sweep["results"]:
+        timed = [entry for entry in row["tiles"] if "ms" in entry]
+        if not timed or "channels" not in row:
+            continue
+        best = min(timed, key=lambda entry: entry["ms"])
+        rival = min(row["cudnn_ms"], row.get("direct_ms", float("inf")))
+        if best["ms"] * margin <= rival:
+            (cin, cout), width = row["channels"], row["frames_height_width"][2]
+            chosen[(cin, cout, width, dtype)] = WinogradTile(*best["tile"])
+    return chosen
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
@@ -61,14 +131,16 @@ def main(argv=None) -> int:
     parser.add_argument("--groups", default="fused,materialized,by_frame,one_loop,split,large",
                         help="the candidate tile groups to try (comma-separated)")
     parser.add_argument("--max-tiles", type=int, default=None, help="try only the first N candidate tiles")
+    parser.add_argument("--core", action="store_true",
+                        help="time only cuDNN, the direct conv and the tiles (no transform or GEMM-core breakdown)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     import torch
     import triton.testing
 
     from rewrite.kernels.conv3d import conv3d as triton_conv3d
-    from rewrite.kernels.winograd import large_tile, materialized, winograd
-    from rewrite.kernels.winograd.transforms import input_scale_4, transformed_weight, transformed_weight_4
+    from rewrite.kernels.winograd import large_tile, winograd
+    from rewrite.kernels.winograd.transforms import transformed_weight, transformed_weight_4
     from rewrite.ops import compile_ahead
 
     if not torch.cuda.is_available():
@@ -95,8 +167,8 @@ def main(argv=None) -> int:
                 return torch.ops.aten.conv3d.default(x, wt, None)
 
             ms = triton.testing.do_bench_cudagraph(cudnn)
-            row = {"shape": name, "cudnn_ms": ms, "cudnn_tflops": flops / ms / 1e9,
-                   "cudnn_max_abs": (cudnn().float() - exact).abs().max().item(), "tiles": []}
+            row = {"shape": name, "channels": [cin, cout], "frames_height_width": [t, h, w], "cudnn_ms": ms,
+                   "cudnn_tflops": flops / ms / 1e9, "cudnn_max_abs": (cudnn().float() - exact).abs().max().item(), "tiles": []}
             print(f"{name:<24} cudnn {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  max-abs {row['cudnn_max_abs']:.3g}",
                   flush=True)
             if triton_conv3d.unsupported_reason(padded.shape, weight.shape, dtype) is None:
@@ -107,42 +179,11 @@ def main(argv=None) -> int:
                 row["direct_max_abs"] = (out.float() - exact).abs().max().item()
                 print(f"  direct (launch_config)                 {row['direct_ms']:8.3f} ms "
                       f"{flops / row['direct_ms'] / 1e9:6.0f} TFLOP/s  max-abs {row['direct_max_abs']:.3g}", flush=True)
-            # where the materialized form's time goes: its input transform alone, and the 16 GEMMs' core as
-            # torch.bmm of the same sizes (issue 40's "GEMM core" measurement; no transforms, bf16 out)
-            row["input_transform_ms"] = triton.testing.do_bench_cudagraph(
-                lambda p=padded: materialized.input_transform(p))
-            row["input_transform_blocks_ms"] = {
-                f"{bm}x{bc}": triton.testing.do_bench_cudagraph(
-                    lambda p=padded, bm=bm, bc=bc: materialized.input_transform(p, bm, bc))
-                for bm, bc in ((32, 32), (64, 32), (32, 64), (64, 64), (16, 128))
-                if bc <= cin and (bm, bc) != materialized.transform_blocks(cin)}  # the default is timed above
-            patches = t * ((h + 1) // 2) * ((w + 1) // 2)
-            lhs = torch.randn(16, patches, 3 * cin, device="cuda", dtype=dtype)
-            rhs = torch.randn(16, 3 * cin, cout, device="cuda", dtype=dtype)
-            row["bmm_core_ms"] = triton.testing.do_bench_cudagraph(lambda a=lhs, b=rhs: torch.bmm(a, b))
-            del lhs, rhs
-            print(f"  input transform blocks (m x c): {row['input_transform_blocks_ms']}", flush=True)
-            print(f"  input transform alone {row['input_transform_ms']:8.3f} ms; 16 GEMMs as torch.bmm "
-                  f"{row['bmm_core_ms']:8.3f} ms ({flops / row['bmm_core_ms'] / 1e9:6.0f} direct-equivalent TFLOP/s)",
-                  flush=True)
             transformed = transformed_weight(weight, dtype)
             transformed_4, point_scales = transformed_weight_4(weight)
             bound = padded.abs().amax().float()  # the fast op gives the norm's bound instead (no pass over x)
-            if any(tile.output_block == 4 for tile in tiles):  # the transforms alone, by their programs' tiles
-                rows, columns = large_tile.blocks(h, w)
-                sums = torch.randn(36, t * rows * columns, cout, device="cuda")
-                inverse = torch.ones(36, device="cuda")
-                row["large_transforms_ms"] = {}
-                for variant in TRANSFORM_VARIANTS:
-                    programs = large_tile.TransformTiles(*variant)
-                    row["large_transforms_ms"][str(variant)] = (
-                        triton.testing.do_bench_cudagraph(lambda p=padded, s=input_scale_4(bound), programs=programs:
-                                                          large_tile.input_transform(p, s, programs)),
-                        triton.testing.do_bench_cudagraph(lambda programs=programs: large_tile.output_transform(
-                            sums, inverse, None, None, out, programs)))
-                del sums
-                print(f"  F(4x4, 3x3) transforms alone (input, output ms) by tiles {row['large_transforms_ms']}",
-                      flush=True)
+            if not args.core:
+                _time_breakdown(row, padded, weight, bound, tiles)
 
             def conv(p, o, tile):
                 if tile.output_block == 4:
