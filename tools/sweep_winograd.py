@@ -31,8 +31,9 @@ def candidate_tiles() -> dict:
     register file holds its five accumulators with few spills (ptxas, checked on a CPU); the materialized form's
     pipelined TMA GEMM at the usual tensor-core block shapes; one of those with its input transform by 1 and 2
     output frames (the temporary's size against the time); the materialized form with its 16 point GEMMs as one
-    pipelined loop; split (one GEMM per program into fp32 sums, then the output transform); and large, the split
-    form of F(4x4, 3x3) (`large_tile`); split_best is the split tile the H100's table holds."""
+    pipelined loop; split (one GEMM per program into fp32 sums, then the output transform); large, the split
+    form of F(4x4, 3x3) (`large_tile`), and large_more, its GEMM at further blocks; split_best is the split tile the
+    H100's table holds."""
     from rewrite.kernels.winograd.winograd import WinogradTile
 
     fused = [WinogradTile(m, n, k, warps, 2) for m, n, k, warps in ((32, 64, 32, 8), (64, 64, 32, 8), (32, 128, 32, 8),
@@ -48,8 +49,13 @@ def candidate_tiles() -> dict:
         (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4))]
     large = [WinogradTile(m, n, k, warps, stages, True, 0, False, True, 4) for m, n, k, warps, stages in (
         (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4))]
+    # F(4x4, 3x3)'s point GEMMs at deeper K steps, taller M blocks and more stages (sm_90's shared memory holds
+    # each: at most 192 KiB of operand stages)
+    large_more = [WinogradTile(m, n, k, warps, stages, True, 0, False, True, 4) for m, n, k, warps, stages in (
+        (128, 128, 128, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 4), (256, 128, 32, 8, 4),
+        (128, 128, 32, 8, 5))]
     return {"fused": fused, "materialized": materialized, "by_frame": by_frame, "one_loop": one_loop, "split": split,
-            "split_best": split[1:2], "large": large}
+            "split_best": split[1:2], "large": large, "large_more": large_more}
 
 
 def _time_breakdown(row: dict, padded, weight, bound, tiles) -> None:

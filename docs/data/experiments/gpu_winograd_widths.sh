@@ -2,7 +2,7 @@
 # Written in session 36 (issues 40 and 37), for either card: (1) on an H100, Wan 2.2 720x1280x81 `off` /
 # `channels_last` as shipped (the banded F(4x4, 3x3) temporaries: time and peak against `off`'s); (2) the F(4x4, 3x3)
 # sweep, core timings only, of the Wan 2.2 convs the table lacks (the 45x80 mid block, the channel-halving resnets,
-# the 480p planes) and, on an H200, those it has; (3) a Wan 2.2 720p decode with the sweep's winners routed
+# the 480p planes) and, on an H200, those it has, then the 256-channel conv at further GEMM blocks; (3) a Wan 2.2 720p decode with the sweep's winners routed
 # (bench_with_winograd_winners.py, margin 1.05); (4) on an H100 the full-size Wan 2.2 contract tests; (5) the 480p
 # decode with the winners. Most needed first: a short lease still brings (1)-(3). About 9.5 minutes.
 . docs/data/experiments/gpu_setup.sh || exit 1
@@ -15,6 +15,8 @@ if [ "$card" = h100 ]; then
 fi
 timeout 150 python3 -m rewrite.tools.sweep_winograd --shapes $shapes --groups large --max-tiles 2 --core \
   --json $OUT/winograd_large_tile_widths_${card}_bf16.json 2>&1 | grep -v Warn | tee $OUT/sweep_widths.log | tail -30
+timeout 60 python3 -m rewrite.tools.sweep_winograd --shapes wan22 --only 256 --groups large,large_more --core \
+  --json $OUT/winograd_large_more_256_${card}_bf16.json 2>&1 | grep -v Warn | tee $OUT/sweep_256.log | tail -13
 for size in 720x1280; do
   timeout 120 python3 docs/data/experiments/bench_with_winograd_winners.py \
     $OUT/winograd_large_tile_widths_${card}_bf16.json 1.05 -- --model wan2.2 --size $size --frames 81 \
