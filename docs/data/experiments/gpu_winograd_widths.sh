@@ -2,9 +2,10 @@
 # Written in session 36 (issues 40 and 37), for either card: (1) on an H100, Wan 2.2 720x1280x81 `off` /
 # `channels_last` as shipped (the banded F(4x4, 3x3) temporaries: time and peak against `off`'s); (2) the F(4x4, 3x3)
 # sweep, core timings only, of the Wan 2.2 convs the table lacks (the 45x80 mid block, the channel-halving resnets,
-# the 480p planes) and, on an H200, those it has, then the 256-channel conv at further GEMM blocks; (3) a Wan 2.2 720p decode with the sweep's winners routed
-# (bench_with_winograd_winners.py, margin 1.05); (4) on an H100 the full-size Wan 2.2 contract tests; (5) the 480p
-# decode with the winners. Most needed first: a short lease still brings (1)-(3). About 9.5 minutes.
+# the 480p planes) and, on an H200, those it has, then the 256-channel conv at further GEMM blocks; (3) a Wan 2.2 720p
+# decode with the sweep's winners routed (bench_with_winograd_winners.py, margin 1.05); (4) on an H100 the full-size
+# Wan 2.2 contract tests; (5) the 480p decode with the winners. Most needed first: a short lease still brings (1)-(3).
+# About 9.5 minutes.
 . docs/data/experiments/gpu_setup.sh || exit 1
 card=$(grep -o "H[12]00" $OUT/gpu.txt | head -1 | tr A-Z a-z)
 shapes=wan22,wan22_more,wan22_480
