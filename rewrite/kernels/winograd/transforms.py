@@ -12,6 +12,8 @@ fp32, and is rounded to the activations' dtype: the arithmetic whose accuracy is
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -78,24 +80,51 @@ def power_of_two_at_most(limit: Tensor) -> Tensor:
     return torch.exp2(exponent)
 
 
-def transformed_weight_4(weight: Tensor) -> tuple[Tensor, Tensor]:
+#: the most bytes of fp32 points `transformed_weight_4` computes at once: a 1024 -> 1024 conv's whole transform held
+#: 1.5 GB of fp32 temporaries beside its 226 MB result (on a decode's first chunk, inside the graphs' pool)
+TRANSFORM_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+def transformed_weight_4(weight: Tensor, out: Optional[tuple[Tensor, Tensor]] = None,
+                         chunk_bytes: int = TRANSFORM_CHUNK_BYTES) -> tuple[Tensor, Tensor]:
     """F(4x4, 3x3)'s ``G g G^T`` of a [O, C, kt, 3, 3] conv weight as fp16 [36, kt * C, O] (point-major, then
     tap-major, output channels contiguous), each point scaled by a power of two that puts its largest magnitude
     at `FP16_TARGET` (no overflow, no subnormals for a point's large entries), and those 36 scales (fp32). The
-    transform runs in fp32 (fp64 for an fp64 weight), by `FILTER_TRANSFORM_4`'s rows; device ops only."""
+    transform runs in fp32 (fp64 for an fp64 weight), by `FILTER_TRANSFORM_4`'s rows; device ops only.
+
+    Memory: the points are computed over blocks of output channels whose fp32 points take at most `chunk_bytes`,
+    twice (the scales need every point's largest magnitude first), so the temporaries stay near four such blocks
+    whatever the conv; the values are the same whatever the blocks (elementwise ops and a max). `out` (a tensor
+    pair as this returns) receives the result in place: a kept transform is refreshed without a second copy."""
     if weight.dim() != 5 or tuple(weight.shape[3:]) != (3, 3):
         raise ValueError(f"transformed_weight_4: expected a [O, C, kt, 3, 3] conv weight, got {tuple(weight.shape)}")
     compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
     out_channels, in_channels, taps = weight.shape[:3]
-    g = weight.to(compute)
+    shape = (POINTS_4, taps * in_channels, out_channels)
+    if out is None:
+        out = (torch.empty(shape, dtype=torch.float16, device=weight.device),
+               torch.empty(POINTS_4, dtype=torch.float32, device=weight.device))
+    u_out, scales_out = out
+    if tuple(u_out.shape) != shape or u_out.dtype != torch.float16 or tuple(scales_out.shape) != (POINTS_4,):
+        raise ValueError(f"transformed_weight_4: out must be fp16 {shape} and [{POINTS_4}] scales, got "
+                         f"{tuple(u_out.shape)} {u_out.dtype} and {tuple(scales_out.shape)}")
+    block = max(1, chunk_bytes // (POINTS_4 * taps * in_channels * torch.finfo(compute).bits // 8))
 
     def rows(w: Tensor, dim: int) -> Tensor:
         first, middle, last = w.unbind(dim)
         return torch.stack([a * first + b * middle + c * last for a, b, c in FILTER_TRANSFORM_4], dim)
 
-    u = rows(rows(g, 3), 4).permute(3, 4, 2, 1, 0).reshape(POINTS_4, taps * in_channels, out_channels)
-    scales = power_of_two_at_most(FP16_TARGET / u.abs().amax(dim=(1, 2)).float())
-    return (u * scales.to(compute)[:, None, None]).to(torch.float16).contiguous(), scales
+    def points(o0: int) -> Tensor:  # [36, kt * C, block] of output channels o0...
+        g = weight[o0:o0 + block].to(compute)
+        return rows(rows(g, 3), 4).permute(3, 4, 2, 1, 0).reshape(POINTS_4, taps * in_channels, -1)
+
+    largest = torch.zeros(POINTS_4, dtype=compute, device=weight.device)
+    for o0 in range(0, out_channels, block):
+        largest = torch.maximum(largest, points(o0).abs().amax(dim=(1, 2)))
+    scales_out.copy_(power_of_two_at_most(FP16_TARGET / largest.float()))
+    for o0 in range(0, out_channels, block):
+        u_out[:, :, o0:o0 + block] = points(o0) * scales_out.to(compute)[:, None, None]
+    return u_out, scales_out
 
 
 def input_scale_4(bound: Tensor) -> Tensor:

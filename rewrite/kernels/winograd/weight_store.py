@@ -2,7 +2,8 @@
 
 An op hands the Winograd kernel a conv weight transformed into [16, kt * C, O] (F(4x4, 3x3): [36, kt * C, O] in fp16 and
 its points' scales): computed per call it costs about what the kernel gains (docs/tuning.md 1.21), so `transformed_for`
-(`transformed_4_for`) keeps one per weight tensor and returns it on later calls. The entry dies with its weight (a
+(`transformed_4_for`) keeps one per weight tensor and returns it on later calls (F(4x4, 3x3)'s, 4x the weight's
+elements in fp16, refreshed in place in blocks: `transforms.transformed_weight_4`). The entry dies with its weight (a
 module's weights, or the channels-last copies its runner keeps, die with the module: the memory goes with them).
 
 Staleness: a CUDA graph replays the kernels it captured and reads the kept tensor, not the weight. So the op asks
@@ -15,7 +16,7 @@ channels-last weight copies' refresh does (`rewrite.models.wan.conv_weights`).
 from __future__ import annotations
 
 import weakref
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -51,27 +52,32 @@ def _matches(entry: _Kept, weight: Tensor) -> bool:
 
 
 def _kept(weight: Tensor, refresh: bool, output_block: int,
-          transform: Callable[[Tensor], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+          transform: Callable[[Tensor, Optional[tuple[Tensor, ...]]], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    """The kept transform of `weight`, made or refreshed by ``transform(weight, out)`` (`out`: the kept tensors to
+    write into, or None for new ones)."""
     key = (id(weight), output_block)
     entry = _TRANSFORMED.get(key)
     with torch.no_grad():
         if entry is None or entry.weight() is not weight or not _matches(entry, weight):
             reference = weakref.ref(weight, lambda ref, key=key: _forget(key, ref))
-            entry = _TRANSFORMED[key] = _Kept(reference, weight.dtype, transform(weight.detach()))
+            entry = _TRANSFORMED[key] = _Kept(reference, weight.dtype, transform(weight.detach(), None))
         elif refresh:
-            for kept, fresh in zip(entry.transformed, transform(weight.detach())):
-                kept.copy_(fresh)
+            transform(weight.detach(), entry.transformed)
     return entry.transformed
 
 
 def transformed_for(weight: Tensor, refresh: bool) -> Tensor:
     """`transformed_weight(weight)` (F(2x2, 3x3)) in the weight's dtype, kept while `weight` lives: computed on the
     first call for this weight tensor, recomputed into the kept tensor where `refresh`, else the kept one as it is."""
-    return _kept(weight, refresh, 2, lambda w: (transformed_weight(w),))[0]
+    def transform(w: Tensor, out: Optional[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+        fresh = transformed_weight(w)
+        return (fresh,) if out is None else (out[0].copy_(fresh),)
+
+    return _kept(weight, refresh, 2, transform)[0]
 
 
 def transformed_4_for(weight: Tensor, refresh: bool) -> tuple[Tensor, Tensor]:
     """`transformed_weight_4(weight)` (F(4x4, 3x3): fp16 points and their scales), kept as `transformed_for` keeps
     F(2x2, 3x3)'s."""
-    u, scales = _kept(weight, refresh, 4, transformed_weight_4)
+    u, scales = _kept(weight, refresh, 4, lambda w, out: transformed_weight_4(w, out))
     return u, scales

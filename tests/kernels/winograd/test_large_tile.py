@@ -128,6 +128,20 @@ def test_the_transforms_give_the_direct_filters_product():
                      <= U16 * exact_u.abs() + 1e-300)
 
 
+def test_the_weight_transform_by_blocks_of_channels_is_the_whole_one_and_writes_in_place():
+    """`transformed_weight_4` over one-channel blocks (a 1-byte budget) gives the bits of the one-block transform,
+    and `out` receives them in place (the kept transform's refresh)."""
+    weight = torch.randn(5, 3, 2, 3, 3, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    weight[3] *= 1000.0  # one output channel sets some points' scales: every block must see it
+    whole_u, whole_scales = transformed_weight_4(weight, chunk_bytes=1 << 30)
+    out = (torch.full_like(whole_u, float("nan")), torch.zeros_like(whole_scales))
+    u, scales = transformed_weight_4(weight, out=out, chunk_bytes=1)
+    assert u is out[0] and scales is out[1]
+    assert torch.equal(u, whole_u) and torch.equal(scales, whole_scales)
+    with pytest.raises(ValueError, match="out must be fp16"):
+        transformed_weight_4(weight, out=(whole_u.float(), whole_scales))
+
+
 def test_the_scales_are_powers_of_two_that_keep_fp16_finite():
     limits = torch.tensor([3.0, 1.0, 0.75, 2.0 ** 70, 0.0, float("inf")])
     scales = power_of_two_at_most(limits)
