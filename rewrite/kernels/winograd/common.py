@@ -45,10 +45,22 @@ _MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile
     },
 }
 
-#: The same keys for convs whose kernel sweep (`python -m rewrite.tools.sweep_winograd`) found this kernel faster,
-#: not yet measured in a full decode (speed and the contract), so not routed. Empty: the one candidate so far was
-#: measured (docs/data/experiments/gpu_winograd_decode_ab.sh measures a decode with the candidates merged in).
-UNMEASURED_CANDIDATES: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {}
+#: The same keys for convs whose kernel sweep (`python -m rewrite.tools.sweep_winograd`) found this kernel faster
+#: but whose decode has not shown all the table asks, so not routed. The H100's: the rest of Wan 2.2's 720p convs
+#: and its 480p planes (`sweeps/winograd_large_tile_widths_h100_bf16.json`, 1.17-2.03x the faster of cuDNN and the
+#: direct conv); with them the 720p decode was 2.48x `off` against 2.41x, within the contract, but its peak rose
+#: from 13.42 to 17.90 GiB (docs/tuning.md 1.26). Measured again once the weight transform's temporaries are bounded
+#: (docs/data/experiments/gpu_winners_peak.sh).
+_LARGE_128 = WinogradTile(128, 128, 64, 8, 3, True, 0, False, True, 4)
+_LARGE_256 = WinogradTile(128, 256, 64, 8, 3, True, 0, False, True, 4)
+UNMEASURED_CANDIDATES: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
+    "NVIDIA H100 80GB HBM3": {
+        (1024, 1024, 80, torch.bfloat16): _LARGE_256, (1024, 512, 320, torch.bfloat16): _LARGE_256,
+        (512, 256, 640, torch.bfloat16): _LARGE_256, (1024, 1024, 104, torch.bfloat16): _LARGE_256,
+        (512, 512, 208, torch.bfloat16): _LARGE_256, (1024, 512, 208, torch.bfloat16): _LARGE_256,
+        (256, 256, 416, torch.bfloat16): _LARGE_128, (512, 256, 416, torch.bfloat16): _LARGE_256,
+    },
+}
 
 
 def chosen(in_channels: int, out_channels: int, width, dtype: torch.dtype,
