@@ -92,11 +92,12 @@ from rewrite.kernels.conv3d.conv3d import ConvTile
 from rewrite.kernels.winograd import fused as winograd_fused
 from rewrite.kernels.winograd import large_tile as winograd_large_tile
 from rewrite.kernels.winograd import materialized as winograd_materialized
+from rewrite.kernels.winograd import weight_points as winograd_weight_points
 from rewrite.kernels.winograd import winograd
 
 launches = []
 for module in (triton_attention, triton_conv3d, triton_norm_fast, triton_pad, triton_phase_weights,
-               winograd_fused, winograd_materialized, winograd_large_tile):
+               winograd_fused, winograd_materialized, winograd_large_tile, winograd_weight_points):
     module.launch = lambda kernel, grid, *args, **kwargs: launches.append((kernel, args, kwargs))
 CL = torch.channels_last_3d
 BF16 = torch.bfloat16
@@ -139,6 +140,10 @@ for dtype, tile in ((BF16, winograd.WinogradTile()), (torch.float16, winograd.Wi
     padded = torch.zeros(1, 64, 4, 6, 8, dtype=dtype).contiguous(memory_format=CL)
     winograd.winograd_conv3d(padded, torch.zeros(64, 64, 3, 3, 3, dtype=dtype), torch.zeros(64, dtype=dtype),
                              torch.zeros(1, 64, 2, 4, 6, dtype=dtype), tile)
+winograd_weight_points.transformed_weight_4_into(  # both passes of F(4x4, 3x3)'s weight transform
+    torch.zeros(64, 48, 3, 3, 3, dtype=BF16).contiguous(memory_format=CL), torch.zeros(36, 144, 64,
+                                                                                   dtype=torch.float16),
+    torch.zeros(36))
 
 for kernel, args, kwargs in launches:
     kwargs.pop("exact", None)

@@ -23,7 +23,7 @@ from rewrite.kernels.winograd import large_tile
 from rewrite.kernels.winograd.common import WinogradTile
 from rewrite.kernels.winograd.transforms import (FILTER_TRANSFORM_4, FP16_TARGET, INPUT_TRANSFORM_4,
                                                  OUTPUT_TRANSFORM_4, POINTS_4, input_scale_4, power_of_two_at_most,
-                                                 transformed_weight_4)
+                                                 transformed_weight_4, transformed_weight_4_by_torch)
 from rewrite.ops.dispatch import INTERPRETING
 from tests import quick
 from tests.kernels.winograd import test_winograd
@@ -128,18 +128,43 @@ def test_the_transforms_give_the_direct_filters_product():
                      <= U16 * exact_u.abs() + 1e-300)
 
 
-def test_the_weight_transform_by_blocks_of_channels_is_the_whole_one_and_writes_in_place():
-    """`transformed_weight_4` over one-channel blocks (a 1-byte budget) gives the bits of the one-block transform,
-    and `out` receives them in place (the kept transform's refresh)."""
+def _outputs_like(u: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.full_like(u, float("nan")), torch.zeros_like(scales)
+
+
+def test_the_torch_weight_transform_by_blocks_of_channels_is_the_whole_one_and_writes_in_place():
+    """The torch path over one-channel blocks (a 1-byte budget) gives the bits of one block, into `out`."""
     weight = torch.randn(5, 3, 2, 3, 3, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     weight[3] *= 1000.0  # one output channel sets some points' scales: every block must see it
-    whole_u, whole_scales = transformed_weight_4(weight, chunk_bytes=1 << 30)
-    out = (torch.full_like(whole_u, float("nan")), torch.zeros_like(whole_scales))
-    u, scales = transformed_weight_4(weight, out=out, chunk_bytes=1)
+    whole = transformed_weight_4_by_torch(weight, *_outputs_like(*transformed_weight_4(weight)), chunk_bytes=1 << 30)
+    out = _outputs_like(*whole)
+    u, scales = transformed_weight_4_by_torch(weight, *out, chunk_bytes=1)
     assert u is out[0] and scales is out[1]
-    assert torch.equal(u, whole_u) and torch.equal(scales, whole_scales)
-    with pytest.raises(ValueError, match="out must be fp16"):
-        transformed_weight_4(weight, out=(whole_u.float(), whole_scales))
+    assert torch.equal(u, whole[0]) and torch.equal(scales, whole[1])
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_the_weight_transform_kernels_give_the_torch_paths_bits(dtype):
+    """`weight_points`' two kernels against the torch path, bit for bit: odd channel counts (partial programs
+    both ways), a channels-last weight (its strides read as given), one channel far larger (the scales)."""
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(37, 5, 3, 3, 3, generator=generator)
+    weight[20] *= 300.0
+    weight = weight.to(dtype).contiguous(memory_format=CL)
+    expected = transformed_weight_4_by_torch(weight, *_outputs_like(*transformed_weight_4(weight.double())))
+    out = _outputs_like(*expected)
+    u, scales = transformed_weight_4(weight.to(DEVICE), out=tuple(t.to(DEVICE) for t in out))
+    assert torch.equal(u.cpu(), expected[0]) and torch.equal(scales.cpu(), expected[1])
+
+
+def test_bad_transform_outputs_raise_errors_naming_what_was_expected():
+    weight = torch.zeros(4, 2, 1, 3, 3)
+    u, scales = transformed_weight_4_by_torch(weight, torch.empty(36, 2, 4, dtype=torch.float16), torch.empty(36))
+    with pytest.raises(ValueError, match="out must be contiguous fp16"):
+        transformed_weight_4(weight, out=(u.float(), scales))
+    with pytest.raises(ValueError, match="fp32"):
+        transformed_weight_4(weight, out=(u, scales.double()))
 
 
 def test_the_scales_are_powers_of_two_that_keep_fp16_finite():
