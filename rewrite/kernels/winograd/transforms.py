@@ -1,5 +1,5 @@
-"""Winograd F(2x2, 3x3) and F(4x4, 3x3): the transform matrices and the weight transforms (torch; F(4x4, 3x3)'s
-on CUDA by `weight_points`' kernels, to the same bits).
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3): the transform matrices and the weight transforms, in torch
+(`weight_points` computes F(4x4, 3x3)'s on CUDA by Triton kernels, to the same bits).
 
 A 3x3 conv's 2x2 block of outputs from a 4x4 patch ``d`` of its input and the 3x3 filter ``g``:
 ``Y = A^T [(G g G^T) * (B^T d B)] A`` (elementwise product of two 4x4 matrices, 16 products where the direct conv
@@ -81,9 +81,29 @@ def power_of_two_at_most(limit: Tensor) -> Tensor:
     return torch.exp2(exponent)
 
 
-#: the most bytes of fp32 points `transformed_weight_4`'s torch path computes at once: a 1024 -> 1024 conv's whole
+#: the most bytes of fp32 points `transformed_weight_4` computes at once: a 1024 -> 1024 conv's whole
 #: transform held 1.5 GB of fp32 temporaries beside its 226 MB result
 TRANSFORM_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+def checked_outputs_4(weight: Tensor, out: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """`transformed_weight_4`'s argument checks (a [O, C, kt, 3, 3] weight; `out`, if given, contiguous fp16
+    [36, kt * C, O] and fp32 [36] scales on the weight's device), and its outputs: `out`, or new tensors."""
+    if weight.dim() != 5 or tuple(weight.shape[3:]) != (3, 3):
+        raise ValueError(f"transformed_weight_4: expected a [O, C, kt, 3, 3] conv weight, got {tuple(weight.shape)}")
+    out_channels, in_channels, taps = weight.shape[:3]
+    shape = (POINTS_4, taps * in_channels, out_channels)
+    if out is None:
+        return (torch.empty(shape, dtype=torch.float16, device=weight.device),
+                torch.empty(POINTS_4, dtype=torch.float32, device=weight.device))
+    u_out, scales_out = out
+    if tuple(u_out.shape) != shape or u_out.dtype != torch.float16 or tuple(scales_out.shape) != (POINTS_4,) \
+            or scales_out.dtype != torch.float32 or not u_out.is_contiguous() \
+            or u_out.device != weight.device or scales_out.device != weight.device:
+        raise ValueError(f"transformed_weight_4: out must be contiguous fp16 {shape} and fp32 [{POINTS_4}] scales on "
+                         f"{weight.device}, got {tuple(u_out.shape)} {u_out.dtype} on {u_out.device} and "
+                         f"{tuple(scales_out.shape)} {scales_out.dtype} on {scales_out.device}")
+    return u_out, scales_out
 
 
 def transformed_weight_4(weight: Tensor, out: Optional[tuple[Tensor, Tensor]] = None,
@@ -93,48 +113,13 @@ def transformed_weight_4(weight: Tensor, out: Optional[tuple[Tensor, Tensor]] = 
     at `FP16_TARGET` (no overflow, no subnormals for a point's large entries), and those 36 scales (fp32). The
     transform runs in fp32 (fp64 for an fp64 weight), by `FILTER_TRANSFORM_4`'s rows; device ops only.
 
-    The points are computed twice (the scales need every point's largest magnitude first): on CUDA by two Triton
-    kernels that allocate nothing but 36 maxima a program (`weight_points`), elsewhere by torch over blocks of
-    output channels whose fp32 points take at most `chunk_bytes` (`transformed_weight_4_by_torch`); the same bits
-    either way, whatever the blocks. `out` (a tensor pair as this returns) receives the result in place: a kept
-    transform is refreshed without a second copy."""
-    if weight.dim() != 5 or tuple(weight.shape[3:]) != (3, 3):
-        raise ValueError(f"transformed_weight_4: expected a [O, C, kt, 3, 3] conv weight, got {tuple(weight.shape)}")
+    The points are computed twice (the scales need every point's largest magnitude first), over blocks of output
+    channels whose fp32 points take at most `chunk_bytes`: the same bits whatever the blocks (elementwise ops and a
+    max). `out` (a tensor pair as this returns) receives the result in place: a kept transform is refreshed without
+    a second copy. `weight_points.transformed_weight_4_on_device` computes the same bits by two Triton kernels."""
+    u_out, scales_out = checked_outputs_4(weight, out)
     out_channels, in_channels, taps = weight.shape[:3]
-    shape = (POINTS_4, taps * in_channels, out_channels)
-    if out is None:
-        out = (torch.empty(shape, dtype=torch.float16, device=weight.device),
-               torch.empty(POINTS_4, dtype=torch.float32, device=weight.device))
-    u_out, scales_out = out
-    if tuple(u_out.shape) != shape or u_out.dtype != torch.float16 or tuple(scales_out.shape) != (POINTS_4,) \
-            or scales_out.dtype != torch.float32 or not u_out.is_contiguous():
-        raise ValueError(f"transformed_weight_4: out must be contiguous fp16 {shape} and fp32 [{POINTS_4}] scales, "
-                         f"got {tuple(u_out.shape)} {u_out.dtype} and {tuple(scales_out.shape)} {scales_out.dtype}")
-    if _kernels_serve(weight, u_out, scales_out):
-        from rewrite.kernels.winograd.weight_points import transformed_weight_4_into
-
-        transformed_weight_4_into(weight, u_out, scales_out)
-        return u_out, scales_out
-    return transformed_weight_4_by_torch(weight, u_out, scales_out, chunk_bytes)
-
-
-def _kernels_serve(weight: Tensor, u_out: Tensor, scales_out: Tensor) -> bool:
-    """Whether `weight_points`'s kernels run the transform: Triton importable, a bf16/fp16/fp32 weight on CUDA (or
-    on the CPU under the Triton interpreter), the outputs on its device."""
-    from rewrite.ops.dispatch import INTERPRETING, triton
-
-    on_device = weight.is_cuda or (INTERPRETING and weight.device.type == "cpu")
-    return (triton is not None and on_device and weight.numel() > 0
-            and weight.dtype in (torch.bfloat16, torch.float16, torch.float32)
-            and u_out.device == weight.device == scales_out.device)
-
-
-def transformed_weight_4_by_torch(weight: Tensor, u_out: Tensor, scales_out: Tensor,
-                                  chunk_bytes: int = TRANSFORM_CHUNK_BYTES) -> tuple[Tensor, Tensor]:
-    """`transformed_weight_4`'s torch path (fp64 weights, CPUs without the Triton interpreter), into `u_out` and
-    `scales_out`, over blocks of output channels whose fp32 points take at most `chunk_bytes`."""
     compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
-    out_channels, in_channels, taps = weight.shape[:3]
     block = max(1, chunk_bytes // (POINTS_4 * taps * in_channels * torch.finfo(compute).bits // 8))
 
     def rows(w: Tensor, dim: int) -> Tensor:

@@ -1,26 +1,29 @@
-"""F(4x4, 3x3)'s weight transform in two Triton kernels: the bits of `transforms.transformed_weight_4`'s torch path.
+"""F(4x4, 3x3)'s weight transform in two Triton kernels: the bits of `transforms.transformed_weight_4`.
 
 `transformed_weight_4` scales each of the 36 points by a power of two set by that point's largest magnitude, so
 the points are computed twice: `_points_kernel` once to find each program's largest magnitude per point (the
 maxima of all programs are reduced by torch, 36 x programs values), then again to scale, round to fp16 and store
 them. Nothing else is allocated: on a decode's first chunk (where the kept transforms are refreshed, inside a
-CUDA graph) the torch path's temporaries were 1.5 GB for a 1024 -> 1024 conv, and its blocks of channels many
-small kernels.
+CUDA graph) torch's temporaries were 1.5 GB for a 1024 -> 1024 conv whole, and its blocks of channels many small
+kernels.
 
-Exactness: exact kernels (no FMA contraction, `rewrite.kernels.launch`), and each point is the torch path's
+Exactness: exact kernels (no FMA contraction, `rewrite.kernels.launch`), and each point is the torch
 expression in its order (``a * first + b * middle + c * last`` along the kernel's height, then its width, in fp32,
 `FILTER_TRANSFORM_4`'s entries rounded to fp32 as torch rounds a Python scalar): the same bits on every device
-(tested against the torch path under the Triton interpreter).
+(tested against torch's under the Triton interpreter).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from rewrite.kernels.launch import launch
-from rewrite.kernels.winograd.transforms import FILTER_TRANSFORM_4, FP16_TARGET, POINTS_4, power_of_two_at_most
-from rewrite.ops.dispatch import triton
+from rewrite.kernels.winograd.transforms import (FILTER_TRANSFORM_4, FP16_TARGET, POINTS_4, checked_outputs_4,
+                                                 power_of_two_at_most, transformed_weight_4)
+from rewrite.ops.dispatch import INTERPRETING, triton
 
 BLOCK_ROWS = 16  # (tap, input channel) rows of the transformed weight per program
 BLOCK_COLUMNS = 32  # output channels per program
@@ -126,3 +129,22 @@ def transformed_weight_4_into(weight: Tensor, u_out: Tensor, scales_out: Tensor)
                *weight.stride(), SCALED=scaled, BLOCK_R=BLOCK_ROWS, BLOCK_O=BLOCK_COLUMNS, num_warps=4, **_G)
         if not scaled:
             scales_out.copy_(power_of_two_at_most(FP16_TARGET / largest.amax(dim=0)))
+
+
+def kernels_serve(weight: Tensor) -> bool:
+    """Whether the kernels run `weight`'s transform: Triton importable, a bf16/fp16/fp32 weight with elements, on
+    CUDA or, under the Triton interpreter, on the CPU."""
+    on_device = weight.is_cuda or (INTERPRETING and weight.device.type == "cpu")
+    return triton is not None and on_device and weight.numel() > 0 and weight.dtype in (torch.bfloat16,
+                                                                                         torch.float16, torch.float32)
+
+
+def transformed_weight_4_on_device(weight: Tensor,
+                                   out: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Tensor]:
+    """`transforms.transformed_weight_4(weight, out)` (its checks, its result and `out` semantics), by the kernels
+    where they serve (`kernels_serve`), else by torch."""
+    if not kernels_serve(weight):
+        return transformed_weight_4(weight, out)
+    u_out, scales_out = checked_outputs_4(weight, out)
+    transformed_weight_4_into(weight, u_out, scales_out)
+    return u_out, scales_out

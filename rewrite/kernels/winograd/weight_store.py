@@ -3,7 +3,7 @@
 An op hands the Winograd kernel a conv weight transformed into [16, kt * C, O] (F(4x4, 3x3): [36, kt * C, O] in fp16 and
 its points' scales): computed per call it costs about what the kernel gains (docs/tuning.md 1.21), so `transformed_for`
 (`transformed_4_for`) keeps one per weight tensor and returns it on later calls (F(4x4, 3x3)'s, 4x the weight's
-elements in fp16, refreshed in place in blocks: `transforms.transformed_weight_4`). The entry dies with its weight (a
+elements in fp16, refreshed in place by `weight_points`' kernels). The entry dies with its weight (a
 module's weights, or the channels-last copies its runner keeps, die with the module: the memory goes with them).
 
 Staleness: a CUDA graph replays the kernels it captured and reads the kept tensor, not the weight. So the op asks
@@ -21,7 +21,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from rewrite.kernels.winograd.transforms import transformed_weight, transformed_weight_4
+from rewrite.kernels.winograd.transforms import transformed_weight
+from rewrite.kernels.winograd.weight_points import transformed_weight_4_on_device
 
 __all__ = ["transformed_4_for", "transformed_for"]
 
@@ -77,7 +78,7 @@ def transformed_for(weight: Tensor, refresh: bool) -> Tensor:
 
 
 def transformed_4_for(weight: Tensor, refresh: bool) -> tuple[Tensor, Tensor]:
-    """`transformed_weight_4(weight)` (F(4x4, 3x3): fp16 points and their scales), kept as `transformed_for` keeps
-    F(2x2, 3x3)'s."""
-    u, scales = _kept(weight, refresh, 4, lambda w, out: transformed_weight_4(w, out))
+    """`transformed_weight_4(weight)` (F(4x4, 3x3): fp16 points and their scales; by `weight_points`' kernels on
+    CUDA), kept as `transformed_for` keeps F(2x2, 3x3)'s."""
+    u, scales = _kept(weight, refresh, 4, transformed_weight_4_on_device)
     return u, scales

@@ -23,7 +23,8 @@ from rewrite.kernels.winograd import large_tile
 from rewrite.kernels.winograd.common import WinogradTile
 from rewrite.kernels.winograd.transforms import (FILTER_TRANSFORM_4, FP16_TARGET, INPUT_TRANSFORM_4,
                                                  OUTPUT_TRANSFORM_4, POINTS_4, input_scale_4, power_of_two_at_most,
-                                                 transformed_weight_4, transformed_weight_4_by_torch)
+                                                 transformed_weight_4)
+from rewrite.kernels.winograd.weight_points import kernels_serve, transformed_weight_4_on_device
 from rewrite.ops.dispatch import INTERPRETING
 from tests import quick
 from tests.kernels.winograd import test_winograd
@@ -133,12 +134,12 @@ def _outputs_like(u: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def test_the_torch_weight_transform_by_blocks_of_channels_is_the_whole_one_and_writes_in_place():
-    """The torch path over one-channel blocks (a 1-byte budget) gives the bits of one block, into `out`."""
+    """`transformed_weight_4` over one-channel blocks (a 1-byte budget) gives the bits of one block, into `out`."""
     weight = torch.randn(5, 3, 2, 3, 3, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     weight[3] *= 1000.0  # one output channel sets some points' scales: every block must see it
-    whole = transformed_weight_4_by_torch(weight, *_outputs_like(*transformed_weight_4(weight)), chunk_bytes=1 << 30)
+    whole = transformed_weight_4(weight, chunk_bytes=1 << 30)
     out = _outputs_like(*whole)
-    u, scales = transformed_weight_4_by_torch(weight, *out, chunk_bytes=1)
+    u, scales = transformed_weight_4(weight, out, chunk_bytes=1)
     assert u is out[0] and scales is out[1]
     assert torch.equal(u, whole[0]) and torch.equal(scales, whole[1])
 
@@ -146,25 +147,34 @@ def test_the_torch_weight_transform_by_blocks_of_channels_is_the_whole_one_and_w
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_the_weight_transform_kernels_give_the_torch_paths_bits(dtype):
-    """`weight_points`' two kernels against the torch path, bit for bit: odd channel counts (partial programs
-    both ways), a channels-last weight (its strides read as given), one channel far larger (the scales)."""
+    """`weight_points`' two kernels against `transformed_weight_4` (torch), bit for bit: odd channel counts
+    (partial programs both ways), a channels-last weight (its strides read as given), one channel far larger (the
+    scales)."""
     generator = torch.Generator().manual_seed(5)
     weight = torch.randn(37, 5, 3, 3, 3, generator=generator)
     weight[20] *= 300.0
     weight = weight.to(dtype).contiguous(memory_format=CL)
-    expected = transformed_weight_4_by_torch(weight, *_outputs_like(*transformed_weight_4(weight.double())))
-    out = _outputs_like(*expected)
-    u, scales = transformed_weight_4(weight.to(DEVICE), out=tuple(t.to(DEVICE) for t in out))
+    expected = transformed_weight_4(weight)
+    assert kernels_serve(weight.to(DEVICE))
+    out = tuple(t.to(DEVICE) for t in _outputs_like(*expected))
+    u, scales = transformed_weight_4_on_device(weight.to(DEVICE), out)
+    assert u is out[0] and scales is out[1]
     assert torch.equal(u.cpu(), expected[0]) and torch.equal(scales.cpu(), expected[1])
 
 
-def test_bad_transform_outputs_raise_errors_naming_what_was_expected():
+@pytest.mark.parametrize("transform", [transformed_weight_4, transformed_weight_4_on_device],
+                         ids=["torch", "on_device"])
+def test_bad_transform_outputs_raise_errors_naming_what_was_expected(transform):
     weight = torch.zeros(4, 2, 1, 3, 3)
-    u, scales = transformed_weight_4_by_torch(weight, torch.empty(36, 2, 4, dtype=torch.float16), torch.empty(36))
+    u, scales = transformed_weight_4(weight)
     with pytest.raises(ValueError, match="out must be contiguous fp16"):
-        transformed_weight_4(weight, out=(u.float(), scales))
+        transform(weight, (u.float(), scales))
     with pytest.raises(ValueError, match="fp32"):
-        transformed_weight_4(weight, out=(u, scales.double()))
+        transform(weight, (u, scales.double()))
+    with pytest.raises(ValueError, match="contiguous"):
+        transform(weight, (u.transpose(1, 2).contiguous().transpose(1, 2), scales))
+    with pytest.raises(ValueError, match="conv weight"):
+        transform(torch.zeros(4, 2, 1, 5, 5))
 
 
 def test_the_scales_are_powers_of_two_that_keep_fp16_finite():
