@@ -27,20 +27,31 @@ from rewrite.ops.dispatch import INTERPRETING, triton
 
 BLOCK_ROWS = 16  # (tap, input channel) rows of the transformed weight per program
 BLOCK_COLUMNS = 32  # output channels per program
-#: FILTER_TRANSFORM_4's 18 entries, row-major, as the kernels' constexpr arguments
-_G = {f"G{i}{j}": value for i, row in enumerate(FILTER_TRANSFORM_4) for j, value in enumerate(row)}
 
 if triton is not None:
     import triton.language as tl
 
+    #: FILTER_TRANSFORM_4's entries as the kernels' compile-time constants (row i, column j: _Gij)
+    ((_G00, _G01, _G02), (_G10, _G11, _G12), (_G20, _G21, _G22), (_G30, _G31, _G32), (_G40, _G41, _G42),
+     (_G50, _G51, _G52)) = [[tl.constexpr(value) for value in row] for row in FILTER_TRANSFORM_4]
+
     @triton.jit
-    def _rows(x0, x1, x2, G00: tl.constexpr, G01: tl.constexpr, G02: tl.constexpr, G10: tl.constexpr,
-              G11: tl.constexpr, G12: tl.constexpr, G20: tl.constexpr, G21: tl.constexpr, G22: tl.constexpr,
-              G30: tl.constexpr, G31: tl.constexpr, G32: tl.constexpr, G40: tl.constexpr, G41: tl.constexpr,
-              G42: tl.constexpr, G50: tl.constexpr, G51: tl.constexpr, G52: tl.constexpr):
-        """G's six rows applied to three values along one side of the filter."""
-        return (G00 * x0 + G01 * x1 + G02 * x2, G10 * x0 + G11 * x1 + G12 * x2, G20 * x0 + G21 * x1 + G22 * x2,
-                G30 * x0 + G31 * x1 + G32 * x2, G40 * x0 + G41 * x1 + G42 * x2, G50 * x0 + G51 * x1 + G52 * x2)
+    def _filter_row(x0, x1, x2, I: tl.constexpr):
+        """Row I of G applied to three values along one side of the filter, in the torch expression's order (each
+        product's operands swapped: a product is the same either way; the constant on the right keeps it a tensor
+        product under the interpreter)."""
+        if I == 0:
+            return x0 * _G00 + x1 * _G01 + x2 * _G02
+        elif I == 1:
+            return x0 * _G10 + x1 * _G11 + x2 * _G12
+        elif I == 2:
+            return x0 * _G20 + x1 * _G21 + x2 * _G22
+        elif I == 3:
+            return x0 * _G30 + x1 * _G31 + x2 * _G32
+        elif I == 4:
+            return x0 * _G40 + x1 * _G41 + x2 * _G42
+        else:
+            return x0 * _G50 + x1 * _G51 + x2 * _G52
 
     @triton.jit
     def _point_out(value, p: tl.constexpr, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, POINT_STRIDE,
@@ -54,22 +65,6 @@ if triton is not None:
             tl.store(largest_ptr + program * 36 + p, tl.max(tl.max(tl.where(mask, tl.abs(value), 0.0), 1), 0))
 
     @triton.jit
-    def _point_row(t0, t1, t2, i: tl.constexpr, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, POINT_STRIDE,
-                   SCALED: tl.constexpr, G00: tl.constexpr, G01: tl.constexpr, G02: tl.constexpr,
-                   G10: tl.constexpr, G11: tl.constexpr, G12: tl.constexpr, G20: tl.constexpr, G21: tl.constexpr,
-                   G22: tl.constexpr, G30: tl.constexpr, G31: tl.constexpr, G32: tl.constexpr, G40: tl.constexpr,
-                   G41: tl.constexpr, G42: tl.constexpr, G50: tl.constexpr, G51: tl.constexpr, G52: tl.constexpr):
-        """Points (i, 0..5): G along the filter's width of row i of the height-transformed filter."""
-        p0, p1, p2, p3, p4, p5 = _rows(t0, t1, t2, G00, G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40,
-                                       G41, G42, G50, G51, G52)
-        _point_out(p0, 6 * i, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, POINT_STRIDE, SCALED)
-        _point_out(p1, 6 * i + 1, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, POINT_STRIDE, SCALED)
-        _point_out(p2, 6 * i + 2, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, POINT_STRIDE, SCALED)
-        _point_out(p3, 6 * i + 3, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, POINT_STRIDE, SCALED)
-        _point_out(p4, 6 * i + 4, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, POINT_STRIDE, SCALED)
-        _point_out(p5, 6 * i + 5, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, POINT_STRIDE, SCALED)
-
-    @triton.jit
     def _load_column(w_ptr, base, kw, s_h, s_w, mask):
         """Column kw of each filter (its three heights) in fp32."""
         g0 = tl.load(w_ptr + base + kw * s_w, mask=mask, other=0.0).to(tl.float32)
@@ -79,11 +74,7 @@ if triton is not None:
 
     @triton.jit
     def _points_kernel(w_ptr, u_ptr, largest_ptr, scale_ptr, C, O, ROWS, s_o, s_c, s_t, s_h, s_w,
-                       SCALED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_O: tl.constexpr,
-                       G00: tl.constexpr, G01: tl.constexpr, G02: tl.constexpr, G10: tl.constexpr,
-                       G11: tl.constexpr, G12: tl.constexpr, G20: tl.constexpr, G21: tl.constexpr, G22: tl.constexpr,
-                       G30: tl.constexpr, G31: tl.constexpr, G32: tl.constexpr, G40: tl.constexpr, G41: tl.constexpr,
-                       G42: tl.constexpr, G50: tl.constexpr, G51: tl.constexpr, G52: tl.constexpr):
+                       SCALED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_O: tl.constexpr):
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
         program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
@@ -93,28 +84,16 @@ if triton is not None:
         base = o.to(tl.int64)[None, :] * s_o + (c * s_c + tap * s_t)[:, None]
         offsets = r.to(tl.int64)[:, None] * O + o[None, :]
         point_stride = ROWS.to(tl.int64) * O
-        # along the filter's height: t[i][kw] for the six rows i, one column kw at a time
-        g0, g1, g2 = _load_column(w_ptr, base, 0, s_h, s_w, mask)
-        a0, a1, a2, a3, a4, a5 = _rows(g0, g1, g2, G00, G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40,
-                                       G41, G42, G50, G51, G52)
-        g0, g1, g2 = _load_column(w_ptr, base, 1, s_h, s_w, mask)
-        b0, b1, b2, b3, b4, b5 = _rows(g0, g1, g2, G00, G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40,
-                                       G41, G42, G50, G51, G52)
-        g0, g1, g2 = _load_column(w_ptr, base, 2, s_h, s_w, mask)
-        c0, c1, c2, c3, c4, c5 = _rows(g0, g1, g2, G00, G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40,
-                                       G41, G42, G50, G51, G52)
-        _point_row(a0, b0, c0, 0, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, point_stride, SCALED, G00,
-                   G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40, G41, G42, G50, G51, G52)
-        _point_row(a1, b1, c1, 1, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, point_stride, SCALED, G00,
-                   G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40, G41, G42, G50, G51, G52)
-        _point_row(a2, b2, c2, 2, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, point_stride, SCALED, G00,
-                   G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40, G41, G42, G50, G51, G52)
-        _point_row(a3, b3, c3, 3, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, point_stride, SCALED, G00,
-                   G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40, G41, G42, G50, G51, G52)
-        _point_row(a4, b4, c4, 4, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, point_stride, SCALED, G00,
-                   G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40, G41, G42, G50, G51, G52)
-        _point_row(a5, b5, c5, 5, u_ptr, largest_ptr, scale_ptr, offsets, mask, program, point_stride, SCALED, G00,
-                   G01, G02, G10, G11, G12, G20, G21, G22, G30, G31, G32, G40, G41, G42, G50, G51, G52)
+        h00, h10, h20 = _load_column(w_ptr, base, 0, s_h, s_w, mask)  # h<height><width>
+        h01, h11, h21 = _load_column(w_ptr, base, 1, s_h, s_w, mask)
+        h02, h12, h22 = _load_column(w_ptr, base, 2, s_h, s_w, mask)
+        for i in tl.static_range(6):  # row i along the filter's height, then point (i, j) along its width
+            t0 = _filter_row(h00, h10, h20, i)
+            t1 = _filter_row(h01, h11, h21, i)
+            t2 = _filter_row(h02, h12, h22, i)
+            for j in tl.static_range(6):
+                _point_out(_filter_row(t0, t1, t2, j), 6 * i + j, u_ptr, largest_ptr, scale_ptr, offsets, mask,
+                           program, point_stride, SCALED)
 
 
 def transformed_weight_4_into(weight: Tensor, u_out: Tensor, scales_out: Tensor) -> None:
@@ -126,7 +105,7 @@ def transformed_weight_4_into(weight: Tensor, u_out: Tensor, scales_out: Tensor)
     largest = torch.empty(grid[0] * grid[1], POINTS_4, dtype=torch.float32, device=weight.device)
     for scaled in (False, True):
         launch(_points_kernel, grid, weight, u_out, largest, scales_out, in_channels, out_channels, rows,
-               *weight.stride(), SCALED=scaled, BLOCK_R=BLOCK_ROWS, BLOCK_O=BLOCK_COLUMNS, num_warps=4, **_G)
+               *weight.stride(), SCALED=scaled, BLOCK_R=BLOCK_ROWS, BLOCK_O=BLOCK_COLUMNS, num_warps=4)
         if not scaled:
             scales_out.copy_(power_of_two_at_most(FP16_TARGET / largest.amax(dim=0)))
 
