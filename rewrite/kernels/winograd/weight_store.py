@@ -1,10 +1,11 @@
-"""The transformed weights (`transforms.transformed_weight`) of the convs an op serves by Winograd, one per weight.
+"""The transformed weights (`transforms.transformed_weight`) of the convs an op serves by Winograd F(2x2, 3x3), one
+per weight.
 
-An op hands the Winograd kernel a conv weight transformed into [16, kt * C, O] (F(4x4, 3x3): [36, kt * C, O] in fp16 and
-its points' scales): computed per call it costs about what the kernel gains (docs/tuning.md 1.21), so `transformed_for`
-(`transformed_4_for`) keeps one per weight tensor and returns it on later calls (F(4x4, 3x3)'s, 4x the weight's
-elements in fp16, refreshed in place by `weight_points`' kernels). The entry dies with its weight (a
-module's weights, or the channels-last copies its runner keeps, die with the module: the memory goes with them).
+An op hands the F(2x2, 3x3) kernel a conv weight transformed into [16, kt * C, O]: computed per call by torch it
+costs about what the kernel gains (docs/tuning.md 1.21), so `transformed_for` keeps one per weight tensor and returns
+it on later calls. The entry dies with its weight (a module's weights, or the channels-last copies its runner keeps,
+die with the module: the memory goes with them). F(4x4, 3x3)'s transform is not kept: `weight_points`' kernels
+compute it on every call (`rewrite.models.wan.ops_fast`), for the reason its docstring gives.
 
 Staleness: a CUDA graph replays the kernels it captured and reads the kept tensor, not the weight. So the op asks
 for a `refresh` on the first chunk of every decode (the causal conv's ``chunk0`` mode, which every decode runs
@@ -22,9 +23,8 @@ import torch
 from torch import Tensor
 
 from rewrite.kernels.winograd.transforms import transformed_weight
-from rewrite.kernels.winograd.weight_points import transformed_weight_4_on_device
 
-__all__ = ["transformed_4_for", "transformed_for"]
+__all__ = ["transformed_for"]
 
 
 class _Kept(NamedTuple):
@@ -33,7 +33,7 @@ class _Kept(NamedTuple):
     transformed: tuple[Tensor, ...]
 
 
-# (id(weight), output block: 2 or 4) -> its kept transform
+# (id(weight), output block: 2, the one form kept) -> its kept transform
 _TRANSFORMED: dict[tuple[int, int], _Kept] = {}
 
 
@@ -75,10 +75,3 @@ def transformed_for(weight: Tensor, refresh: bool) -> Tensor:
         return (fresh,) if out is None else (out[0].copy_(fresh),)
 
     return _kept(weight, refresh, 2, transform)[0]
-
-
-def transformed_4_for(weight: Tensor, refresh: bool) -> tuple[Tensor, Tensor]:
-    """`transformed_weight_4(weight)` (F(4x4, 3x3): fp16 points and their scales; by `weight_points`' kernels on
-    CUDA), kept as `transformed_for` keeps F(2x2, 3x3)'s."""
-    u, scales = _kept(weight, refresh, 4, transformed_weight_4_on_device)
-    return u, scales

@@ -56,18 +56,3 @@ def test_the_transform_is_given_back_when_its_weight_goes():
     del weight
     gc.collect()
     assert transformed() is None
-
-
-def test_the_large_tile_transform_is_kept_beside_the_small_one_and_refreshed_in_place():
-    from rewrite.kernels.winograd.transforms import transformed_weight_4
-
-    weight = _weight(5)
-    small = weight_store.transformed_for(weight, refresh=False)
-    u, scales = weight_store.transformed_4_for(weight, refresh=False)
-    assert u.shape == (36, 12, 8) and u.dtype == torch.float16 and scales.shape == (36,)
-    assert weight_store.transformed_4_for(weight, refresh=False)[0] is u
-    assert weight_store.transformed_for(weight, refresh=False) is small  # each form its own entry
-    weight.mul_(3)
-    fresh_u, fresh_scales = transformed_weight_4(weight)
-    assert weight_store.transformed_4_for(weight, refresh=True)[0] is u
-    assert torch.equal(u, fresh_u) and torch.equal(scales, fresh_scales)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from rewrite.kernels.conv3d import conv3d as triton_conv3d
 from rewrite.kernels.winograd import weight_store, winograd
-from rewrite.kernels.winograd.transforms import transformed_weight, transformed_weight_4
+from rewrite.kernels.winograd.transforms import transformed_weight
 from rewrite.models.wan import ops_fast as wan_fast
 from rewrite.ops.dispatch import INTERPRETING
 from tests.kernels.winograd import test_large_tile, test_winograd
@@ -141,27 +141,38 @@ def test_winograd_without_a_norm_kernel_runs_the_lossless_op_and_says_so(kernel_
 
 
 @needs_kernels
-@pytest.mark.parametrize("tile", (TILE, TILE_4), ids=("F(2x2, 3x3)", "F(4x4, 3x3)"))
-def test_the_first_chunk_refreshes_the_kept_transform(kernel_allowed_on_cpu, monkeypatch, tile):
-    """A weight updated in place between decodes: the next decode's first chunk (``chunk0``) transforms it again,
-    so its later chunks (replayed graphs read the kept tensor) see the new weight."""
-    _route_to_winograd(monkeypatch, tile)
+def test_the_first_chunk_refreshes_the_kept_transform(kernel_allowed_on_cpu, monkeypatch):
+    """F(2x2, 3x3): a weight updated in place between decodes: the next decode's first chunk (``chunk0``) transforms
+    it again, so its later chunks (replayed graphs read the kept tensor) see the new weight."""
+    _route_to_winograd(monkeypatch, TILE)
     x, _, gamma, weight, bias, _, _ = _case(4, False, False)
     x = x[:, :, :1]  # a decode's first chunk: one frame
     pad = [1, 1, 1, 1, 2, 0]
     args = (gamma, 4.0, 0.0, 1e-12, True, "silu", None, pad, "chunk0", weight, bias, None)
     calls = _record_calls(monkeypatch)
     torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args)
-    assert calls == [tile], "the Winograd conv did not run"
-    large = tile.output_block == 4
-    kept = (weight_store.transformed_4_for if large else weight_store.transformed_for)(weight, refresh=False)
+    assert calls == [TILE], "the Winograd conv did not run"
+    kept = weight_store.transformed_for(weight, refresh=False)
     with torch.no_grad():
         weight.mul_(-1)
     torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args)
-    again = (weight_store.transformed_4_for if large else weight_store.transformed_for)(weight, refresh=False)
-    fresh = transformed_weight_4(weight) if large else (transformed_weight(weight),)
-    if large:
-        assert again[0] is kept[0] and again[1] is kept[1]
-        assert all(torch.equal(k, f) for k, f in zip(kept, fresh))
-    else:
-        assert again is kept and torch.equal(kept, fresh[0])
+    assert weight_store.transformed_for(weight, refresh=False) is kept
+    assert torch.equal(kept, transformed_weight(weight))
+
+
+@needs_kernels
+def test_the_large_tile_transforms_the_weight_on_every_call_and_keeps_nothing(kernel_allowed_on_cpu, monkeypatch):
+    """F(4x4, 3x3): a weight updated in place reaches the next call in any mode (a steady chunk here), as a new
+    weight tensor of the same values would, and no transform is kept for it."""
+    _route_to_winograd(monkeypatch, TILE_4)
+    x, cache, gamma, weight, bias, _, _ = _case(4, False, False)
+    args = (gamma, 4.0, 0.0, 1e-12, True, "silu", cache, [1, 1, 1, 1, 0, 0], "steady")
+    calls = _record_calls(monkeypatch)
+    before, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args, weight, bias, None)
+    with torch.no_grad():
+        weight.mul_(-1)
+    after, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args, weight, bias, None)
+    fresh, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args, weight.clone(), bias, None)
+    assert calls == [TILE_4] * 3, "the Winograd conv did not run"
+    assert torch.equal(after, fresh) and not torch.equal(after, before)
+    assert not [key for key in weight_store._TRANSFORMED if key[0] == id(weight)]
