@@ -1,13 +1,17 @@
 """Probe (session 37, issue 40): what F(4x4, 3x3)'s weight transform costs now that the fast op runs it on every
-call (`weight_points.transformed_weight_4_on_device`), at Wan 2.2's decoder conv weights: median ms by
+call (`weight_points.transformed_weight_4_on_device`), at Wan's decoder conv weights: median ms by
 ``triton.testing.do_bench_cudagraph`` and the bytes it moves (the weight read by each of its two passes, the fp16
-points written) over that time. Needs CUDA.
+points written) over that time; and its second pass alone (what a transform with kept point scales would cost).
+Needs CUDA.
 
     python time_weight_transform.py
 """
 import torch
+import triton
 import triton.testing
 
+from rewrite.kernels.launch import launch
+from rewrite.kernels.winograd import weight_points
 from rewrite.kernels.winograd.weight_points import transformed_weight_4_on_device
 
 print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -16,4 +20,12 @@ for cin, cout in ((1024, 1024), (1024, 512), (512, 512), (512, 256), (256, 256),
         memory_format=torch.channels_last_3d)
     ms = triton.testing.do_bench_cudagraph(lambda w=weight: transformed_weight_4_on_device(w))
     moved = 2 * weight.numel() * weight.element_size() + 36 * 3 * cin * cout * 2
-    print(f"{cin:5d} -> {cout:5d}: {ms:7.3f} ms, {moved / ms / 1e9:6.0f} GB/s", flush=True)
+    u, scales = transformed_weight_4_on_device(weight)
+    grid = (triton.cdiv(3 * cin, weight_points.BLOCK_ROWS), triton.cdiv(cout, weight_points.BLOCK_COLUMNS))
+
+    def scaled_pass(w=weight, u=u, s=scales, grid=grid, cin=cin, cout=cout):
+        launch(weight_points._points_kernel, grid, w, u, s, s, cin, cout, 3 * cin, *w.stride(), SCALED=True,
+               BLOCK_R=weight_points.BLOCK_ROWS, BLOCK_O=weight_points.BLOCK_COLUMNS, num_warps=4)
+    second = triton.testing.do_bench_cudagraph(scaled_pass)
+    print(f"{cin:5d} -> {cout:5d}: {ms:7.3f} ms, {moved / ms / 1e9:6.0f} GB/s; the scaled pass alone {second:7.3f} ms",
+          flush=True)
