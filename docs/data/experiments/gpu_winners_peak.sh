@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Superseded in session 37 before it ran: the transforms are no longer kept (gpu_weight_transform_per_call.sh).
 # Session 36 (issue 40), not run yet (the device time ran out): where Wan 2.2 720x1280x81's `channels_last` peak is
 # reached, as shipped and with the H100 sweep's Winograd winners routed (peak_by_stage.py: each stage's allocated
 # and peak memory, the kept weight transforms' bytes), after the weight transform went by blocks (the winners' peak

@@ -27,5 +27,5 @@ for cin, cout in ((1024, 1024), (1024, 512), (512, 512), (512, 256), (256, 256),
         launch(weight_points._points_kernel, grid, w, u, s, s, cin, cout, 3 * cin, *w.stride(), SCALED=True,
                BLOCK_R=weight_points.BLOCK_ROWS, BLOCK_O=weight_points.BLOCK_COLUMNS, num_warps=4)
     second = triton.testing.do_bench_cudagraph(scaled_pass)
-    print(f"{cin:5d} -> {cout:5d}: {ms:7.3f} ms, {moved / ms / 1e9:6.0f} GB/s; the scaled pass alone {second:7.3f} ms",
+    print(f"{cin:5d} -> {cout:5d}: {ms:7.3f} ms, {moved / ms / 1e9:5.2f} TB/s; the scaled pass alone {second:7.3f} ms",
           flush=True)

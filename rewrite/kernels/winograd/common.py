@@ -33,33 +33,30 @@ class WinogradTile(NamedTuple):
 
 #: card -> {(in channels, out channels, output width, dtype): tile}, for the convs this kernel measured faster than
 #: both the Triton direct conv and cuDNN on that card, in a full decode within the level's contract. Widths are
-#: exact: another size's plane was not measured and keeps its conv. The H100's Wan 2.2 720p levels by F(4x4, 3x3)
-#: (docs/tuning.md 1.25; the sweep `sweeps/winograd_large_tile_wan22_h100_bf16.json`): 1024 -> 1024 at 90x160
-#: 2.07x cuDNN, 512 -> 512 at 180x320 1.89x, 256 -> 256 at 360x640 1.24x, and the 720p decode 2.47x `off` with them
-#: (2.13x with F(2x2, 3x3) at 1024 alone), 53.4 dB. The H200 has no sweep of this kernel yet.
-_MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
-    "NVIDIA H100 80GB HBM3": {
-        (1024, 1024, 160, torch.bfloat16): WinogradTile(128, 256, 64, 8, 3, True, 0, False, True, 4),
-        (512, 512, 320, torch.bfloat16): WinogradTile(128, 256, 64, 8, 3, True, 0, False, True, 4),
-        (256, 256, 640, torch.bfloat16): WinogradTile(128, 128, 64, 8, 3, True, 0, False, True, 4),
-    },
-}
-
-#: The same keys for convs whose kernel sweep (`python -m rewrite.tools.sweep_winograd`) found this kernel faster
-#: but whose decode has not shown all the table asks, so not routed. The H100's: the rest of Wan 2.2's 720p convs
-#: and its 480p planes (`sweeps/winograd_large_tile_widths_h100_bf16.json`, 1.17-2.03x the faster of cuDNN and the
-#: direct conv); with them the 720p decode was 2.48x `off` against 2.41x, within the contract, but its peak rose
-#: from 13.42 to 17.90 GiB (docs/tuning.md 1.26). Measured again once the weight transform's temporaries are bounded
-#: (docs/data/experiments/gpu_winners_peak.sh).
+#: exact: another size's plane was not measured and keeps its conv. The H100's Wan 2.2 levels by F(4x4, 3x3), with
+#: the weight transformed in each call: the three 720p levels of docs/tuning.md 1.25 (1024 -> 1024 at 90x160 2.07x
+#: cuDNN, 512 -> 512 at 180x320 1.89x, 256 -> 256 at 360x640 1.24x; `sweeps/winograd_large_tile_wan22_h100_bf16.json`)
+#: and, from `sweeps/winograd_large_tile_widths_h100_bf16.json` (1.17-2.03x the faster of cuDNN and the direct conv,
+#: the transform's time added), 720p's channel-halving convs and the 480p planes: with all ten the decodes were 2.66x
+#: `off` at 720x1280x81 and 2.30x at 480x832x81, within the contract, peaks under `off`'s (tuning.md 1.27).
 _LARGE_128 = WinogradTile(128, 128, 64, 8, 3, True, 0, False, True, 4)
 _LARGE_256 = WinogradTile(128, 256, 64, 8, 3, True, 0, False, True, 4)
-UNMEASURED_CANDIDATES: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
+_MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
     "NVIDIA H100 80GB HBM3": {
-        (1024, 1024, 80, torch.bfloat16): _LARGE_256, (1024, 512, 320, torch.bfloat16): _LARGE_256,
+        (1024, 1024, 160, torch.bfloat16): _LARGE_256, (512, 512, 320, torch.bfloat16): _LARGE_256,
+        (256, 256, 640, torch.bfloat16): _LARGE_128, (1024, 512, 320, torch.bfloat16): _LARGE_256,
         (512, 256, 640, torch.bfloat16): _LARGE_256, (1024, 1024, 104, torch.bfloat16): _LARGE_256,
         (512, 512, 208, torch.bfloat16): _LARGE_256, (1024, 512, 208, torch.bfloat16): _LARGE_256,
         (256, 256, 416, torch.bfloat16): _LARGE_128, (512, 256, 416, torch.bfloat16): _LARGE_256,
     },
+}
+
+#: The same keys for convs whose kernel sweep (`python -m rewrite.tools.sweep_winograd`) found this kernel faster
+#: but whose decode has not shown all the table asks, so not routed. The H100's 1024 -> 1024 at 45x80 (720p's middle
+#: block and first up level): 0.211 ms against cuDNN's 0.291 with the weight kept, but its per-call transform takes
+#: 0.30 ms (docs/tuning.md 1.27).
+UNMEASURED_CANDIDATES: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
+    "NVIDIA H100 80GB HBM3": {(1024, 1024, 80, torch.bfloat16): _LARGE_256},
 }
 
 
