@@ -4,8 +4,8 @@ For each 3x3x3 conv shape of a Wan steady step (`sweep_conv3d.SHAPES`, the `K3` 
 `WinogradTile`: cuDNN's channels-last conv3d of the padded input (no bias: the `lossless` path), the Triton
 direct conv with `launch_config`'s tile where it serves the shape, and the Winograd kernel: F(2x2, 3x3) with the
 weight transformed once ahead (`transformed_weight`, not timed: an op keeps it; the materialized form's input
-transform and its temporary inside the timed call), F(4x4, 3x3) with the weight transformed in each timed call as
-the op does (`weight_points`; that transform's time alone is in the row too). Times are medians of
+transform and its temporary inside the timed call), F(4x4, 3x3) with the weight's points computed in each timed call
+and its point scales kept, as the op does (`weight_store.transformed_4_for`; that time alone is in the row too). Times are medians of
 ``triton.testing.do_bench_cudagraph``; the rate is the direct conv's FLOPs over the time (issue 40's
 "direct-equivalent TFLOP/s"); max-abs is against cuDNN's fp32 conv of the same bf16/fp16 operands, beside the
 direct conv's. This is the sweep `winograd._MEASURED_FASTER` is read from; needs CUDA (``--help`` works anywhere).
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     from rewrite.kernels.conv3d import conv3d as triton_conv3d
     from rewrite.kernels.winograd import large_tile, winograd
     from rewrite.kernels.winograd.transforms import transformed_weight
-    from rewrite.kernels.winograd.weight_points import transformed_weight_4_on_device
+    from rewrite.kernels.winograd.weight_store import transformed_4_for
     from rewrite.ops import compile_ahead
 
     if not torch.cuda.is_available():
@@ -193,13 +193,13 @@ def main(argv=None) -> int:
                 _time_breakdown(row, padded, weight, bound, tiles)
 
             row["weight_transform_4_ms"] = triton.testing.do_bench_cudagraph(
-                lambda: transformed_weight_4_on_device(weight))
-            print(f"  F(4x4, 3x3) weight transform (in each F(4x4) time below) {row['weight_transform_4_ms']:8.3f} ms",
+                lambda: transformed_4_for(weight, refresh=False))
+            print(f"  F(4x4, 3x3) weight points (in each F(4x4) time below) {row['weight_transform_4_ms']:8.3f} ms",
                   flush=True)
 
             def conv(p, o, tile):
-                if tile.output_block == 4:  # as the op runs it: the weight transformed in the call
-                    u, scales = transformed_weight_4_on_device(weight)
+                if tile.output_block == 4:  # as the op runs it: the points computed in the call, the scales kept
+                    u, scales = transformed_4_for(weight, refresh=False)
                     large_tile.large_tile_conv3d(p, u, scales, bound, None, None, o, tile)
                 else:
                     winograd.winograd_conv3d_channels_last(p, transformed, None, None, o, tile)

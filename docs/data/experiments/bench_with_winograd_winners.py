@@ -5,9 +5,10 @@ already there are kept). Prints what it added, then runs the bench.
 
     python bench_with_winograd_winners.py SWEEP.json MARGIN -- REWRITE-BENCH ARGUMENTS...
 
-Since session 37 the op transforms F(4x4, 3x3)'s weight on every call: for a sweep timed before that (its rows
-without ``weight_transform_4_ms``), the transform is timed here per shape and added to each F(4x4, 3x3) tile's
-time before the winners are chosen.
+Since session 37 the op computes F(4x4, 3x3)'s weight points on every call (`weight_store.transformed_4_for`; the
+whole transform in session 37's run, its point scales kept since): for a sweep timed before that (its rows without
+``weight_transform_4_ms``), that call is timed here per shape and added to each F(4x4, 3x3) tile's time before the
+winners are chosen.
 """
 import json
 import sys
@@ -16,7 +17,7 @@ import torch
 import triton.testing
 
 from rewrite.kernels.winograd import common
-from rewrite.kernels.winograd.weight_points import transformed_weight_4_on_device
+from rewrite.kernels.winograd.weight_store import transformed_4_for
 from rewrite.kernels.winograd.winograd import WinogradTile
 from rewrite.tools import bench
 from rewrite.tools.sweep_winograd import winners
@@ -31,7 +32,7 @@ for row in sweep["results"]:
         (cin, cout), dtype = row["channels"], getattr(torch, sweep["dtype"])
         weight = torch.randn(cout, cin, 3, 3, 3, device="cuda", dtype=dtype).contiguous(
             memory_format=torch.channels_last_3d)
-        added = triton.testing.do_bench_cudagraph(lambda w=weight: transformed_weight_4_on_device(w))
+        added = triton.testing.do_bench_cudagraph(lambda w=weight: transformed_4_for(w, refresh=False))
         for entry in row["tiles"]:
             if "ms" in entry and WinogradTile(*entry["tile"]).output_block == 4:
                 entry["ms"] += added

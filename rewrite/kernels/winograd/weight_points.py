@@ -96,18 +96,40 @@ if triton is not None:
                            program, point_stride, SCALED)
 
 
+def _launch_pass(weight: Tensor, u_out: Tensor, largest: Tensor, scales: Tensor, scaled: bool) -> None:
+    """One pass of `_points_kernel` over `weight`: the programs' largest magnitudes per point into `largest`, or
+    (`scaled`) the points times `scales` into `u_out` (the other pass's pointer is passed and not read)."""
+    out_channels, in_channels, taps = weight.shape[:3]
+    launch(_points_kernel, _grid(weight), weight, u_out, largest, scales, in_channels, out_channels,
+           taps * in_channels, *weight.stride(), SCALED=scaled, BLOCK_R=BLOCK_ROWS, BLOCK_O=BLOCK_COLUMNS,
+           num_warps=4)
+
+
+def _grid(weight: Tensor) -> tuple[int, int]:
+    out_channels, in_channels, taps = weight.shape[:3]
+    return triton.cdiv(taps * in_channels, BLOCK_ROWS), triton.cdiv(out_channels, BLOCK_COLUMNS)
+
+
+def point_scales_4_into(weight: Tensor, scales_out: Tensor) -> None:
+    """The first pass: `transforms.transformed_weight_4(weight)`'s 36 point scales into `scales_out` ([36] fp32).
+    Its one temporary holds the programs' maxima (36 fp32 values a program: under 1 MB at 1024 -> 1024)."""
+    grid = _grid(weight)
+    largest = torch.empty(grid[0] * grid[1], POINTS_4, dtype=torch.float32, device=weight.device)
+    _launch_pass(weight, scales_out, largest, scales_out, scaled=False)
+    scales_out.copy_(power_of_two_at_most(FP16_TARGET / largest.amax(dim=0)))
+
+
+def scaled_points_4_into(weight: Tensor, scales: Tensor, u_out: Tensor) -> None:
+    """The second pass: `weight`'s points times `scales` (as `point_scales_4_into` wrote them), rounded to fp16
+    into `u_out` (fp16 [36, kt * C, O], contiguous)."""
+    _launch_pass(weight, u_out, scales, scales, scaled=True)
+
+
 def transformed_weight_4_into(weight: Tensor, u_out: Tensor, scales_out: Tensor) -> None:
     """`transforms.transformed_weight_4` of a bf16/fp16/fp32 [O, C, kt, 3, 3] weight (any strides) into `u_out`
     (fp16 [36, kt * C, O], contiguous) and `scales_out` ([36] fp32), by the two passes of the module docstring."""
-    out_channels, in_channels, taps = weight.shape[:3]
-    rows = taps * in_channels
-    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(out_channels, BLOCK_COLUMNS))
-    largest = torch.empty(grid[0] * grid[1], POINTS_4, dtype=torch.float32, device=weight.device)
-    for scaled in (False, True):
-        launch(_points_kernel, grid, weight, u_out, largest, scales_out, in_channels, out_channels, rows,
-               *weight.stride(), SCALED=scaled, BLOCK_R=BLOCK_ROWS, BLOCK_O=BLOCK_COLUMNS, num_warps=4)
-        if not scaled:
-            scales_out.copy_(power_of_two_at_most(FP16_TARGET / largest.amax(dim=0)))
+    point_scales_4_into(weight, scales_out)
+    scaled_points_4_into(weight, scales_out, u_out)
 
 
 def kernels_serve(weight: Tensor) -> bool:

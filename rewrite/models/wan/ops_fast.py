@@ -45,8 +45,7 @@ from rewrite.kernels.pad import causal_pad as triton_pad
 from rewrite.kernels.winograd import large_tile as winograd_large_tile
 from rewrite.kernels.winograd import materialized as winograd_materialized
 from rewrite.kernels.winograd import winograd
-from rewrite.kernels.winograd.weight_points import transformed_weight_4_on_device
-from rewrite.kernels.winograd.weight_store import transformed_for
+from rewrite.kernels.winograd.weight_store import transformed_4_for, transformed_for
 from rewrite.models.wan import ops as _exact  # registers rewrite::rms_norm_causal_conv3d
 from rewrite.models.wan.ops import ConvStage
 from rewrite.ops.cache_into import writes_next_caches
@@ -147,18 +146,16 @@ def _triton_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residua
 def _winograd_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor], out: Tensor,
                    residual_bias: Optional[Tensor], tile: winograd.WinogradTile, refresh: bool,
                    input_bound: Optional[Tensor]) -> Tensor:
-    """The fast ops' Winograd conv of a padded channels-last input into `out`. F(4x4, 3x3) transforms the weight on
-    every call (`weight_points`' two kernels; a temporary as large as 4x the weight in fp16, given back after the
-    conv): kept per weight, the transforms took 1.6 GiB at Wan 2.2's 720p and put the decode's peak above `off`'s
-    (docs/tuning.md 1.26), while the transform costs a few percent of the conv it serves (1.27). F(2x2, 3x3) reads
-    the weight's kept transform (`weight_store.transformed_for`; `refresh`: recomputed from the weight, on a
-    decode's first chunk). The residual's deferred bias joins the conv's bias in fp32 (the kernel adds the bias in fp32
-    before its one rounding). `input_bound`: for the F(4x4, 3x3) form, a device scalar at least the padded input's
+    """The fast ops' Winograd conv of a padded channels-last input into `out`, with what `weight_store` keeps for
+    the weight (`refresh`: recomputed from the weight, on a decode's first chunk): F(2x2, 3x3)'s transformed weight
+    (`transformed_for`), or F(4x4, 3x3)'s point scales with the points computed in the call (`transformed_4_for`:
+    the points kept took the decode's peak over `off`'s). The residual's deferred bias joins the conv's bias in fp32
+    (the kernel adds the bias in fp32 before its one rounding). `input_bound`: for the F(4x4, 3x3) form, a device scalar at least the padded input's
     largest magnitude (it scales its fp16 operands by it); F(2x2, 3x3) does not read it."""
     if residual_bias is not None:
         bias = residual_bias.float() if bias is None else bias.float() + residual_bias.float()
     if tile.output_block == 4:
-        u, point_scales = transformed_weight_4_on_device(weight.detach())
+        u, point_scales = transformed_4_for(weight, refresh)
         return winograd_large_tile.large_tile_conv3d(padded, u, point_scales, input_bound, bias, residual, out, tile)
     return winograd.winograd_conv3d_channels_last(padded, transformed_for(weight, refresh), bias, residual, out, tile)
 

@@ -56,3 +56,30 @@ def test_the_transform_is_given_back_when_its_weight_goes():
     del weight
     gc.collect()
     assert transformed() is None
+
+
+def test_the_large_tile_keeps_only_its_point_scales_and_refreshes_them_in_place():
+    """F(4x4, 3x3): the 36 scales are kept per weight (one [36] tensor, refreshed in place on request), the points
+    are computed in each call with them: the bits of `transformed_weight_4`. Where the kernels do not serve the
+    weight, torch's whole transform runs and nothing is kept."""
+    from rewrite.kernels.winograd import weight_points
+    from rewrite.kernels.winograd.transforms import transformed_weight_4
+
+    weight = _weight(5)
+    u, scales = weight_store.transformed_4_for(weight, refresh=False)
+    fresh_u, fresh_scales = transformed_weight_4(weight)
+    assert torch.equal(u, fresh_u) and torch.equal(scales, fresh_scales)
+    if not weight_points.kernels_serve(weight):
+        assert not [key for key in weight_store._TRANSFORMED if key[0] == id(weight)]
+        return
+    again_u, again_scales = weight_store.transformed_4_for(weight, refresh=False)
+    assert again_scales is scales and again_u is not u and torch.equal(again_u, u)
+    kept = [entry.transformed for key, entry in weight_store._TRANSFORMED.items() if key[0] == id(weight)]
+    assert len(kept) == 1 and kept[0][0] is scales and scales.shape == (36,)  # the points are not kept
+    with torch.no_grad():
+        weight.mul_(8)  # every point 8x: its scale 8x smaller
+    assert torch.equal(scales, fresh_scales)  # kept as they were until refreshed
+    refreshed_u, refreshed_scales = weight_store.transformed_4_for(weight, refresh=True)
+    new_u, new_scales = transformed_weight_4(weight)
+    assert refreshed_scales is scales and torch.equal(scales, new_scales) and torch.equal(refreshed_u, new_u)
+    assert torch.equal(new_scales * 8, fresh_scales)

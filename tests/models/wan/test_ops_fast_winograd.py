@@ -161,18 +161,24 @@ def test_the_first_chunk_refreshes_the_kept_transform(kernel_allowed_on_cpu, mon
 
 
 @needs_kernels
-def test_the_large_tile_transforms_the_weight_on_every_call_and_keeps_nothing(kernel_allowed_on_cpu, monkeypatch):
-    """F(4x4, 3x3): a weight updated in place reaches the next call in any mode (a steady chunk here), as a new
-    weight tensor of the same values would, and no transform is kept for it."""
+def test_the_large_tile_computes_its_points_in_the_call_with_scales_the_first_chunk_refreshes(
+        kernel_allowed_on_cpu, monkeypatch):
+    """F(4x4, 3x3): only the point scales are kept (`weight_store.transformed_4_for`); a weight updated in place
+    reaches the next decode through its first chunk (``chunk0`` refreshes the scales), and the steady chunk after it
+    equals the op's answer for a new weight tensor of the same values."""
     _route_to_winograd(monkeypatch, TILE_4)
     x, cache, gamma, weight, bias, _, _ = _case(4, False, False)
-    args = (gamma, 4.0, 0.0, 1e-12, True, "silu", cache, [1, 1, 1, 1, 0, 0], "steady")
+    common = (gamma, 4.0, 0.0, 1e-12, True, "silu")
+    steady = (cache, [1, 1, 1, 1, 0, 0], "steady")
+    first = (None, [1, 1, 1, 1, 2, 0], "chunk0")
     calls = _record_calls(monkeypatch)
-    before, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args, weight, bias, None)
+    before, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *common, *steady, weight, bias, None)
     with torch.no_grad():
-        weight.mul_(-1)
-    after, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args, weight, bias, None)
-    fresh, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *args, weight.clone(), bias, None)
-    assert calls == [TILE_4] * 3, "the Winograd conv did not run"
+        weight.mul_(8)  # the points' scales change
+    torch.ops.rewrite.rms_norm_causal_conv3d_fast(x[:, :, :1], *common, *first, weight, bias, None)
+    after, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *common, *steady, weight, bias, None)
+    fresh, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, *common, *steady, weight.clone(), bias, None)
+    assert calls == [TILE_4] * 4, "the Winograd conv did not run"
     assert torch.equal(after, fresh) and not torch.equal(after, before)
-    assert not [key for key in weight_store._TRANSFORMED if key[0] == id(weight)]
+    kept = [entry.transformed for key, entry in weight_store._TRANSFORMED.items() if key[0] == id(weight)]
+    assert [tuple(t.shape) for t in kept[0]] == [(36,)]
