@@ -5,9 +5,9 @@ For each 3x3x3 conv shape of a Wan steady step (`sweep_conv3d.SHAPES`, the `K3` 
 direct conv with `launch_config`'s tile where it serves the shape, and the Winograd kernel: F(2x2, 3x3) with the
 weight transformed once ahead (`transformed_weight`, not timed: an op keeps it; the materialized form's input
 transform and its temporary inside the timed call), F(4x4, 3x3) with the weight's points computed in each timed call
-and its point scales kept, as the op does (`weight_store.transformed_4_for`; that time alone is in the row too). Times are medians of
-``triton.testing.do_bench_cudagraph``; the rate is the direct conv's FLOPs over the time (issue 40's
-"direct-equivalent TFLOP/s"); max-abs is against cuDNN's fp32 conv of the same bf16/fp16 operands, beside the
+and its point scales kept, as the op does (`weight_store.transformed_4_for`; that time alone is in the row too).
+Times are medians of ``triton.testing.do_bench_cudagraph``; the rate is the direct conv's FLOPs over the time (issue
+40's "direct-equivalent TFLOP/s"); max-abs is against cuDNN's fp32 conv of the same bf16/fp16 operands, beside the
 direct conv's. This is the sweep `winograd._MEASURED_FASTER` is read from; needs CUDA (``--help`` works anywhere).
 
     python -m rewrite.tools.sweep_winograd [--dtype bfloat16] [--shapes wan22,wan21] [--json out.json]

@@ -7,10 +7,8 @@ Needs CUDA.
     python time_weight_transform.py
 """
 import torch
-import triton
 import triton.testing
 
-from rewrite.kernels.launch import launch
 from rewrite.kernels.winograd import weight_points
 from rewrite.kernels.winograd.weight_points import transformed_weight_4_on_device
 
@@ -21,11 +19,7 @@ for cin, cout in ((1024, 1024), (1024, 512), (512, 512), (512, 256), (256, 256),
     ms = triton.testing.do_bench_cudagraph(lambda w=weight: transformed_weight_4_on_device(w))
     moved = 2 * weight.numel() * weight.element_size() + 36 * 3 * cin * cout * 2
     u, scales = transformed_weight_4_on_device(weight)
-    grid = (triton.cdiv(3 * cin, weight_points.BLOCK_ROWS), triton.cdiv(cout, weight_points.BLOCK_COLUMNS))
-
-    def scaled_pass(w=weight, u=u, s=scales, grid=grid, cin=cin, cout=cout):
-        launch(weight_points._points_kernel, grid, w, u, s, s, cin, cout, 3 * cin, *w.stride(), SCALED=True,
-               BLOCK_R=weight_points.BLOCK_ROWS, BLOCK_O=weight_points.BLOCK_COLUMNS, num_warps=4)
-    second = triton.testing.do_bench_cudagraph(scaled_pass)
+    second = triton.testing.do_bench_cudagraph(
+        lambda w=weight, u=u, s=scales: weight_points.scaled_points_4_into(w, s, u))
     print(f"{cin:5d} -> {cout:5d}: {ms:7.3f} ms, {moved / ms / 1e9:5.2f} TB/s; the scaled pass alone {second:7.3f} ms",
           flush=True)

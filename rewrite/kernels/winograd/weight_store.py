@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from rewrite.kernels.winograd import weight_points
-from rewrite.kernels.winograd.transforms import POINTS_4, transformed_weight, transformed_weight_4
+from rewrite.kernels.winograd.transforms import (POINTS_4, checked_outputs_4, transformed_weight,
+                                                 transformed_weight_4)
 
 __all__ = ["transformed_4_for", "transformed_for"]
 
@@ -92,8 +93,7 @@ def transformed_4_for(weight: Tensor, refresh: bool) -> tuple[Tensor, Tensor]:
         weight_points.point_scales_4_into(w, kept)
         return (kept,)
 
+    u = checked_outputs_4(weight, None)[0]  # the weight's shape checked before anything is kept
     point_scales = _kept(weight, refresh, 4, scales)[0]
-    out_channels, in_channels, taps = weight.shape[:3]
-    u = torch.empty(POINTS_4, taps * in_channels, out_channels, dtype=torch.float16, device=weight.device)
     weight_points.scaled_points_4_into(weight.detach(), point_scales, u)
     return u, point_scales

@@ -150,8 +150,9 @@ def _winograd_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], resid
     the weight (`refresh`: recomputed from the weight, on a decode's first chunk): F(2x2, 3x3)'s transformed weight
     (`transformed_for`), or F(4x4, 3x3)'s point scales with the points computed in the call (`transformed_4_for`:
     the points kept took the decode's peak over `off`'s). The residual's deferred bias joins the conv's bias in fp32
-    (the kernel adds the bias in fp32 before its one rounding). `input_bound`: for the F(4x4, 3x3) form, a device scalar at least the padded input's
-    largest magnitude (it scales its fp16 operands by it); F(2x2, 3x3) does not read it."""
+    (the kernel adds the bias in fp32 before its one rounding). `input_bound`: for the F(4x4, 3x3) form, a device
+    scalar at least the padded input's largest magnitude (it scales its fp16 operands by it); F(2x2, 3x3) does not
+    read it."""
     if residual_bias is not None:
         bias = residual_bias.float() if bias is None else bias.float() + residual_bias.float()
     if tile.output_block == 4:
