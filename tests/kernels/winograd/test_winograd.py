@@ -173,6 +173,20 @@ def test_no_conv_is_routed_to_winograd_off_a_measured_card():
     assert winograd.chosen(96, 96, 160, torch.bfloat16, torch.device("cpu")) is None
 
 
+def test_a_sweep_candidate_is_not_routed_until_a_decode_measured_it(monkeypatch):
+    """`UNMEASURED_CANDIDATES` holds sweep winners no decode has measured: none of them is also in the routed table,
+    and `chosen` answers None for each on its card."""
+    from rewrite.kernels import cards
+    from rewrite.kernels.winograd import common
+
+    for card, candidates in common.UNMEASURED_CANDIDATES.items():
+        monkeypatch.setattr(cards, "name", lambda device, card=card: card)
+        routed = common._MEASURED_FASTER.get(card, {})
+        for in_channels, out_channels, width, dtype in candidates:
+            assert (in_channels, out_channels, width, dtype) not in routed
+            assert winograd.chosen(in_channels, out_channels, width, dtype, torch.device("cuda")) is None
+
+
 def test_a_symbolic_width_is_looked_up_by_channels_and_dtype(monkeypatch):
     """A pattern's guard sees the graph's symbolic width (a SymInt, unhashable): the card's entries are read by
     channels and dtype, and the op decides on its tensors' width; an empty table answers None without hashing."""
