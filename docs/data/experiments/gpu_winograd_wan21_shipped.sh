@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Written in session 38 (issues 40 and 37), for the H100 (Wan 2.1's seven F(4x4, 3x3) entries; another card has
 # none): the full-size Wan 2.1 contract tests as shipped, Wan 2.1 480x832x81 `off` against `channels_last` with the
-# sweep's 480p winners routed (`common.UNMEASURED_CANDIDATES`, no decode had run with them), the 96-channel conv swept, then
-# 720x1280x81 as shipped. About 7 minutes. Logs to $OUT.
+# sweep's 480p winners routed (then in `common.UNMEASURED_CANDIDATES`: no decode had run with them), the 96-channel
+# conv swept, then 720x1280x81 as shipped. About 7 minutes. Logs to $OUT. (Run in session 38 without its last step,
+# by gpu_winograd_either_card.sh: the 480p winners have joined the table since.)
 . docs/data/experiments/gpu_setup.sh || exit 1
 card=$(grep -o "H[12]00" $OUT/gpu.txt | head -1 | tr A-Z a-z)
 timeout 170 python3 -m pytest -m gpu -q tests/models/wan/test_full_size_channels_last.py -k wan2.1 2>&1 | tail -3 \
