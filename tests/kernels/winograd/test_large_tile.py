@@ -225,3 +225,38 @@ def test_bands_of_rows_bound_the_temporaries_and_keep_the_result(monkeypatch):
     error = (actual.double() - exact).abs()
     bound = _bound(padded, weight, bias, residual, exact, torch.bfloat16)
     assert torch.all(error <= bound), f"worst error / bound {(error / bound).max().item():.3g}"
+
+
+def _routed_shapes() -> dict[tuple[int, int, int], WinogradTile]:
+    """(in channels, out channels, width) -> tile of every F(4x4, 3x3) entry in any card's routed table."""
+    from rewrite.kernels.winograd import common
+
+    return {(cin, cout, width): tile for table in common._MEASURED_FASTER.values()
+            for (cin, cout, width, _), tile in table.items() if tile.output_block == 4}
+
+
+def _check_shape(cin, cout, width, tile, dtype, device, height=12, frames=2):
+    """The conv at a routed shape (its channels, width and tile; `height` rows: three block rows) with cache, bias
+    and residual, against the float64 conv on `device`, within the module docstring's bound."""
+    generator = torch.Generator().manual_seed(cin + cout + width)
+    padded = _padded(1, cin, frames, height, width, True, generator).to(dtype).to(device)
+    weight = (torch.randn(cout, cin, 3, 3, 3, generator=generator) / (27 * cin) ** 0.5).to(dtype).to(device)
+    bias = torch.randn(cout, generator=generator).to(dtype).to(device)
+    residual = torch.randn(1, cout, frames, height, width, generator=generator).to(dtype).to(device)
+    exact = F.conv3d(padded.double(), weight.double(), bias.double()) + residual.double()
+    actual = _conv(padded, weight, bias, residual, tile=tile)
+    error = (actual.double() - exact).abs()
+    bound = _bound(padded, weight, bias, residual, exact, dtype)
+    assert torch.all(error <= bound), f"{cin} -> {cout} at {width} wide, {dtype}: worst error / bound " \
+                                      f"{(error / bound).max().item():.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+def test_every_routed_shape_is_within_its_derived_bound(dtype):
+    """Issue 40's per-layer GPU test: every Wan conv a card's table routes to F(4x4, 3x3), at its channels, width
+    and tile (the CPU cases above use small tiles), in bf16 and fp16."""
+    shapes = _routed_shapes()
+    assert shapes, "no F(4x4, 3x3) entry in any card's table"
+    for (cin, cout, width), tile in sorted(shapes.items()):
+        _check_shape(cin, cout, width, tile, dtype, torch.device("cuda"))

@@ -57,7 +57,7 @@ def _magnitudes(padded, weight, bias, residual, block=2,
     patch = block + 2
     d = F.pad(padded.double().abs(), (0, block * cols + 2 - wp, 0, block * rows + 2 - hp))
     patches = d.unfold(3, patch, block).unfold(4, patch, block)  # [b, c, tp, rows, cols, patch, patch]
-    bt, g, at = (torch.tensor(m, dtype=torch.float64).abs() for m in transforms)
+    bt, g, at = (torch.tensor(m, dtype=torch.float64, device=padded.device).abs() for m in transforms)
     v = torch.einsum("ru,bctyxuv,sv->bctyxrs", bt, patches, bt)
     u = torch.einsum("rh,octhw,sw->octrs", g, weight.double().abs(), g)
     m = sum(torch.einsum("ocrs,bctyxrs->botyxrs", u[:, :, tap], v[:, :, tap: tap + t]) for tap in range(kt))
