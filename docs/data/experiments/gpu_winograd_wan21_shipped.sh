@@ -3,7 +3,8 @@
 # none): the full-size Wan 2.1 contract tests as shipped, Wan 2.1 480x832x81 `off` against `channels_last` with the
 # sweep's 480p winners routed (then in `common.UNMEASURED_CANDIDATES`: no decode had run with them), the 96-channel
 # conv swept, then 720x1280x81 as shipped. About 7 minutes. Logs to $OUT. (Run in session 38 without its last step,
-# by gpu_winograd_either_card.sh: the 480p winners have joined the table since.)
+# by gpu_winograd_either_card.sh. The direct conv serves those entries' shapes and runs first, so no Winograd conv
+# ran: the table keeps Wan 2.1's 1080p 192-channel entry only, the rest wait as candidates; tuning.md 1.28.)
 . docs/data/experiments/gpu_setup.sh || exit 1
 card=$(grep -o "H[12]00" $OUT/gpu.txt | head -1 | tr A-Z a-z)
 timeout 170 python3 -m pytest -m gpu -q tests/models/wan/test_full_size_channels_last.py -k wan2.1 2>&1 | tail -3 \

@@ -53,6 +53,23 @@ def test_a_card_entry_is_read_by_exact_width_and_dtype(monkeypatch):
     assert wan_fast.winograd_tile(SHAPE, (1024, 1024, 3, 1, 1), torch.bfloat16, cuda) is None  # not 3x3
 
 
+def test_every_table_entry_is_reached_by_the_op(monkeypatch):
+    """The op asks the Winograd table only where the direct conv is not chosen (`conv_reason`): an entry for a conv
+    the direct conv serves would never run, and a decode measured "with" it would have measured without it. Every
+    routed entry is a conv the direct conv leaves to cuDNN on that card, and the op takes its tile there."""
+    from rewrite.kernels import cards
+    from rewrite.kernels.winograd import common
+
+    cuda = torch.device("cuda")
+    for card, entries in common._MEASURED_FASTER.items():
+        monkeypatch.setattr(cards, "name", lambda device, card=card: card)
+        for (in_channels, out_channels, width, dtype), tile in entries.items():
+            shape, weight = (1, in_channels, 4, 14, width + 2), (out_channels, in_channels, 3, 3, 3)
+            assert wan_fast.conv_reason(shape, weight, dtype, cuda) is not None, \
+                f"{card}: the direct conv serves {in_channels} -> {out_channels} at {width} wide before the table"
+            assert wan_fast.winograd_tile(shape, weight, dtype, cuda) == tile
+
+
 def _case(seed: int, residual: bool, residual_bias: bool):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, 16, 2, 5, 7, generator=g).to(torch.bfloat16)
