@@ -59,9 +59,9 @@ _MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile
 #: but whose decode has not shown all the table asks, so not routed. The H100's 1024 -> 1024 at 45x80 (720p's middle
 #: block and first up level): 0.211 ms against cuDNN's 0.291 with the weight kept, but its per-call transform takes
 #: 0.30 ms (docs/tuning.md 1.27). Wan 2.1's other 192- and 384-channel convs (1.06-1.58x the faster of cuDNN and
-#: the bare direct conv in the same sweep as its 1080p entry): the op runs the direct conv wherever
-#: `conv3d.chosen` picks it, with the norm epilogues of the pair and chain ops, before it asks this table, so a
-#: decode has not run these by Winograd yet (tuning.md 1.28).
+#: the bare direct conv in the same sweep as its 1080p entry): session 38's decodes ran them on the direct conv (the
+#: op asked this table only where the direct conv was not chosen; it asks it first since, and the pair and chain
+#: ops split there), so no decode has run them by Winograd yet (tuning.md 1.28).
 UNMEASURED_CANDIDATES: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
     "NVIDIA H100 80GB HBM3": {
         (1024, 1024, 80, torch.bfloat16): _LARGE_256,

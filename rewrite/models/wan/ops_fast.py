@@ -7,8 +7,9 @@ writes the padded channels-last conv input and the next cache (`triton_norm_fast
 channel counts where it measured faster, `one_pass_norm_chosen`; else the ``lossless`` op's kernel, exactly
 as that op does), then one Triton kernel convolves and adds bias, residual and the residual's deferred bias
 to the fp32 accumulator before the one rounding, storing straight into the output layout (no epilogue pass).
-Where the direct conv is not chosen but `winograd.chosen` names a tile for the conv on this card (bf16/fp16,
-3x3 planes), the same norm kernel's padded input is convolved by Winograd F(2x2, 3x3) or F(4x4, 3x3), as the tile says
+Where `winograd.chosen` names a tile for the conv on this card (bf16/fp16, 3x3 planes; ahead of the direct conv,
+whose pair and chain ops then split: `_winograd_runs_first`), the same norm kernel's padded input is convolved by
+Winograd F(2x2, 3x3) or F(4x4, 3x3), as the tile says
 (`rewrite.kernels.winograd`), with the weight's kept transform (`weight_store`, recomputed on a decode's first
 chunk), bias, residual and its deferred bias added in fp32 before one rounding; F(4x4, 3x3)'s fp16 operands are
 scaled by a bound on the norm's output computed from gamma on the device (`_norm_output_bound`).
@@ -78,9 +79,10 @@ def conv_reason(in_shape, weight_shape, dtype: torch.dtype, device: Optional[tor
 def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
             residual: Optional[Tensor]) -> bool:
     """The Triton conv serves this call: the shape conditions of the exact op's channels-last path (cuDNN's
-    exactness self-check aside) and `conv_reason`."""
+    exactness self-check aside), `conv_reason`, and no Winograd entry for it (`_winograd_runs_first`)."""
     in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
-    return in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype, x.device) is None
+    return (in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype, x.device) is None
+            and not _winograd_runs_first(in_shape, weight.shape, x.dtype, x.device))
 
 
 def winograd_tile(in_shape, weight_shape, dtype: torch.dtype,
@@ -94,6 +96,13 @@ def winograd_tile(in_shape, weight_shape, dtype: torch.dtype,
     if tile is not None and tile.materialized and winograd_materialized.unsupported_reason(in_channels, out_channels):
         return None
     return tile
+
+
+def _winograd_runs_first(in_shape, weight_shape, dtype: torch.dtype, device: Optional[torch.device]) -> bool:
+    """The Winograd table names this conv at a plain width: the Winograd conv runs it, ahead of the direct conv (the
+    table's entries were measured faster than both other convs, with the norm kernel before them and no fused norm
+    epilogue after). A symbolic width (a pattern's guard) answers False: the ops decide on their tensors."""
+    return isinstance(in_shape[4], int) and winograd_tile(in_shape, weight_shape, dtype, device) is not None
 
 
 def fast_reason(in_shape, weight_shape, dtype: torch.dtype, device: Optional[torch.device] = None) -> Optional[str]:
@@ -278,7 +287,10 @@ def pair_reason(first_out_channels: int, first_in_channels: int, second_in_shape
     if reason is None and not triton_conv3d.norm_epilogue_chosen(first_in_channels, first_out_channels):
         reason = (f"the fused norm epilogue measured slower than the conv plus the norm kernel for "
                   f"{first_in_channels} -> {first_out_channels} channels")
-    return reason if reason is not None else conv_reason(second_in_shape, second_weight_shape, dtype, device)
+    reason = reason if reason is not None else conv_reason(second_in_shape, second_weight_shape, dtype, device)
+    if reason is None and _winograd_runs_first(second_in_shape, second_weight_shape, dtype, device):
+        reason = "the second conv is the Winograd table's (`winograd_tile`): the pair runs as two ops"
+    return reason
 
 
 def _first_op_args(x: Tensor, first: ConvStage) -> tuple:
@@ -307,7 +319,8 @@ def _pair_kernel_inputs(x: Tensor, first: ConvStage, second: ConvStage, residual
         in_shape = tuple(normalized.shape) if normalized.is_contiguous(memory_format=CL) else None
     else:
         in_shape = _exact.channels_last_conv_input_shape(x, first.cache, first.pad, first.mode, weight, None)
-    if in_shape is None or conv_reason(in_shape, weight.shape, x.dtype, x.device) is not None:
+    if (in_shape is None or conv_reason(in_shape, weight.shape, x.dtype, x.device) is not None
+            or _winograd_runs_first(in_shape, weight.shape, x.dtype, x.device)):
         return None
     y_proxy = torch.empty((), dtype=x.dtype, device=x.device).expand(conv_output_shape(in_shape, weight.shape))
     in_shape2 = _exact.channels_last_conv_input_shape(y_proxy, second.cache, second.pad, second.mode, second.weight,
@@ -319,6 +332,19 @@ def _pair_kernel_inputs(x: Tensor, first: ConvStage, second: ConvStage, residual
             and _exact.fused_norm_plan(x, first.upcast, first.act, None) is None):
         return None
     return y_proxy
+
+
+def _first_conv_of_normalized(normalized: Tensor, weight: Tensor, first: ConvStage) -> Tensor:
+    """The chain op's first conv, without bias, of the padded input the op before normalized, channels-last: by the
+    Winograd conv where its table names the conv, else by ATen's (cuDNN's) conv."""
+    tile = None
+    if normalized.is_contiguous(memory_format=CL):
+        tile = winograd_tile(tuple(normalized.shape), weight.shape, normalized.dtype, normalized.device)
+    if tile is None:
+        return _exact.channels_last_conv_raw(normalized, weight).contiguous(memory_format=CL)
+    out = _conv_output(normalized, weight, None, True)
+    bound = _norm_output_bound(first.gamma, first.scale, first.norm_bias) if tile.output_block == 4 else None
+    return _winograd_conv(normalized, weight, None, None, out, None, tile, first.mode == "chunk0", bound)
 
 
 def _first_conv_into_second_input(padded: Tensor, y_proxy: Tensor, weight: Tensor, bias: Optional[Tensor],
@@ -493,7 +519,7 @@ def rms_norm_causal_conv3d_pair_fast_chain(
                 x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, weight, bias, gamma2, scale2,
                 norm_bias2, eps2, upcast2, act2, cache2, pad2, mode2, weight2, bias2, residual, residual_bias)
         else:
-            y = _exact.channels_last_conv_raw(normalized, weight).contiguous(memory_format=CL)
+            y = _first_conv_of_normalized(normalized, weight, first)
             out, next_cache2 = rewrite_ops.rms_norm_causal_conv3d_fast.default(
                 *_second_op_args(y, second, residual, bias, residual_bias))
             next_cache = _absent(x)

@@ -54,9 +54,9 @@ def test_a_card_entry_is_read_by_exact_width_and_dtype(monkeypatch):
 
 
 def test_every_table_entry_is_reached_by_the_op(monkeypatch):
-    """The op asks the Winograd table only where the direct conv is not chosen (`conv_reason`): an entry for a conv
-    the direct conv serves would never run, and a decode measured "with" it would have measured without it. Every
-    routed entry is a conv the direct conv leaves to cuDNN on that card, and the op takes its tile there."""
+    """Every routed entry gets its tile from the op's lookup at its shape (a tile the kernel's checks decline would
+    leave the entry dead, and a decode measured "with" it would have measured without it), ahead of the direct
+    conv where that is chosen too."""
     from rewrite.kernels import cards
     from rewrite.kernels.winograd import common
 
@@ -65,9 +65,33 @@ def test_every_table_entry_is_reached_by_the_op(monkeypatch):
         monkeypatch.setattr(cards, "name", lambda device, card=card: card)
         for (in_channels, out_channels, width, dtype), tile in entries.items():
             shape, weight = (1, in_channels, 4, 14, width + 2), (out_channels, in_channels, 3, 3, 3)
-            assert wan_fast.conv_reason(shape, weight, dtype, cuda) is not None, \
-                f"{card}: the direct conv serves {in_channels} -> {out_channels} at {width} wide before the table"
             assert wan_fast.winograd_tile(shape, weight, dtype, cuda) == tile
+            assert wan_fast._winograd_runs_first(shape, weight, dtype, cuda)
+
+
+def test_the_winograd_table_runs_ahead_of_the_direct_conv(monkeypatch):
+    """A conv both the direct conv and the Winograd table serve: the fast op does not take the direct conv
+    (`_serves`), a pair whose second conv it is splits into two ops (`pair_reason`), and a guard's symbolic width
+    keeps the pair (the ops decide on their tensors)."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from rewrite.kernels import cards
+
+    monkeypatch.setattr(cards, "name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(wan_fast, "conv_reason", lambda *args: None)  # the direct conv is chosen
+    cuda = torch.device("cuda")
+    shape, weight = (1, 192, 4, 92, 162), (192, 192, 3, 3, 3)  # Wan 2.1 720p's 192-channel level (no entry)
+    assert not wan_fast._winograd_runs_first(shape, weight, torch.bfloat16, cuda)
+    assert wan_fast.pair_reason(192, 192, shape, weight, torch.bfloat16, "silu", cuda) is None
+    monkeypatch.setattr(winograd, "chosen", lambda *args: TILE_4)  # now the table names it
+    assert wan_fast._winograd_runs_first(shape, weight, torch.bfloat16, cuda)
+    assert "Winograd" in wan_fast.pair_reason(192, 192, shape, weight, torch.bfloat16, "silu", cuda)
+    env = ShapeEnv()
+    width = env.create_symintnode(env.create_symbol(162, ConstantSource("width")), hint=162)
+    symbolic = (*shape[:4], width)
+    assert not wan_fast._winograd_runs_first(symbolic, weight, torch.bfloat16, cuda)
+    assert wan_fast.pair_reason(192, 192, symbolic, weight, torch.bfloat16, "silu", cuda) is None
 
 
 def _case(seed: int, residual: bool, residual_bias: bool):
@@ -136,6 +160,49 @@ def test_the_fast_op_convolves_by_winograd_where_chosen(kernel_allowed_on_cpu, m
     error = (out.cpu().double() - exact).abs()
     assert torch.all(error <= bound), f"worst error / bound {(error / bound).max().item():.3g}"
     assert out.stride() == wan_fast._conv_output(padded, weight, res, False).stride()
+
+
+@needs_kernels
+def test_the_fast_op_takes_winograd_where_the_direct_conv_is_chosen_too(kernel_allowed_on_cpu, monkeypatch):
+    """The Winograd table runs ahead of the direct conv: with both choosing the conv, the Winograd kernel runs and
+    the direct one does not."""
+    from tests.op_cases import kernel_gates_open
+
+    kernel_gates_open(monkeypatch)
+    monkeypatch.setattr(wan_fast, "conv_reason", lambda *args: None)  # the direct conv is chosen
+    monkeypatch.setattr(winograd, "chosen", lambda *args: TILE_4)
+    monkeypatch.setattr(triton_conv3d, "conv3d_channels_last", lambda *a, **k: pytest.fail("the direct conv ran"))
+    calls = _record_calls(monkeypatch)
+    x, cache, gamma, weight, bias, _, _ = _case(6, False, False)
+    torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache,
+                                                  [1, 1, 1, 1, 0, 0], "steady", weight, bias, None)
+    assert calls == [TILE_4], "the Winograd conv did not run"
+
+
+@needs_kernels
+def test_the_chain_ops_first_conv_of_a_normalized_input_takes_winograd(kernel_allowed_on_cpu, monkeypatch):
+    """The chain op's fallback for a first conv whose input the op before normalized: by Winograd where its table
+    names the conv (channels-last, no bias, within the kernel's derived bound of the float64 conv), else ATen's."""
+    from rewrite.models.wan.ops import ConvStage
+
+    _route_to_winograd(monkeypatch, TILE_4)
+    calls = _record_calls(monkeypatch)
+    x, cache, gamma, weight, bias, _, _ = _case(7, False, False)
+    pad = [1, 1, 1, 1, 0, 0]
+    normalized, _ = wan_fast._normalized_input(x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache, pad, "steady", None)
+    first = ConvStage(gamma, 4.0, 0.0, 1e-12, True, "silu", cache, pad, "steady", weight, bias)
+    y = wan_fast._first_conv_of_normalized(normalized, weight, first)
+    assert calls == [TILE_4], "the Winograd conv did not run"
+    assert y.is_contiguous(memory_format=torch.channels_last_3d)
+    padded, weight = normalized.cpu(), weight.cpu()
+    exact = F.conv3d(padded.double(), weight.double())
+    bound = test_large_tile._bound(padded, weight, None, None, exact, torch.bfloat16)
+    error = (y.cpu().double() - exact).abs()
+    assert torch.all(error <= bound), f"worst error / bound {(error / bound).max().item():.3g}"
+    monkeypatch.setattr(winograd, "chosen", lambda *args: None)
+    weight = weight.to(normalized.device).contiguous(memory_format=torch.channels_last_3d)
+    expected = torch.ops.aten.conv3d.default(normalized, weight, None)  # ATen's conv, as the exact op runs it
+    assert torch.equal(wan_fast._first_conv_of_normalized(normalized, weight, first), expected)
 
 
 @needs_kernels
