@@ -86,13 +86,19 @@ def power_of_two_at_most(limit: Tensor) -> Tensor:
 TRANSFORM_CHUNK_BYTES = 64 * 1024 * 1024
 
 
-def checked_outputs_4(weight: Tensor, out: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """`transformed_weight_4`'s argument checks (a [O, C, kt, 3, 3] weight; `out`, if given, contiguous fp16
-    [36, kt * C, O] and fp32 [36] scales on the weight's device), and its outputs: `out`, or new tensors."""
+def points_shape_4(weight: Tensor) -> tuple[int, int, int]:
+    """The shape of F(4x4, 3x3)'s transformed weight, [36, kt * C, O], of a [O, C, kt, 3, 3] conv weight; a
+    ValueError naming what was expected for any other weight."""
     if weight.dim() != 5 or tuple(weight.shape[3:]) != (3, 3):
         raise ValueError(f"transformed_weight_4: expected a [O, C, kt, 3, 3] conv weight, got {tuple(weight.shape)}")
     out_channels, in_channels, taps = weight.shape[:3]
-    shape = (POINTS_4, taps * in_channels, out_channels)
+    return POINTS_4, taps * in_channels, out_channels
+
+
+def checked_outputs_4(weight: Tensor, out: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """`transformed_weight_4`'s argument checks (a [O, C, kt, 3, 3] weight; `out`, if given, contiguous fp16
+    [36, kt * C, O] and fp32 [36] scales on the weight's device), and its outputs: `out`, or new tensors."""
+    shape = points_shape_4(weight)
     if out is None:
         return (torch.empty(shape, dtype=torch.float16, device=weight.device),
                 torch.empty(POINTS_4, dtype=torch.float32, device=weight.device))

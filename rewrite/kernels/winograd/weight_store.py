@@ -24,8 +24,7 @@ import torch
 from torch import Tensor
 
 from rewrite.kernels.winograd import weight_points
-from rewrite.kernels.winograd.transforms import (POINTS_4, checked_outputs_4, transformed_weight,
-                                                 transformed_weight_4)
+from rewrite.kernels.winograd.transforms import POINTS_4, points_shape_4, transformed_weight, transformed_weight_4
 
 __all__ = ["transformed_4_for", "transformed_for"]
 
@@ -93,7 +92,8 @@ def transformed_4_for(weight: Tensor, refresh: bool) -> tuple[Tensor, Tensor]:
         weight_points.point_scales_4_into(w, kept)
         return (kept,)
 
-    u = checked_outputs_4(weight, None)[0]  # the weight's shape checked before anything is kept
+    shape = points_shape_4(weight)  # the weight's shape checked before anything is kept
+    u = torch.empty(shape, dtype=torch.float16, device=weight.device)
     point_scales = _kept(weight, refresh, 4, scales)[0]
     weight_points.scaled_points_4_into(weight.detach(), point_scales, u)
     return u, point_scales

@@ -166,11 +166,8 @@ def test_the_fast_op_convolves_by_winograd_where_chosen(kernel_allowed_on_cpu, m
 def test_the_fast_op_takes_winograd_where_the_direct_conv_is_chosen_too(kernel_allowed_on_cpu, monkeypatch):
     """The Winograd table runs ahead of the direct conv: with both choosing the conv, the Winograd kernel runs and
     the direct one does not."""
-    from tests.op_cases import kernel_gates_open
-
-    kernel_gates_open(monkeypatch)
-    monkeypatch.setattr(wan_fast, "conv_reason", lambda *args: None)  # the direct conv is chosen
-    monkeypatch.setattr(winograd, "chosen", lambda *args: TILE_4)
+    _route_to_winograd(monkeypatch, TILE_4)
+    monkeypatch.setattr(wan_fast, "conv_reason", lambda *args: None)  # the direct conv is chosen as well
     monkeypatch.setattr(triton_conv3d, "conv3d_channels_last", lambda *a, **k: pytest.fail("the direct conv ran"))
     calls = _record_calls(monkeypatch)
     x, cache, gamma, weight, bias, _, _ = _case(6, False, False)
