@@ -59,6 +59,8 @@ class LevelResult:
     speedup: float | None = None
     #: CUDA-graph memory the module holds after the timed calls (`report().graph_memory`); None where not counted
     graphs_gib: float | None = None
+    #: the convs the held graphs run by a route of another error class (Winograd; `SizeMemory.routes`)
+    routes: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self, quality_key: str) -> dict:
         return {quality_key if k == "quality_db" else k: v for k, v in dataclasses.asdict(self).items()}
@@ -423,7 +425,8 @@ def bench_levels(bench, case: Case, args, device: torch.device, dtype: torch.dty
         summary = report(vae)
         held = getattr(summary, "graph_memory", None)
         result = LevelResult(level, first, warmup_s, min(times), times, peak, path=_path_of(summary),
-                             graphs_gib=None if held is None else held.total / 2**30)
+                             graphs_gib=None if held is None else held.total / 2**30,
+                             routes=[] if held is None else sorted({r for size in held.sizes for r in size.routes}))
         if reference is None:
             reference = out.clone()
         else:
@@ -530,7 +533,7 @@ def _distributed_line(d: dict) -> str:
 
 def format_table(summary: dict) -> str:
     """The printed results of one run: a heading, a row per level (AuK: per clip and level), the CPU note on a
-    CPU, the distributed line and the profiles."""
+    CPU, the distributed line, the convs run by Winograd and the profiles."""
     bench = adapter_for(summary["model"], summary.get("direction") == "encode")
     on = f"on {summary['device']} (torch {summary['torch']}, triton {summary['triton']})"
     if "clips" not in summary:  # Wan: one video shape
@@ -549,6 +552,9 @@ def format_table(summary: dict) -> str:
         lines.append(f"note: {CPU_NOTE}")
     if "distributed" in summary:
         lines.append(_distributed_line(summary["distributed"]))
+    for clip in summary.get("clips", [summary]):
+        for result in clip["levels"]:
+            lines += [f"{result['level']} runs by Winograd: {route}" for route in result.get("routes", ())]
     for clip in summary.get("clips", [summary]):
         for level, table in clip["profiles"].items():
             where = f", clip {clip['seconds']:g} s ({clip['frames']} frames)" if "clips" in summary else ""

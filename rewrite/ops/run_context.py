@@ -19,6 +19,8 @@ valid_frames   `ValidFrames`: kernels over a bucket window skip the    `valid_le
                positions past the valid frames (None: skip nothing)    (the AuK runtime, per decode)
 compile_ahead  launches only submit their compile (a compile-ahead     `compile_ahead.compile_ahead`
                pass: their outputs stay unwritten)                     (the AuK runtime, at warm-up)
+routes         a set the ops add a line to (`note_route`) where they   `GraphMemory` (a size's capture: what
+               take a route of another error class (a Winograd conv)   ``report()`` lists per size)
 ============== ======================================================= ===========================================
 
 Scope: a `contextvars.ContextVar`. A thread starts from the defaults (Python gives a new thread an empty
@@ -35,7 +37,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 from torch import Tensor
 
-__all__ = ["RunContext", "ValidFrames", "current", "update", "using"]
+__all__ = ["RunContext", "ValidFrames", "current", "note_route", "update", "using"]
 
 BACKENDS = ("auto", "reference", "triton")
 
@@ -59,6 +61,7 @@ class RunContext:
     packed_weights: Optional[Any] = None  # a rewrite.kernels.conv1d.conv1d.PackedWeightCache
     valid_frames: Optional[ValidFrames] = None
     compile_ahead: bool = False
+    routes: Optional[set] = None  # of str: `note_route`
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -71,6 +74,14 @@ _CURRENT: contextvars.ContextVar[RunContext] = contextvars.ContextVar("rewrite_r
 def current() -> RunContext:
     """The settings in force here (this thread, this task)."""
     return _CURRENT.get()
+
+
+def note_route(line: str) -> None:
+    """Record here that an op took a route of another error class than the direct convs' (`line` says which conv
+    and how), where the caller collects them (the ``routes`` setting); nothing otherwise."""
+    routes = _CURRENT.get().routes
+    if routes is not None:
+        routes.add(line)
 
 
 def update(**changes: Any) -> RunContext:

@@ -42,6 +42,7 @@ from typing import Callable, Hashable, Protocol, Sequence
 import torch
 from torch import Tensor
 
+from rewrite.ops import run_context
 from rewrite.runtime.graphs import BuildTiming, describe_key, finish_pending_replays, measured_pool_bytes, timed_build
 
 logger = logging.getLogger("rewrite")
@@ -72,12 +73,14 @@ class HeldGraphs(Protocol):
 @dataclasses.dataclass(frozen=True)
 class SizeMemory:
     """One held size: what its capture added to the shared pool and the bytes of its caches (views into the
-    shared block, so sizes overlap there) and of its other static buffers."""
+    shared block, so sizes overlap there) and of its other static buffers; `routes`: the convs its capture ran by
+    a route of another error class (Winograd: `rewrite.ops.run_context.note_route`)."""
 
     size: str
     pool_growth: int
     caches: int
     own: int
+    routes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +107,7 @@ class GraphMemoryReport:
             caches = f", caches {size.caches / gib:.2f} GiB (shared block)" if size.caches else ""
             lines.append(f"  {size.size}: pool +{size.pool_growth / gib:.2f} GiB at its capture{caches}, own "
                          f"{size.own / gib:.3f} GiB")
+            lines += [f"    {route}" for route in size.routes]
         lines += [f"  retired x{count}: {reason}" for reason, count in sorted(self.retired.items())]
         lines += [f"  over the budget, no CUDA graphs: {size}" for size in self.over_budget]
         return lines
@@ -173,6 +177,7 @@ class _Held:
     rank: int
     pool_growth: int
     caches: int
+    routes: tuple[str, ...]
 
 
 class _Generation:
@@ -240,11 +245,12 @@ class GraphMemory:
         while len(generation.held) >= self.max_entries:
             self._drop(generation, next(iter(generation.held)))
         before, arena_before = self._pool_bytes(generation), generation.arena.nbytes
-        with timed_build(key) as timing:
+        routes: set[str] = set()
+        with timed_build(key) as timing, run_context.using(routes=routes):
             graphs = build(generation.pool, generation.arena)
         growth = self._pool_bytes(generation) - before
         caches = sum(c.numel() * c.element_size() for c in getattr(graphs, "caches", ()))
-        generation.held[key] = _Held(pointers, graphs, rank, growth, caches)
+        generation.held[key] = _Held(pointers, graphs, rank, growth, caches, tuple(sorted(routes)))
         self.captures += 1
         if generation.arena.nbytes != arena_before:
             logger.debug("graph memory: %s opened a cache block of %.2f GiB", describe_key(key),
@@ -288,7 +294,7 @@ class GraphMemory:
         return measured_pool_bytes(self.backend, generation.pool)
 
     def report(self) -> GraphMemoryReport:
-        sizes = tuple(SizeMemory(describe_key(key), h.pool_growth, h.caches, h.graphs.own_bytes())
+        sizes = tuple(SizeMemory(describe_key(key), h.pool_growth, h.caches, h.graphs.own_bytes(), h.routes)
                       for g in self._generations.values() for key, h in g.held.items())
         return GraphMemoryReport(
             total=self.held_bytes(),

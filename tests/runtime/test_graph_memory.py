@@ -15,6 +15,7 @@ import torch
 
 from rewrite import optimize, report
 from rewrite.models.wan.config import build_wan
+from rewrite.ops import run_context
 from rewrite.runtime.graph_memory import CacheArena, GraphMemory
 from rewrite.runtime.runner import installed_runner
 from tests.graph_fakes import FakeGraphs
@@ -52,6 +53,25 @@ def test_sizes_share_one_pool_and_one_cache_block_when_the_largest_comes_first()
     assert held.total == 10 * 1000 + 1024  # the largest footprint and one cache block (aligned), not the sum
     assert [(s.size, s.pool_growth, s.caches) for s in held.sizes] == [("large", 10000, 1000), ("small", 0, 400)]
     assert get("large", 1000) is large and backend.pools == 1  # held: no capture
+
+
+def test_each_size_reports_the_routes_its_capture_noted_and_nothing_is_noted_outside_a_capture():
+    memory = GraphMemory(FakeGraphs(footprint=lambda inputs: 0))
+
+    def build(route):
+        def capture(pool, arena):
+            if route:
+                run_context.note_route(route)
+                run_context.note_route(route)  # a route taken twice in one capture is listed once
+            return _Graphs(pool, arena, memory.backend, 8)
+        return capture
+    memory.get("large", CPU, 2, [], build("Winograd conv A"))
+    memory.get("small", CPU, 1, [], build(None))
+    run_context.note_route("outside any capture")  # no collector: nothing recorded, nothing raised
+    assert run_context.current().routes is None
+    held = memory.report()
+    assert [(s.size, s.routes) for s in held.sizes] == [("large", ("Winograd conv A",)), ("small", ())]
+    assert "    Winograd conv A" in held.lines()
 
 
 def test_a_larger_size_retires_the_generation_and_the_smaller_ones_come_back_into_its_memory():

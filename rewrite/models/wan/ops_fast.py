@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rewrite.ops import cache_into
+from rewrite.ops import cache_into, run_context
 from rewrite.kernels import layout
 from rewrite.kernels.conv3d import conv3d as triton_conv3d
 from rewrite.kernels.norm import one_pass as triton_norm_fast
@@ -164,6 +164,9 @@ def _winograd_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], resid
     read it."""
     if residual_bias is not None:
         bias = residual_bias.float() if bias is None else bias.float() + residual_bias.float()
+    frames_by_plane, dtype = "x".join(map(str, out.shape[2:])), str(out.dtype).removeprefix("torch.")
+    run_context.note_route(f"Winograd F({tile.output_block}x{tile.output_block}, 3x3): {weight.shape[1]} -> "
+                           f"{weight.shape[0]} channels at {frames_by_plane}, {dtype}")
     if tile.output_block == 4:
         u, point_scales = transformed_4_for(weight, refresh)
         return winograd_large_tile.large_tile_conv3d(padded, u, point_scales, input_bound, bias, residual, out, tile)

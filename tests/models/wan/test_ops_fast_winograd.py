@@ -17,6 +17,7 @@ from rewrite.kernels.conv3d import conv3d as triton_conv3d
 from rewrite.kernels.winograd import weight_store, winograd
 from rewrite.kernels.winograd.transforms import transformed_weight
 from rewrite.models.wan import ops_fast as wan_fast
+from rewrite.ops import run_context
 from rewrite.ops.dispatch import INTERPRETING
 from tests.kernels.winograd import test_large_tile, test_winograd
 
@@ -171,9 +172,12 @@ def test_the_fast_op_takes_winograd_where_the_direct_conv_is_chosen_too(kernel_a
     monkeypatch.setattr(triton_conv3d, "conv3d_channels_last", lambda *a, **k: pytest.fail("the direct conv ran"))
     calls = _record_calls(monkeypatch)
     x, cache, gamma, weight, bias, _, _ = _case(6, False, False)
-    torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache,
-                                                  [1, 1, 1, 1, 0, 0], "steady", weight, bias, None)
+    routes = set()
+    with run_context.using(routes=routes):  # as a size's capture collects them for `report()`
+        torch.ops.rewrite.rms_norm_causal_conv3d_fast(x, gamma, 4.0, 0.0, 1e-12, True, "silu", cache,
+                                                      [1, 1, 1, 1, 0, 0], "steady", weight, bias, None)
     assert calls == [TILE_4], "the Winograd conv did not run"
+    assert routes == {"Winograd F(4x4, 3x3): 16 -> 16 channels at 2x5x7, bfloat16"}
 
 
 @needs_kernels
