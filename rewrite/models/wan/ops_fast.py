@@ -161,7 +161,8 @@ def _winograd_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], resid
     the points kept took the decode's peak over `off`'s). The residual's deferred bias joins the conv's bias in fp32
     (the kernel adds the bias in fp32 before its one rounding). `input_bound`: for the F(4x4, 3x3) form, a device
     scalar at least the padded input's largest magnitude (it scales its fp16 operands by it); F(2x2, 3x3) does not
-    read it."""
+    read it. Notes its route (`run_context.note_route`): a capture lists it in ``report()``, Winograd's error class
+    being another than the direct convs'."""
     if residual_bias is not None:
         bias = residual_bias.float() if bias is None else bias.float() + residual_bias.float()
     frames_by_plane, dtype = "x".join(map(str, out.shape[2:])), str(out.dtype).removeprefix("torch.")
