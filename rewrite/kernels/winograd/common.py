@@ -48,27 +48,25 @@ _MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile
         (512, 256, 640, torch.bfloat16): _LARGE_256, (1024, 1024, 104, torch.bfloat16): _LARGE_256,
         (512, 512, 208, torch.bfloat16): _LARGE_256, (1024, 512, 208, torch.bfloat16): _LARGE_256,
         (256, 256, 416, torch.bfloat16): _LARGE_128, (512, 256, 416, torch.bfloat16): _LARGE_256,
-        # Wan 2.1's 192 channels at 1088x1920 (1.09x cuDNN, which the H100 keeps there: `conv3d.CARD_CUDNN_FASTER`;
-        # `sweeps/winograd_large_tile_wan21_h100_bf16.json`): its decode 3.37x `off`, within the contract (tuning.md
-        # 1.28).
-        (192, 192, 960, torch.bfloat16): _LARGE_256,
+        # Wan 2.1's 192- and 384-channel levels (`sweeps/winograd_large_tile_wan21_h100_bf16.json`: 1.04-1.58x the
+        # faster of cuDNN and the direct conv; 192 -> 192 at 960 wide against cuDNN, which the H100 keeps there:
+        # `conv3d.CARD_CUDNN_FASTER`). With them its decodes were 3.49x `off` at 720x1280x81 (3.36x without, same
+        # run), 3.47x at 1088x1920x81 (3.35x), within the contract, peaks under `off`'s (docs/tuning.md 1.29).
+        (192, 192, 960, torch.bfloat16): _LARGE_256, (192, 192, 640, torch.bfloat16): _LARGE_256,
+        (384, 384, 320, torch.bfloat16): _LARGE_128, (192, 384, 320, torch.bfloat16): _LARGE_128,
+        (384, 384, 480, torch.bfloat16): _LARGE_128, (384, 384, 240, torch.bfloat16): _LARGE_128,
+        (192, 384, 480, torch.bfloat16): _LARGE_128, (192, 192, 416, torch.bfloat16): _LARGE_256,
+        (384, 384, 208, torch.bfloat16): _LARGE_128,
     },
 }
 
 #: The same keys for convs whose kernel sweep (`python -m rewrite.tools.sweep_winograd`) found this kernel faster
 #: but whose decode has not shown all the table asks, so not routed. The H100's 1024 -> 1024 at 45x80 (720p's middle
 #: block and first up level): 0.211 ms against cuDNN's 0.291 with the weight kept, but its per-call transform takes
-#: 0.30 ms (docs/tuning.md 1.27). Wan 2.1's other 192- and 384-channel convs (1.06-1.58x the faster of cuDNN and
-#: the bare direct conv in the same sweep as its 1080p entry): session 38's decodes ran them on the direct conv (the
-#: op asked this table only where the direct conv was not chosen; it asks it first since, and the pair and chain
-#: ops split there), so no decode has run them by Winograd yet (tuning.md 1.28).
+#: 0.30 ms (docs/tuning.md 1.27).
 UNMEASURED_CANDIDATES: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile]] = {
     "NVIDIA H100 80GB HBM3": {
         (1024, 1024, 80, torch.bfloat16): _LARGE_256,
-        (192, 192, 640, torch.bfloat16): _LARGE_256, (384, 384, 320, torch.bfloat16): _LARGE_128,
-        (192, 384, 320, torch.bfloat16): _LARGE_128, (384, 384, 480, torch.bfloat16): _LARGE_128,
-        (384, 384, 240, torch.bfloat16): _LARGE_128, (192, 384, 480, torch.bfloat16): _LARGE_128,
-        (192, 192, 416, torch.bfloat16): _LARGE_256, (384, 384, 208, torch.bfloat16): _LARGE_128,
     },
 }
 
