@@ -48,7 +48,7 @@ _MEASURED_FASTER: dict[str, dict[tuple[int, int, int, torch.dtype], WinogradTile
         (512, 256, 640, torch.bfloat16): _LARGE_256, (1024, 1024, 104, torch.bfloat16): _LARGE_256,
         (512, 512, 208, torch.bfloat16): _LARGE_256, (1024, 512, 208, torch.bfloat16): _LARGE_256,
         (256, 256, 416, torch.bfloat16): _LARGE_128, (512, 256, 416, torch.bfloat16): _LARGE_256,
-        # Wan 2.1's 192- and 384-channel levels (`sweeps/winograd_large_tile_wan21_h100_bf16.json`: 1.04-1.58x the
+        # Wan 2.1's 192- and 384-channel levels (`sweeps/winograd_large_tile_wan21_h100_bf16.json`: 1.06-1.58x the
         # faster of cuDNN and the direct conv; 192 -> 192 at 960 wide against cuDNN, which the H100 keeps there:
         # `conv3d.CARD_CUDNN_FASTER`). With them its decodes were 3.49x `off` at 720x1280x81 (3.36x without, same
         # run), 3.47x at 1088x1920x81 (3.35x), within the contract, peaks under `off`'s (docs/tuning.md 1.29).
