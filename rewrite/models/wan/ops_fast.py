@@ -76,13 +76,21 @@ def conv_reason(in_shape, weight_shape, dtype: torch.dtype, device: Optional[tor
     return None
 
 
+def _route(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
+           residual: Optional[Tensor]) -> tuple[Optional[tuple], Optional[winograd.WinogradTile], bool]:
+    """How the fast op convolves this call: the padded input's shape where the exact op's channels-last path's shape
+    conditions hold (cuDNN's exactness self-check aside; else None), the Winograd tile where the table names one
+    (asked first), and whether the Triton direct conv serves it otherwise (`conv_reason`)."""
+    in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
+    tile = None if in_shape is None else winograd_tile(in_shape, weight.shape, x.dtype, x.device)
+    served = in_shape is not None and tile is None and conv_reason(in_shape, weight.shape, x.dtype, x.device) is None
+    return in_shape, tile, served
+
+
 def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
             residual: Optional[Tensor]) -> bool:
-    """The Triton conv serves this call: the shape conditions of the exact op's channels-last path (cuDNN's
-    exactness self-check aside), `conv_reason`, and no Winograd entry for it (`_winograd_runs_first`)."""
-    in_shape = _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
-    return (in_shape is not None and conv_reason(in_shape, weight.shape, x.dtype, x.device) is None
-            and not _winograd_runs_first(in_shape, weight.shape, x.dtype, x.device))
+    """The Triton direct conv serves this call (`_route`)."""
+    return _route(x, cache, pad, mode, weight, residual)[2]
 
 
 def winograd_tile(in_shape, weight_shape, dtype: torch.dtype,
@@ -228,9 +236,7 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
     if not _exact.fused_norm_applies(x, gamma, act, "rms_norm_causal_conv3d_fast", tensors,
                                      triton_conv3d.SUPPORTED_DTYPES):
         return rewrite_ops.rms_norm_causal_conv3d.default(*args)
-    served = _serves(x, cache, pad, mode, weight, residual)
-    in_shape = None if served else _exact.channels_last_conv_input_shape(x, cache, pad, mode, weight, residual)
-    tile = None if in_shape is None else winograd_tile(in_shape, weight.shape, x.dtype, x.device)
+    in_shape, tile, served = _route(x, cache, pad, mode, weight, residual)
     if tile is not None:
         normalized = _normalized_input(x, gamma, scale, norm_bias, eps, upcast, act, cache, pad, mode, x_bias, into)
         if normalized is not None:
