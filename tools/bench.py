@@ -554,7 +554,7 @@ def format_table(summary: dict) -> str:
         lines.append(_distributed_line(summary["distributed"]))
     for clip in summary.get("clips", [summary]):
         for result in clip["levels"]:
-            lines += [f"{result['level']} runs by Winograd: {route}" for route in result.get("routes", ())]
+            lines += [f"{result['level']} route: {route}" for route in result.get("routes", ())]
     for clip in summary.get("clips", [summary]):
         for level, table in clip["profiles"].items():
             where = f", clip {clip['seconds']:g} s ({clip['frames']} frames)" if "clips" in summary else ""

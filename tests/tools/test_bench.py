@@ -143,6 +143,15 @@ def test_a_cpu_run_says_once_that_it_checks_exactness_only(auk_run, wan_run):
     assert bench.CPU_NOTE not in bench.format_table(on_gpu)
 
 
+def test_the_table_lists_each_levels_winograd_convs_and_a_cpu_run_has_none(wan_run):
+    assert all(r["routes"] == [] for r in wan_run[1]["levels"])  # no Winograd conv off the GPU
+    on_gpu = copy.deepcopy(wan_run[1])
+    on_gpu["levels"][-1]["routes"] = ["Winograd F(4x4, 3x3): 192 -> 192 channels at 4x360x640, bfloat16"]
+    level = on_gpu["levels"][-1]["level"]
+    assert (f"{level} route: Winograd F(4x4, 3x3): 192 -> 192 channels at 4x360x640, bfloat16"
+            in bench.format_table(on_gpu).splitlines())
+
+
 def test_columns_stay_apart_however_wide_the_numbers(auk_run):
     """A full-size AuK decode on a CPU takes seconds: ``17107.713`` ms fills the old fixed-width column and ran
     into the first-call time (``8.87417107.713``). Every cell keeps two spaces to its neighbours."""
