@@ -87,12 +87,6 @@ def _route(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight
     return in_shape, tile, served
 
 
-def _serves(x: Tensor, cache: Optional[Tensor], pad: list[int], mode: str, weight: Tensor,
-            residual: Optional[Tensor]) -> bool:
-    """The Triton direct conv serves this call (`_route`)."""
-    return _route(x, cache, pad, mode, weight, residual)[2]
-
-
 def winograd_tile(in_shape, weight_shape, dtype: torch.dtype,
                   device: Optional[torch.device] = None) -> Optional[winograd.WinogradTile]:
     """The tile with which the Winograd kernel serves this conv (its padded input's shape, the weight's, the dtype)
@@ -162,14 +156,14 @@ def _triton_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residua
 
 def _winograd_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor], out: Tensor,
                    residual_bias: Optional[Tensor], tile: winograd.WinogradTile, refresh: bool,
-                   input_bound: Optional[Tensor]) -> Tensor:
+                   norm: tuple[Tensor, float, float]) -> Tensor:
     """The fast ops' Winograd conv of a padded channels-last input into `out`, with what `weight_store` keeps for
     the weight (`refresh`: recomputed from the weight, on a decode's first chunk): F(2x2, 3x3)'s transformed weight
     (`transformed_for`), or F(4x4, 3x3)'s point scales with the points computed in the call (`transformed_4_for`:
     the points kept took the decode's peak over `off`'s). The residual's deferred bias joins the conv's bias in fp32
-    (the kernel adds the bias in fp32 before its one rounding). `input_bound`: for the F(4x4, 3x3) form, a device
-    scalar at least the padded input's largest magnitude (it scales its fp16 operands by it); F(2x2, 3x3) does not
-    read it. Notes its route (`run_context.note_route`): a capture lists it in ``report()``, Winograd's error class
+    (the kernel adds the bias in fp32 before its one rounding). `norm`: the (gamma, scale, bias) of the norm that
+    wrote `padded`; the F(4x4, 3x3) form scales its fp16 operands by the bound on that norm's output
+    (`_norm_output_bound`, a device scalar), F(2x2, 3x3) does not need it. Notes its route (`run_context.note_route`): a capture lists it in ``report()``, Winograd's error class
     being another than the direct convs'."""
     if residual_bias is not None:
         bias = residual_bias.float() if bias is None else bias.float() + residual_bias.float()
@@ -178,7 +172,8 @@ def _winograd_conv(padded: Tensor, weight: Tensor, bias: Optional[Tensor], resid
                            f"{weight.shape[0]} channels at {frames_by_plane}, {dtype}")
     if tile.output_block == 4:
         u, point_scales = transformed_4_for(weight, refresh)
-        return winograd_large_tile.large_tile_conv3d(padded, u, point_scales, input_bound, bias, residual, out, tile)
+        return winograd_large_tile.large_tile_conv3d(padded, u, point_scales, _norm_output_bound(*norm), bias,
+                                                     residual, out, tile)
     return winograd.winograd_conv3d_channels_last(padded, transformed_for(weight, refresh), bias, residual, out, tile)
 
 
@@ -242,8 +237,8 @@ def rms_norm_causal_conv3d_fast(x: Tensor, gamma: Tensor, scale: float, norm_bia
         if normalized is not None:
             padded, next_cache = normalized
             out = _conv_output(padded, weight, residual, channels_last_out)
-            bound = _norm_output_bound(gamma, scale, norm_bias) if tile.output_block == 4 else None
-            _winograd_conv(padded, weight, bias, residual, out, residual_bias, tile, mode == "chunk0", bound)
+            _winograd_conv(padded, weight, bias, residual, out, residual_bias, tile, mode == "chunk0",
+                           (gamma, scale, norm_bias))
             return out, next_cache
         _log_no_norm_kernel("Winograd", tuple(x.shape), x.stride(), x.dtype, tuple(weight.shape[:2]))
     if (not served and one_pass_norm_chosen(x) and x.shape[1] in _ONE_PASS_BEFORE_CUDNN_CHANNELS
@@ -353,8 +348,8 @@ def _first_conv_of_normalized(normalized: Tensor, weight: Tensor, first: ConvSta
     if tile is None:
         return _exact.channels_last_conv_raw(normalized, weight).contiguous(memory_format=CL)
     out = _conv_output(normalized, weight, None, True)
-    bound = _norm_output_bound(first.gamma, first.scale, first.norm_bias) if tile.output_block == 4 else None
-    return _winograd_conv(normalized, weight, None, None, out, None, tile, first.mode == "chunk0", bound)
+    return _winograd_conv(normalized, weight, None, None, out, None, tile, first.mode == "chunk0",
+                          (first.gamma, first.scale, first.norm_bias))
 
 
 def _first_conv_into_second_input(padded: Tensor, y_proxy: Tensor, weight: Tensor, bias: Optional[Tensor],

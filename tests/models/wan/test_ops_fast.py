@@ -69,7 +69,7 @@ def test_fast_op_is_the_lossless_op_up_to_its_rounding(served_16_channels, kerne
     original = triton_conv3d.conv3d_channels_last
     monkeypatch.setattr(triton_conv3d, "conv3d_channels_last", lambda *a, **k: ran.append(1) or original(*a, **k))
     args = _op_inputs(16, 16, torch.bfloat16, mode, residual)
-    assert wan_fast._serves(args[0], args[7], args[8], args[9], args[10], args[12])
+    assert wan_fast._route(args[0], args[7], args[8], args[9], args[10], args[12])[2]  # the direct conv
     fast, fast_cache = torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
     assert ran  # the kernel path ran
     with use_backend("reference" if CUDA else "triton"):
@@ -125,7 +125,7 @@ def test_a_chosen_conv_without_a_norm_kernel_runs_the_lossless_op_and_says_so(se
     wan_fast._log_no_norm_kernel.cache_clear()
     args = list(_op_inputs(16, 16, torch.bfloat16))
     args[0] = args[0].contiguous(memory_format=torch.channels_last_3d)
-    assert wan_fast._serves(args[0], args[7], args[8], args[9], args[10], args[12])
+    assert wan_fast._route(args[0], args[7], args[8], args[9], args[10], args[12])[2]  # the direct conv
     with caplog.at_level("INFO", logger="rewrite"):
         fast, _ = torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)
         torch.ops.rewrite.rms_norm_causal_conv3d_fast(*args)

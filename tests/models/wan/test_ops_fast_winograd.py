@@ -72,7 +72,7 @@ def test_every_table_entry_is_reached_by_the_op(monkeypatch):
 
 def test_the_winograd_table_runs_ahead_of_the_direct_conv(monkeypatch):
     """A conv both the direct conv and the Winograd table serve: the fast op does not take the direct conv
-    (`_serves`), a pair whose second conv it is splits into two ops (`pair_reason`), and a guard's symbolic width
+    (`_route`), a pair whose second conv it is splits into two ops (`pair_reason`), and a guard's symbolic width
     keeps the pair (the ops decide on their tensors)."""
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
