@@ -555,7 +555,6 @@ def format_table(summary: dict) -> str:
     for clip in summary.get("clips", [summary]):
         for result in clip["levels"]:
             lines += [f"{result['level']} route: {route}" for route in result.get("routes", ())]
-    for clip in summary.get("clips", [summary]):
         for level, table in clip["profiles"].items():
             where = f", clip {clip['seconds']:g} s ({clip['frames']} frames)" if "clips" in summary else ""
             lines += ["", f"profile at level {level}{where}:", table]
